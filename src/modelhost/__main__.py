@@ -1,0 +1,3 @@
+from modelhost.cli import main
+
+raise SystemExit(main())

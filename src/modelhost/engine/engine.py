@@ -1,0 +1,272 @@
+"""The engine: a synchronous step loop in its own thread, fed by `submit` from any event loop.
+
+engine = Engine(model, EngineConfig(batch=8))
+stream = engine.submit(prompt_ids, params)   # QueueFull / PromptTooLong / EngineClosed at once
+async for event in stream: ...               # the last event has finish_reason and usage
+stream.cancel()                              # the row leaves within one step
+engine.stats(); engine.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import logging
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import torch
+
+from modelhost.engine.block_manager import BlockManager
+from modelhost.engine.events import (
+    EngineClosed,
+    EngineError,
+    EngineEvent,
+    EngineStats,
+    PromptTooLong,
+    QueueFull,
+)
+from modelhost.engine.output import RowOutput
+from modelhost.engine.runner import ModelRunner
+from modelhost.engine.sampler import sample
+from modelhost.engine.sampling_params import SamplingParams
+from modelhost.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from modelhost.engine.sequence import Sequence
+from modelhost.models.loaded import LoadedModel
+
+log = logging.getLogger(__name__)
+
+_DEFAULT_KV_BYTES = 1 << 30
+
+
+class EngineFailure(EngineError):
+    """The step loop failed while this row was in it; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    batch: int = 8  # running rows
+    max_queue: int = 64  # waiting rows beyond the free running slots
+    kv_cache_bytes: int | None = None  # the KV pool; None: 1 GiB, at least one full context
+    block_size: int = 16
+    max_num_batched_tokens: int = 512  # tokens per step: the prefill chunk size
+    context_length: int | None = None  # None: the model's own window
+
+    def num_blocks(self, model: LoadedModel, context_length: int) -> int:
+        block_bytes = self.block_size * model.config.kv_bytes_per_token(model.dtype.itemsize)
+        budget = self.kv_cache_bytes
+        if budget is None:
+            budget = max(_DEFAULT_KV_BYTES, (context_length + 1) * block_bytes // self.block_size)
+            budget = min(budget, self.batch * (context_length + self.block_size) * block_bytes)
+        return max(2, budget // block_bytes)
+
+
+class RequestStream:
+    """The async side of one row: events arrive from the engine thread through the loop."""
+
+    def __init__(self, engine: Engine, seq_id: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.request_id = seq_id
+        self._engine = engine
+        self._loop = loop
+        self._queue: asyncio.Queue[EngineEvent | BaseException] = asyncio.Queue()
+        self._done = False
+
+    def _post(self, item: EngineEvent | BaseException) -> None:
+        # RuntimeError: the consumer's loop is gone; the row is being cancelled anyway.
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+    def __aiter__(self) -> AsyncIterator[EngineEvent]:
+        return self
+
+    async def __anext__(self) -> EngineEvent:
+        if self._done:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, BaseException):
+            self._done = True
+            raise item
+        if item.finish_reason is not None:
+            self._done = True
+        return item
+
+    def cancel(self) -> None:
+        if not self._done:
+            self._done = True
+            self._engine._abort(self.request_id)
+
+    async def aclose(self) -> None:
+        self.cancel()
+
+
+class Engine:
+    def __init__(self, model: LoadedModel, config: EngineConfig | None = None) -> None:
+        self.model = model
+        self.config = config = config or EngineConfig()
+        self.context_length = min(
+            config.context_length or model.context_length, model.context_length
+        )
+        num_blocks = config.num_blocks(model, self.context_length)
+        self.block_manager = BlockManager(num_blocks, config.block_size)
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                max_num_seqs=config.batch,
+                max_queue=config.max_queue,
+                max_num_batched_tokens=max(config.max_num_batched_tokens, config.batch),
+            ),
+            self.block_manager,
+        )
+        self.runner = ModelRunner(model, num_blocks=num_blocks, block_size=config.block_size)
+        self._block_bytes = config.block_size * model.config.kv_bytes_per_token(
+            model.dtype.itemsize
+        )
+        self._ids = itertools.count(1)
+        self._cond = threading.Condition()
+        self._inbox: deque[Callable[[], None]] = deque()
+        self._num_pending_adds = 0
+        self._num_submitted = 0
+        self._closed = False
+        self._live: dict[int, Sequence] = {}  # touched only by the engine thread
+        self._thread = threading.Thread(target=self._loop, name=f"engine-{model.id}", daemon=True)
+        self._thread.start()
+
+    # ---- caller side (any thread with a running event loop) ------------------------------
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> RequestStream:
+        num_prompt = len(prompt_ids)
+        if num_prompt == 0:
+            raise PromptTooLong(0, self.context_length)  # nothing to condition on
+        if num_prompt >= self.context_length or not self.block_manager.fits(num_prompt):
+            raise PromptTooLong(num_prompt, min(self.context_length, self._pool_tokens()))
+        room = min(self.context_length, self._pool_tokens()) - num_prompt
+        if params.max_tokens > room:
+            params = dataclasses.replace(params, max_tokens=room)
+        loop = asyncio.get_running_loop()
+        with self._cond:
+            if self._closed:
+                raise EngineClosed()
+            if not self.scheduler.has_room(self._num_pending_adds):
+                raise QueueFull()
+            seq = Sequence.from_prompt(
+                next(self._ids), prompt_ids, params, self.model.tokenizer.eos_token_ids
+            )
+            stream = RequestStream(self, seq.seq_id, loop)
+            seq.payload = RowOutput(seq, self.model.tokenizer, stream._post)
+            self._num_pending_adds += 1
+            self._num_submitted += 1
+            self._inbox.append(lambda: self._add(seq))
+            self._cond.notify()
+        return stream
+
+    def _abort(self, seq_id: int) -> None:
+        with self._cond:
+            self._inbox.append(lambda: self.scheduler.abort(seq_id))
+            self._cond.notify()
+
+    def stats(self) -> EngineStats:
+        manager = self.block_manager
+        return EngineStats(
+            batch=self.config.batch,
+            max_queue=self.config.max_queue,
+            active_rows=self.scheduler.num_running,
+            pending_rows=self.scheduler.num_waiting + self._num_pending_adds,
+            submitted_rows=self._num_submitted,
+            kv_blocks_total=manager.num_blocks,
+            kv_blocks_used=manager.num_used_blocks,
+            kv_blocks_cached_free=manager.num_cached_free_blocks,
+            kv_block_size=self.config.block_size,
+            kv_bytes=manager.num_used_blocks * self._block_bytes,
+            kv_budget_bytes=manager.num_blocks * self._block_bytes,
+            prefix_query_tokens=manager.num_prefix_queries_tokens,
+            prefix_hit_tokens=manager.num_prefix_hit_tokens,
+            context_length=self.context_length,
+        )
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout_s)
+
+    def _pool_tokens(self) -> int:
+        return self.block_manager.num_blocks * self.config.block_size - 1
+
+    # ---- engine thread ---------------------------------------------------------------------
+
+    def _add(self, seq: Sequence) -> None:
+        self._num_pending_adds -= 1
+        self._live[seq.seq_id] = seq
+        self.scheduler.add(seq)
+
+    def _loop(self) -> None:
+        torch.set_grad_enabled(False)
+        while True:
+            with self._cond:
+                while not self._closed and not self._inbox and not self.scheduler.has_work:
+                    self._cond.wait()
+                if self._closed:
+                    break
+                commands = list(self._inbox)
+                self._inbox.clear()
+            for command in commands:
+                command()
+            try:
+                self._step()
+            except Exception as exc:  # a failed step fails its rows, never the loop
+                log.exception("engine step failed")
+                self._fail_all(EngineFailure(f"engine step failed: {exc}"))
+        self._fail_all(EngineClosed())
+
+    def _step(self) -> None:
+        out = self.scheduler.schedule()
+        for seq in out.finished:
+            self._finish(seq, EngineEvent(), seq.finish_reason or "abort", None)
+        if out.is_empty:
+            return
+        sampling_rows = [row.seq for row in out.rows if row.samples]
+        logits = self.runner.execute(out)
+        tokens = sample(logits, [_output(seq).sampling for seq in sampling_rows])
+        sampled = {
+            seq.seq_id: token.token_id for seq, token in zip(sampling_rows, tokens, strict=True)
+        }
+        self.scheduler.update(out, sampled)
+        for seq, token in zip(sampling_rows, tokens, strict=True):
+            self._emit(seq, token)
+
+    def _emit(self, seq: Sequence, token) -> None:
+        output = _output(seq)
+        event, matched = output.event_for(seq, token)
+        if matched is not None:
+            self.scheduler.finish(seq, "stop")
+            self._finish(seq, event, "stop", matched)
+        elif seq.is_finished:
+            self._finish(seq, event, seq.finish_reason or "stop", None)
+        else:
+            output.post(event)
+
+    def _finish(self, seq: Sequence, event: EngineEvent, reason, stop: str | None) -> None:
+        output = _output(seq)
+        output.post(output.finish(event, seq, reason, stop))
+        self._live.pop(seq.seq_id, None)
+
+    def _fail_all(self, error: EngineError) -> None:
+        with self._cond:  # rows submitted but not yet handed over fail too
+            commands = list(self._inbox)
+            self._inbox.clear()
+        for command in commands:
+            command()
+        for seq in list(self._live.values()):
+            self.scheduler.finish(seq, "abort")
+            _output(seq).post(error)
+        self._live.clear()
+
+
+def _output(seq: Sequence) -> RowOutput:
+    return seq.payload  # type: ignore[return-value]
+
+
+__all__ = ["Engine", "EngineConfig", "EngineFailure", "RequestStream", "SchedulerOutput"]

@@ -1,0 +1,94 @@
+"""What the engine hands back to its callers: typed events, usage and errors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class EngineError(Exception):
+    """Base of the engine's typed refusals."""
+
+
+class QueueFull(EngineError):
+    """The wait queue is at its bound; the server answers 429 queue_full."""
+
+    def __init__(self) -> None:
+        super().__init__("admission queue is full")
+
+
+class PromptTooLong(EngineError):
+    """The prompt leaves no room to generate within the engine's context or KV pool."""
+
+    def __init__(self, prompt_tokens: int, limit: int) -> None:
+        super().__init__(f"prompt is {prompt_tokens} tokens but the context limit is {limit}")
+        self.prompt_tokens = prompt_tokens
+        self.limit = limit
+
+
+class EngineClosed(EngineError):
+    def __init__(self) -> None:
+        super().__init__("engine is closed")
+
+
+@dataclass(frozen=True, slots=True)
+class TopLogprob:
+    token_id: int
+    token: str
+    logprob: float
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    token_id: int
+    token: str
+    logprob: float
+    top: tuple[TopLogprob, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(slots=True)
+class EngineEvent:
+    """One step's output for one request.
+
+    `text` is already stop-matched and held back: it is safe to show. `token_ids` are the ids
+    generated this step (an event may carry text but no ids when held-back text is released at
+    the end). The last event of a stream has `finish_reason` and `usage` set.
+    """
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: FinishReason | None = None
+    stop_string: str | None = None  # the stop string that matched, when finish_reason is "stop"
+    usage: Usage | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    batch: int  # configured maximum of running rows
+    max_queue: int
+    active_rows: int  # rows running now
+    pending_rows: int  # rows waiting for a slot (including ones not yet handed to the loop)
+    submitted_rows: int  # rows ever submitted
+    kv_blocks_total: int
+    kv_blocks_used: int
+    kv_blocks_cached_free: int  # free blocks still holding a reusable prefix
+    kv_block_size: int
+    kv_bytes: int  # bytes of KV held by live rows
+    kv_budget_bytes: int  # bytes of the whole preallocated pool
+    prefix_query_tokens: int
+    prefix_hit_tokens: int
+    context_length: int  # the longest sequence (prompt + output) the engine places

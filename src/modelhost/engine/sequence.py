@@ -1,0 +1,83 @@
+"""`Sequence`: one row of the batch — its token ids, how far its KV is computed, its block table.
+
+No tensors live here. The scheduler moves a sequence between WAITING and RUNNING and finally
+FINISHED; the block manager fills its block table; the engine keeps its own per-row state in
+`payload` (sampler state, mailbox), which nothing here interprets.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from modelhost.engine.events import FinishReason
+from modelhost.engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    FINISHED = enum.auto()
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    """A request's tokens and bookkeeping; identity equality (two rows are never the same)."""
+
+    seq_id: int
+    token_ids: list[int] = field(repr=False)  # prompt + generated
+    num_prompt_tokens: int
+    params: SamplingParams = field(repr=False)
+    eos_token_ids: frozenset[int] = frozenset()
+    num_computed_tokens: int = 0  # tokens whose KV is in the cache
+    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache when first scheduled
+    block_table: list[int] = field(default_factory=list, repr=False)
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: FinishReason | None = None
+    aborted: bool = False
+    num_preemptions: int = 0
+    payload: object = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.num_prompt_tokens <= len(self.token_ids):
+            raise ValueError(
+                f"num_prompt_tokens must be in [1, {len(self.token_ids)}], "
+                f"got {self.num_prompt_tokens}"
+            )
+
+    @classmethod
+    def from_prompt(
+        cls,
+        seq_id: int,
+        prompt_ids: Iterable[int],
+        params: SamplingParams,
+        eos_token_ids: Iterable[int] = (),
+    ) -> Sequence:
+        token_ids = list(prompt_ids)
+        return cls(
+            seq_id=seq_id,
+            token_ids=token_ids,
+            num_prompt_tokens=len(token_ids),
+            params=params,
+            eos_token_ids=frozenset(eos_token_ids),
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_generated_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)

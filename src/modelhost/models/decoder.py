@@ -1,0 +1,50 @@
+"""The outer shape every decoder-only architecture shares: embed, layers, norm, LM head."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from modelhost.models.batch import ForwardBatch, KVCache
+from modelhost.models.config import ModelConfig
+from modelhost.models.layers import RMSNorm, Rotary
+
+
+class DecoderLM(nn.Module):
+    """Parameter names follow Hugging Face's (`model.layers.N...`, `lm_head`), so safetensors
+    checkpoints load without a mapping; GGUF names are mapped by the GGUF loader."""
+
+    def __init__(self, config: ModelConfig, layers: list[nn.Module], embed_scale: float = 1.0):
+        super().__init__()
+        self.config = config
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.model.layers = nn.ModuleList(layers)
+        self.model.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.embed_scale = embed_scale
+        self.rotary_global = Rotary(config.head_dim, config.rope_theta, config.rope_scaling_factor)
+        self.rotary_local = Rotary(config.head_dim, config.rope_local_theta)
+
+    def rope_for(self, layer: int) -> str:
+        return "local" if self.config.is_sliding_layer(layer) else "global"
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        """Next-token logits [S, vocab] for the tokens in `batch.logits_index`."""
+        hidden = self.model.embed_tokens(batch.input_ids)
+        if self.embed_scale != 1.0:
+            hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
+        ropes = {"global": self.rotary_global.cos_sin(batch.positions, hidden.dtype)}
+        if self.config.sliding_window is not None:
+            ropes["local"] = self.rotary_local.cos_sin(batch.positions, hidden.dtype)
+        for index, layer in enumerate(self.model.layers):
+            hidden = layer(hidden, ropes[self.rope_for(index)], batch, kv)
+        hidden = self.model.norm(hidden[batch.logits_index])
+        logits = self.lm_head(hidden)
+        cap = self.config.final_logit_softcapping
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits.float()

