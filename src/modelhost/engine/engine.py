@@ -203,7 +203,6 @@ class Engine:
         self.scheduler.add(seq)
 
     def _loop(self) -> None:
-        torch.set_grad_enabled(False)
         while True:
             with self._cond:
                 while not self._closed and not self._inbox and not self.scheduler.has_work:
@@ -215,7 +214,8 @@ class Engine:
             for command in commands:
                 command()
             try:
-                self._step()
+                with torch.inference_mode():
+                    self._step()
             except Exception as exc:  # a failed step fails its rows, never the loop
                 log.exception("engine step failed")
                 self._fail_all(EngineFailure(f"engine step failed: {exc}"))

@@ -15,14 +15,19 @@ class ModelRunner:
         self.model = model
         self.block_size = block_size
         config = model.config
+        # One extra block, zeroed, backs every padded KV position: unwritten pool memory may
+        # hold NaNs, and a masked NaN still poisons SDPA's weighted sum (0 * NaN).
+        self.pad_slot = num_blocks * block_size
         self.kv = KVCache.allocate(
             num_layers=config.num_layers,
-            num_slots=num_blocks * block_size,
+            num_slots=(num_blocks + 1) * block_size,
             num_kv_heads=config.num_kv_heads,
             head_dim=config.head_dim,
             dtype=model.dtype,
             device=model.device,
         )
+        for pool in (*self.kv.keys, *self.kv.values):
+            pool[self.pad_slot :].zero_()
         self.sliding_window = config.sliding_window
 
     def execute(self, out: SchedulerOutput) -> torch.Tensor:
@@ -63,6 +68,9 @@ class ModelRunner:
         slot_in_block = torch.arange(block_size)
         kv_slots = (tables[:, :, None] * block_size + slot_in_block).reshape(len(rows), -1)
         kv_pos = torch.arange(kv_slots.shape[1])
+        kv_slots = torch.where(
+            kv_pos[None, :] < (start_t + count_t)[:, None], kv_slots, self.pad_slot
+        )
         # Padded queries point at position 0 so their softmax row is never empty (no NaNs).
         q_pos = torch.where(q_valid, start_t[:, None] + q_range[None, :], 0)
         distance = q_pos[:, :, None] - kv_pos[None, None, :]

@@ -102,7 +102,9 @@ class GGUFFile:
             if name is None:
                 continue
             array = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
-            value = torch.from_numpy(np.ascontiguousarray(array))
+            if not (array.flags.writeable and array.flags.c_contiguous):  # F32 tensors are mmaps
+                array = np.array(array, order="C")
+            value = torch.from_numpy(array)
             if self.architecture == "llama":
                 # llama.cpp's converter interleaves q/k rows for its rope; undo it for ours.
                 if name.endswith("q_proj.weight"):

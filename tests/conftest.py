@@ -1,0 +1,25 @@
+"""Suite-wide fixtures: one MODELHOST_HOME for the run and the embedded models, loaded once."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Converted models are cached under MODELHOST_HOME; a repo-local one keeps the suite off the
+# user's home and lets later runs skip the one-time GGUF conversion.
+os.environ.setdefault("MODELHOST_HOME", str(Path(__file__).resolve().parents[1] / ".modelhost"))
+
+from modelhost.models.loaded import LoadedModel  # noqa: E402
+from modelhost.models.loader import load_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> LoadedModel:
+    return load_model("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def gemma3() -> LoadedModel:
+    return load_model("gemma-3-270m")
