@@ -25,7 +25,8 @@ class ModelConfig:
     # Gemma 3 only
     rope_local_theta: float = 10_000.0
     sliding_window: int | None = None
-    sliding_window_pattern: int = 6  # every Nth layer is global
+    sliding_window_pattern: int = 6  # every Nth layer is global, unless `layer_kinds` says
+    layer_kinds: tuple[str, ...] | None = None  # per layer: "sliding" or "global"
     query_pre_attn_scalar: float | None = None
     final_logit_softcapping: float | None = None
     attn_logit_softcapping: float | None = None
@@ -33,6 +34,8 @@ class ModelConfig:
     def is_sliding_layer(self, layer: int) -> bool:
         if self.sliding_window is None:
             return False
+        if self.layer_kinds is not None:
+            return self.layer_kinds[layer] == "sliding"
         return (layer + 1) % self.sliding_window_pattern != 0
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:

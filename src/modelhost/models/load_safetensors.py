@@ -52,13 +52,13 @@ def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
     )
     if gemma:
         layer_types = raw.get("layer_types")
-        pattern = raw.get("sliding_window_pattern") or 6
         if layer_types:
-            pattern = layer_types.index("full_attention") + 1
+            kinds = ("sliding" if kind == "sliding_attention" else "global" for kind in layer_types)
+            fields["layer_kinds"] = tuple(kinds)
         fields.update(
             rope_local_theta=float(local_theta or raw.get("rope_local_base_freq", 10_000.0)),
             sliding_window=int(raw.get("sliding_window") or 512),
-            sliding_window_pattern=int(pattern),
+            sliding_window_pattern=int(raw.get("sliding_window_pattern") or 6),
             query_pre_attn_scalar=float(raw.get("query_pre_attn_scalar") or head_dim),
             final_logit_softcapping=raw.get("final_logit_softcapping"),
             attn_logit_softcapping=raw.get("attn_logit_softcapping"),
