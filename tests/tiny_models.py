@@ -70,5 +70,3 @@ def reference_model(directory: Path) -> torch.nn.Module:
     return transformers.AutoModelForCausalLM.from_pretrained(
         directory, dtype=torch.float32, attn_implementation="eager"
     ).eval()
-
-

@@ -76,8 +76,13 @@ async def test_engine_same_seed_gives_same_tokens_whatever_is_batched_with_it(en
 
 async def test_engine_different_seeds_give_different_samples(engine, smollm2):
     prompt = smollm2.tokenizer.encode("Tell me a random word:")
-    first, _, _ = await collect(engine, prompt, SamplingParams(temperature=1.5, seed=1, max_tokens=8))
-    second, _, _ = await collect(engine, prompt, SamplingParams(temperature=1.5, seed=2, max_tokens=8))
+    # a handful of tokens: two seeds agreeing on all of them at temperature 1.5 is negligible
+    first, _, _ = await collect(
+        engine, prompt, SamplingParams(temperature=1.5, seed=1, max_tokens=8)
+    )
+    second, _, _ = await collect(
+        engine, prompt, SamplingParams(temperature=1.5, seed=2, max_tokens=8)
+    )
     assert first != second
 
 
