@@ -1,0 +1,102 @@
+"""Engine throughput: prefill, single-stream decode and aggregate decode at 1/4/8/16 streams.
+
+    .venv/bin/python benchmarks/engine.py [--models smollm2-135m-instruct gemma-3-270m]
+                                          [--threads N] [--decode-tokens 128] [--out FILE]
+
+Runs the engine directly (no HTTP), greedy, EOS ignored so every stream makes its full length.
+Prints a table and writes JSON (default benchmarks/results/engine-<time>.json). These machines
+are shared and noisy: compare ratios within one run, not figures across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from modelhost.engine.engine import Engine, EngineConfig
+from modelhost.engine.sampling_params import SamplingParams
+from modelhost.models.loaded import LoadedModel
+from modelhost.models.loader import load_model
+
+FILLER = "The quick brown fox jumps over the lazy dog while the sun sets slowly in the west. "
+
+
+def prompt_of(model: LoadedModel, num_tokens: int, variant: int) -> list[int]:
+    """A `num_tokens` prompt; `variant` changes its first token so no prefix cache applies."""
+    ids = model.tokenizer.encode(f"{variant} " + FILLER * (num_tokens // 8 + 1))
+    return ids[:num_tokens]
+
+
+async def timed_stream(engine: Engine, prompt: list[int], max_tokens: int) -> tuple[float, float]:
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    started = time.perf_counter()
+    first = None
+    async for event in engine.submit(prompt, params):
+        if first is None and event.token_ids:
+            first = time.perf_counter() - started
+    return first or 0.0, time.perf_counter() - started
+
+
+async def measure(model: LoadedModel, args: argparse.Namespace) -> dict[str, float]:
+    engine = Engine(model, EngineConfig(batch=16, max_num_batched_tokens=512))
+    try:
+        await timed_stream(engine, prompt_of(model, 32, 0), 4)  # warm-up
+        prefill = []
+        for variant in range(1, 4):
+            first, _ = await timed_stream(engine, prompt_of(model, 512, variant), 1)
+            prefill.append(512 / first)
+        decode = []
+        for variant in range(4, 6):
+            first, total = await timed_stream(engine, prompt_of(model, 16, variant), args.tokens)
+            decode.append((args.tokens - 1) / (total - first))
+        result = {
+            "prefill_tok_s": statistics.median(prefill),
+            "decode_tok_s": statistics.median(decode),
+        }
+        for streams in (1, 4, 8, 16):
+            prompts = [prompt_of(model, 16, 100 * streams + i) for i in range(streams)]
+            started = time.perf_counter()
+            await asyncio.gather(*(timed_stream(engine, p, args.tokens) for p in prompts))
+            result[f"aggregate_{streams}_tok_s"] = (
+                streams * args.tokens / (time.perf_counter() - started)
+            )
+        return result
+    finally:
+        engine.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["smollm2-135m-instruct", "gemma-3-270m"])
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--tokens", type=int, default=128, help="generated tokens per stream")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    results = {}
+    for name in args.models:
+        model = load_model(name)
+        results[name] = {"load_s": model.load_seconds, **asyncio.run(measure(model, args))}
+        del model
+    columns = ["load_s", "prefill_tok_s", "decode_tok_s"] + [
+        f"aggregate_{n}_tok_s" for n in (1, 4, 8, 16)
+    ]
+    print(f"{'model':<24}" + "".join(f"{c.removesuffix('_tok_s'):>14}" for c in columns))
+    for name, row in results.items():
+        print(f"{name:<24}" + "".join(f"{row[c]:>14.1f}" for c in columns))
+    out = args.out or Path(__file__).parent / "results" / f"engine-{int(time.time())}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"threads": args.threads, "tokens": args.tokens, "torch": torch.__version__}
+    out.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
