@@ -1,0 +1,262 @@
+"""The protocol-neutral hand-offs between the HTTP surfaces and the inference stage.
+
+Every completion surface (OpenAI chat, OpenAI text, later Anthropic and Responses) turns its wire
+request into an `InferenceRequest`, and reads back either one `InferenceResult` or a stream of
+`CompletionEvent`s. Refusals are `RequestError`s carrying their HTTP status and a neutral error
+body that each surface reshapes into its own error format.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+FinishReason = Literal["stop", "length", "tool_calls"]
+Lane = Literal["batched"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests
+
+
+@dataclass(frozen=True, slots=True)
+class ChatPrompt:
+    """A conversation to render with the model's chat template (messages already normalised)."""
+
+    messages: tuple[Mapping[str, Any], ...]
+    tools: tuple[Mapping[str, Any], ...] | None = None
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TextPrompt:
+    """Raw text, tokenized as it is (no template)."""
+
+    text: str
+
+
+Prompt = ChatPrompt | TextPrompt
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingRequest:
+    """The sampling knobs a request set; `None` means "not given" (defaults apply later)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+    seed: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InferenceRequest:
+    request_id: str
+    method: Literal["chat", "text"]
+    prompt: Prompt
+    sampling: SamplingRequest = field(default_factory=SamplingRequest)
+    max_tokens: int | None = None  # None: the server's --max-tokens, else up to the context
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False  # generate to max_tokens even past end-of-sequence (benchmarks)
+    logprobs: int | None = None  # None: off; N: the chosen token plus N alternatives
+    stream: bool = False
+    thinking: bool | None = None  # None: the template decides
+    # Request shapes the stage may refuse to place (501), decided before any stream opens.
+    num_choices: int = 1
+    adapter: str | None = None
+    has_media: bool = False
+    # Structured output was asked for; no grammar engine enforces it yet (a Warning says so).
+    structured_output: str | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Results
+
+
+@dataclass(frozen=True, slots=True)
+class TopLogprob:
+    token_id: int
+    token: str
+    logprob: float
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    token_id: int
+    token: str
+    logprob: float
+    top: tuple[TopLogprob, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionUsage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    lane: Lane = "batched"
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionEvent:
+    """Text safe to show (stop strings already cut), in order. The last event of a stream is
+    terminal: it has `finish_reason` and `usage` set (and may still carry text)."""
+
+    text: str = ""
+    num_tokens: int = 0
+    logprobs: tuple[TokenLogprob, ...] = ()
+    finish_reason: FinishReason | None = None
+    usage: CompletionUsage | None = None
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True, slots=True)
+class InferenceResult:
+    request_id: str
+    text: str
+    finish_reason: FinishReason
+    usage: CompletionUsage
+    logprobs: tuple[TokenLogprob, ...] | None  # None when the request did not ask for them
+
+
+# ---------------------------------------------------------------------------------------------
+# What the discovery and status routes read
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCard:
+    id: str
+    family: str
+    created: int  # unix seconds
+    context_window: int
+    chat: bool  # has a chat template
+    reasoning: bool
+    tools: bool
+    vision: bool
+    gen_defaults: Mapping[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionLimits:
+    max_safe_context: int | None  # from --memory-budget; None without one
+    enforced_context_tokens: int  # the ceiling every prompt + completion must fit under
+    memory_budget_bytes: int | None
+    usable_bytes: int | None
+    weights_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStats:
+    configured: int
+    max_queue: int
+    active_rows: int
+    pending_rows: int
+    submitted_rows: int
+    kv_bytes: int
+    kv_budget_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class PromptCacheStats:
+    cached_blocks: int
+    cached_bytes: int
+    max_bytes: int
+    query_tokens: int
+    hit_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class StageStats:
+    model_id: str
+    started_at: int  # unix seconds
+    admission: AdmissionLimits
+    batch: BatchStats
+    prompt_cache: PromptCacheStats
+
+
+# ---------------------------------------------------------------------------------------------
+# Refusals
+
+
+class RequestError(Exception):
+    """A refusal with its HTTP status and a protocol-neutral body ({message, type, code, ...})."""
+
+    def __init__(self, status: int, message: str, body: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.body: dict[str, Any] = dict(body) if body is not None else {"message": message}
+        self.body.setdefault("message", message)
+
+
+class InvalidRequest(RequestError):
+    """A 400 for a malformed or out-of-range field; `param` names the field."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        body = {"message": message, "type": "invalid_request_error", "code": None, "param": param}
+        super().__init__(400, message, body)
+        self.param = param
+
+
+class ContextOverBudget(RequestError):
+    """The prompt leaves no room to generate inside the enforced context (400)."""
+
+    def __init__(self, message: str, prompt_tokens: int, limit: int) -> None:
+        body = {"message": message, "type": "memory_admission", "code": "context_over_budget"}
+        super().__init__(400, message, body)
+        self.prompt_tokens = prompt_tokens
+        self.limit = limit
+
+
+class QueueFullError(RequestError):
+    """The engine's wait queue is at its bound (429)."""
+
+    def __init__(self) -> None:
+        message = "admission queue is full"
+        body = {"message": message, "type": "resource_admission", "code": "queue_full"}
+        super().__init__(429, message, body)
+
+
+class UnsupportedExecution(RequestError):
+    """The engine cannot place this request shape (501), decided before any stream opens."""
+
+    def __init__(self, family: str, method: str, reasons: Sequence[str]) -> None:
+        message = f"model {family} method {method} does not support shared execution"
+        if reasons:
+            message += ": " + ", ".join(reasons)
+        body = {
+            "message": message,
+            "type": "not_implemented",
+            "code": "unsupported_execution",
+            "reasons": list(reasons),
+        }
+        super().__init__(501, message, body)
+        self.reasons = tuple(reasons)
+
+
+class EngineUnavailable(RequestError):
+    """The engine closed (shutdown) while the request waited or ran (503)."""
+
+    def __init__(self, message: str = "the engine is shutting down") -> None:
+        body = {"message": message, "type": "server_closing", "code": "closed"}
+        super().__init__(503, message, body)
+
+
+class RequestCancelled(RequestError):
+    """The client went away (499); never logged as a server error."""
+
+    def __init__(self) -> None:
+        message = "request cancelled"
+        body = {"message": message, "type": "request_cancelled", "code": "request_cancelled"}
+        super().__init__(499, message, body)

@@ -1,0 +1,377 @@
+"""The inference stage: admit an InferenceRequest into the engine, then run it.
+
+`InferenceStage.admit` builds the prompt ids, checks placement (501), applies the memory ceiling
+(400 or clamp), resolves the sampling defaults and submits the row (429 when the queue is full).
+It returns a single-use `AdmittedRequest`, which yields `CompletionEvent`s or one
+`InferenceResult`. Whatever ends the request, the row is cancelled in a `finally`.
+
+A stage knows only what it reads (InferenceRequest, the engine's API) and what it writes
+(CompletionEvent, InferenceResult, the typed refusals of `contracts`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import weakref
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from modelhost.engine.events import (
+    EngineClosed,
+    EngineEvent,
+    EngineStats,
+    PromptTooLong,
+    QueueFull,
+)
+from modelhost.engine.events import TokenLogprob as EngineLogprob
+from modelhost.inference.admission import AdmissionPolicy, check_placement
+from modelhost.inference.contracts import (
+    AdmissionLimits,
+    BatchStats,
+    ChatPrompt,
+    CompletionEvent,
+    CompletionUsage,
+    ContextOverBudget,
+    EngineUnavailable,
+    FinishReason,
+    InferenceRequest,
+    InferenceResult,
+    InvalidRequest,
+    ModelCard,
+    PromptCacheStats,
+    QueueFullError,
+    StageStats,
+    TokenLogprob,
+    TopLogprob,
+)
+from modelhost.inference.defaults import ServingDefaults, resolve_sampling
+from modelhost.models.loaded import LoadedModel
+from modelhost.text.tokenizer import ChatTemplateError
+
+if TYPE_CHECKING:
+    from modelhost.engine.engine import Engine
+
+GRAMMAR_WARNING = "grammar not enforced: no grammar engine - falling back to prompt injection"
+TEXT_GRAMMAR_WARNING = "grammar not enforced: no grammar engine - output is not constrained"
+
+
+class InferenceStage:
+    def __init__(
+        self,
+        engine: Engine,
+        model: LoadedModel,
+        *,
+        policy: AdmissionPolicy | None = None,
+        defaults: ServingDefaults | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.engine = engine
+        self.model = model
+        self.policy = policy or AdmissionPolicy(context_window=model.config.context_length)
+        self.defaults = defaults or ServingDefaults()
+        self.clock = clock
+        self.started_at = int(time.time())
+        self.engine_context = _engine_context(engine.stats())
+        self._live: weakref.WeakSet[AdmittedRequest] = weakref.WeakSet()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closing = False
+
+    @property
+    def model_id(self) -> str:
+        return self.model.id
+
+    def card(self) -> ModelCard:
+        family = self.model.family
+        return ModelCard(
+            id=self.model.id,
+            family=family.name,
+            created=self.started_at,
+            context_window=min(self.policy.context_window, self.engine_context),
+            chat=self.model.tokenizer.has_chat_template,
+            reasoning=family.reasoning_markers is not None,
+            tools=family.tool_call_markers is not None,
+            vision=family.vision,
+            gen_defaults=dict(self.model.gen_defaults),
+        )
+
+    async def admit(self, request: InferenceRequest) -> AdmittedRequest:
+        """Refuse (RequestError) or submit the request's row; never opens a response."""
+        arrived_at = self.clock()
+        self._loop = asyncio.get_running_loop()
+        if self._closing:
+            raise EngineUnavailable()
+        check_placement(request, self.model.family.name)
+        warnings: list[str] = []
+        if request.structured_output is not None:
+            chat = isinstance(request.prompt, ChatPrompt)
+            warnings.append(GRAMMAR_WARNING if chat else TEXT_GRAMMAR_WARNING)
+        prompt_ids = await asyncio.to_thread(self._prompt_ids, request)
+        requested = request.max_tokens
+        if requested is None:
+            requested = self.defaults.max_tokens
+        max_tokens = self.policy.max_tokens_for(
+            len(prompt_ids), requested, engine_context=self.engine_context
+        )
+        params = resolve_sampling(
+            request, self.defaults, self.model.gen_defaults, max_tokens=max_tokens
+        )
+        try:
+            stream = self.engine.submit(prompt_ids, params)
+        except QueueFull as exc:
+            raise QueueFullError() from exc
+        except PromptTooLong as exc:
+            limit = exc.limit
+            message = (
+                f"prompt is {len(prompt_ids)} tokens but the engine caps context at {limit} — "
+                "no room to generate; shorten the prompt"
+            )
+            raise ContextOverBudget(message, len(prompt_ids), limit) from exc
+        except EngineClosed as exc:
+            raise EngineUnavailable() from exc
+        admitted = AdmittedRequest(
+            request_id=request.request_id,
+            stream=stream,
+            prompt_tokens=len(prompt_ids),
+            max_tokens=max_tokens,
+            warnings=tuple(warnings),
+            want_logprobs=request.logprobs is not None,
+            arrived_at=arrived_at,
+            clock=self.clock,
+        )
+        self._live.add(admitted)
+        return admitted
+
+    def _prompt_ids(self, request: InferenceRequest) -> list[int]:
+        tokenizer = self.model.tokenizer
+        prompt = request.prompt
+        if not isinstance(prompt, ChatPrompt):
+            return tokenizer.encode(prompt.text, add_special_tokens=True)
+        if not tokenizer.has_chat_template:
+            raise InvalidRequest("prompt build failed: this model has no chat template")
+        messages = _with_instruction(prompt.messages, request.structured_output)
+        kwargs: dict[str, Any] = dict(prompt.template_kwargs)
+        if request.thinking is not None:
+            kwargs["enable_thinking"] = request.thinking
+        try:
+            return tokenizer.encode_chat(
+                messages, add_generation_prompt=True, tools=prompt.tools, **kwargs
+            )
+        except (ChatTemplateError, TypeError, ValueError, KeyError) as exc:
+            raise InvalidRequest(f"prompt build failed: {exc}") from exc
+
+    def stats(self) -> StageStats:
+        engine = self.engine.stats()
+        memory = self.policy.memory
+        bytes_per_block = engine.kv_budget_bytes // max(engine.kv_blocks_total, 1)
+        return StageStats(
+            model_id=self.model.id,
+            started_at=self.started_at,
+            admission=AdmissionLimits(
+                max_safe_context=memory.max_safe_context if memory else None,
+                enforced_context_tokens=min(self.policy.enforced_context, self.engine_context),
+                memory_budget_bytes=memory.memory_budget_bytes if memory else None,
+                usable_bytes=memory.usable_bytes if memory else None,
+                weights_bytes=self.model.weights_bytes,
+            ),
+            batch=BatchStats(
+                configured=engine.batch,
+                max_queue=engine.max_queue,
+                active_rows=engine.active_rows,
+                pending_rows=engine.pending_rows,
+                submitted_rows=engine.submitted_rows,
+                kv_bytes=engine.kv_bytes,
+                kv_budget_bytes=engine.kv_budget_bytes,
+            ),
+            prompt_cache=PromptCacheStats(
+                cached_blocks=engine.kv_blocks_cached_free,
+                cached_bytes=engine.kv_blocks_cached_free * bytes_per_block,
+                max_bytes=engine.kv_budget_bytes,
+                query_tokens=engine.prefix_query_tokens,
+                hit_tokens=engine.prefix_hit_tokens,
+            ),
+        )
+
+    def close(self) -> None:
+        """End every admitted request now (EngineUnavailable, 503), then close the engine.
+
+        Callable from any thread: the requests are interrupted on their event loop at once,
+        without waiting for the engine's current step to finish.
+        """
+        self._closing = True
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            if _running_loop() is loop:
+                self._interrupt_all()
+            else:
+                with contextlib.suppress(RuntimeError):  # the loop is shutting down
+                    loop.call_soon_threadsafe(self._interrupt_all)
+        self.engine.close()
+
+    def _interrupt_all(self) -> None:
+        for admitted in list(self._live):
+            admitted.interrupt(EngineUnavailable("the server is shutting down"))
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _engine_context(stats: EngineStats) -> int:
+    """The longest row the engine can hold: its context window, and its whole KV pool."""
+    pool_tokens = stats.kv_blocks_total * stats.kv_block_size - 1
+    return min(stats.context_length, pool_tokens)
+
+
+def _with_instruction(
+    messages: Sequence[Mapping[str, Any]], instruction: str | None
+) -> list[Mapping[str, Any]]:
+    """The conversation with a structured-output instruction folded into its system message."""
+    if instruction is None:
+        return list(messages)
+    if messages and messages[0].get("role") == "system":
+        first = dict(messages[0])
+        first["content"] = f"{first.get('content') or ''}\n\n{instruction}".strip()
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": instruction}, *messages]
+
+
+class AdmittedRequest:
+    """One submitted row, runnable once: `events()` to stream, or `run()` for the whole result.
+
+    Its counters (`completion_tokens`, `first_token_at`, `finish_reason`) are kept current for
+    the request log. `cancel()` is idempotent and safe before, during or after a run.
+    """
+
+    def __init__(
+        self,
+        *,
+        request_id: str,
+        stream: Any,
+        prompt_tokens: int,
+        max_tokens: int,
+        warnings: tuple[str, ...],
+        want_logprobs: bool,
+        arrived_at: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.warnings = warnings
+        self.want_logprobs = want_logprobs
+        self.arrived_at = arrived_at
+        self.completion_tokens = 0
+        self.cached_tokens = 0
+        self.first_token_at: float | None = None
+        self.finish_reason: FinishReason | None = None
+        self._stream = stream
+        self._clock = clock
+        self._used = False
+        self._cancelled = False
+        self._interrupted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def cancel(self) -> None:
+        if not self._cancelled:
+            self._cancelled = True
+            self._stream.cancel()
+
+    def interrupt(self, error: Exception) -> None:
+        """End the run with `error` at once (shutdown), cancelling the row; loop thread only."""
+        if not self._interrupted.done():
+            self._interrupted.set_exception(error)
+            self._interrupted.exception()  # retrieved: a request never run must not warn
+        self.cancel()
+
+    async def events(self) -> AsyncIterator[CompletionEvent]:
+        """The row's events, in order; the last one is terminal. Cancels the row when left."""
+        if self._used:
+            raise RuntimeError("admitted request has already been run")
+        self._used = True
+        try:
+            while True:
+                event = await self._next_event()
+                if event is None:
+                    raise EngineUnavailable("the engine ended the request without finishing it")
+                completion = self._convert(event)
+                if completion is not None:
+                    yield completion
+                if completion is not None and completion.is_terminal:
+                    return
+        except EngineClosed as exc:
+            raise EngineUnavailable() from exc
+        finally:
+            self.cancel()
+
+    async def _next_event(self) -> EngineEvent | None:
+        """The engine's next event (None at its end), unless the request is interrupted first."""
+        if self._interrupted.done():
+            self._interrupted.result()
+        step = asyncio.ensure_future(anext(self._stream, None))
+        try:
+            await asyncio.wait({step, self._interrupted}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not step.done():
+                step.cancel()
+        if not step.done() or step.cancelled():
+            self._interrupted.result()  # raises the interruption
+        return step.result()
+
+    async def run(self) -> InferenceResult:
+        text: list[str] = []
+        logprobs: list[TokenLogprob] = []
+        terminal: CompletionEvent | None = None
+        async for event in self.events():
+            text.append(event.text)
+            logprobs.extend(event.logprobs)
+            terminal = event
+        assert terminal is not None and terminal.finish_reason is not None
+        assert terminal.usage is not None
+        return InferenceResult(
+            request_id=self.request_id,
+            text="".join(text),
+            finish_reason=terminal.finish_reason,
+            usage=terminal.usage,
+            logprobs=tuple(logprobs) if self.want_logprobs else None,
+        )
+
+    def _convert(self, event: EngineEvent) -> CompletionEvent | None:
+        if event.token_ids:
+            self.completion_tokens += len(event.token_ids)
+            if self.first_token_at is None:
+                self.first_token_at = self._clock()
+        logprobs = tuple(_logprob(lp) for lp in event.logprobs or ())
+        if event.finish_reason is None:
+            if not event.text and not event.token_ids and not logprobs:
+                return None
+            return CompletionEvent(
+                text=event.text, num_tokens=len(event.token_ids), logprobs=logprobs
+            )
+        if event.finish_reason == "abort":
+            raise EngineUnavailable("the engine stopped the request (shutting down)")
+        usage = event.usage
+        if usage is not None:
+            self.completion_tokens = usage.completion_tokens
+            self.cached_tokens = usage.cached_tokens
+        finish: FinishReason = "stop" if event.stop_string is not None else event.finish_reason
+        self.finish_reason = finish
+        return CompletionEvent(
+            text=event.text,
+            num_tokens=len(event.token_ids),
+            logprobs=logprobs,
+            finish_reason=finish,
+            usage=CompletionUsage(
+                prompt_tokens=usage.prompt_tokens if usage else self.prompt_tokens,
+                completion_tokens=self.completion_tokens,
+                cached_tokens=self.cached_tokens,
+            ),
+        )
+
+
+def _logprob(lp: EngineLogprob) -> TokenLogprob:
+    top = tuple(TopLogprob(t.token_id, t.token, t.logprob) for t in lp.top)
+    return TokenLogprob(lp.token_id, lp.token, lp.logprob, top)

@@ -1,0 +1,115 @@
+"""The ASGI application: settings, the route table, and the lifespan that closes the engine."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from fastapi import FastAPI
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from modelhost.inference.admission import BYTES_PER_GB, AdmissionPolicy, plan_memory
+from modelhost.inference.defaults import ServingDefaults
+from modelhost.inference.stage import InferenceStage
+from modelhost.models.loaded import LoadedModel
+from modelhost.server import models, openai_chat, openai_completions
+from modelhost.server.openai_wire import openai_error
+
+if TYPE_CHECKING:
+    from modelhost.engine.engine import Engine
+
+
+@dataclass(frozen=True, slots=True)
+class ServeSettings:
+    """What `modelhost serve` decides about HTTP, admission and defaults."""
+
+    heartbeat_s: float = 15.0
+    memory_budget_gb: float | None = None
+    context_length: int | None = None  # --context-length: a ceiling below the model's window
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    chunk_tokens: int = 512  # the engine's max_num_batched_tokens (sizes working memory)
+    owner: str = "serve"
+    close_engine_on_shutdown: bool = True
+
+    @property
+    def defaults(self) -> ServingDefaults:
+        return ServingDefaults(
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+        )
+
+
+ROUTES = (
+    ("POST", "/v1/chat/completions", openai_chat.create_chat_completion),
+    ("POST", "/v1/completions", openai_completions.create_completion),
+    ("GET", "/v1/models", models.list_models),
+    ("GET", "/v1/models/{model_id:path}", models.retrieve_model),
+    ("GET", "/v1", models.index),
+    ("GET", "/health", models.health),
+    ("GET", "/stats", models.stats),
+)
+
+
+def admission_policy(model: LoadedModel, settings: ServeSettings, *, rows: int) -> AdmissionPolicy:
+    """The ceilings for `model`: its window (or --context-length) and the --memory-budget.
+
+    Raises BudgetTooSmall when the budget cannot hold the weights and any context.
+    """
+    window = model.config.context_length
+    flagged = settings.context_length is not None and settings.context_length < window
+    if flagged:
+        window = settings.context_length  # type: ignore[assignment]
+    memory = None
+    if settings.memory_budget_gb is not None:
+        memory = plan_memory(
+            model.config,
+            weights_bytes=model.weights_bytes,
+            dtype_bytes=model.dtype.itemsize,
+            memory_budget_bytes=int(settings.memory_budget_gb * BYTES_PER_GB),
+            chunk_tokens=settings.chunk_tokens,
+            rows=rows,
+        )
+    return AdmissionPolicy(context_window=window, memory=memory, context_length_flag=flagged)
+
+
+def build_app(engine: Engine, model: LoadedModel, settings: ServeSettings | None = None) -> FastAPI:
+    """The server for one in-process model: `engine` already built over `model`."""
+    settings = settings or ServeSettings()
+    policy = admission_policy(model, settings, rows=engine.stats().batch)
+    stage = InferenceStage(engine, model, policy=policy, defaults=settings.defaults)
+    return create_app(stage, settings)
+
+
+def create_app(stage: InferenceStage, settings: ServeSettings) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        if settings.close_engine_on_shutdown:
+            stage.close()
+
+    app = FastAPI(
+        title="modelhost", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
+    app.state.stage = stage
+    app.state.settings = settings
+    app.state.drain = stage.close  # the runner ends in-flight requests this way at its deadline
+    for method, path, endpoint in ROUTES:
+        app.router.add_route(path, endpoint, methods=[method])
+    app.add_exception_handler(HTTPException, _http_error)
+    return app
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Unknown routes and methods answer in OpenAI's error shape, too."""
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    message = f"{request.method} {request.url.path}: {getattr(exc, 'detail', 'error')}"
+    return openai_error(status, {"message": message, "type": "invalid_request_error"})

@@ -1,0 +1,318 @@
+"""The HTTP end of the pipeline: error mapping, the JSON responder and the SSE writer.
+
+Error mapping, checked in this order:
+
+| condition                       | status | body                                              |
+| ------------------------------- | ------ | ------------------------------------------------- |
+| the client is gone              | 499    | request_cancelled (never logged as a server error) |
+| RequestError (400/429/501/503…) | its own| its own body (memory_admission, queue_full, …)     |
+| anything else                   | 500    | {message}, with the stack logged                   |
+
+A stream that fails after it opened ends with the surface's error frame and nothing after it.
+While a stream has nothing to send, a `: keep-alive` comment goes out every `heartbeat_s`.
+Every request ends with exactly one log line: id, status, tokens, TTFT and total time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, Protocol
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
+
+from modelhost.inference.contracts import (
+    CompletionEvent,
+    InferenceResult,
+    InvalidRequest,
+    RequestCancelled,
+    RequestError,
+)
+from modelhost.inference.stage import AdmittedRequest, InferenceStage
+
+logger = logging.getLogger("modelhost.server")
+
+HEARTBEAT = ": keep-alive\n\n"
+SSE_HEADERS = {"cache-control": "no-cache", "connection": "keep-alive"}
+
+ErrorFormatter = Callable[[int, Mapping[str, Any]], Response]
+
+
+def serving_stage(request: Request, model: str | None = None) -> InferenceStage:
+    """The stage that answers a request naming `model` (one model per server for now)."""
+    stage: InferenceStage = request.app.state.stage
+    return stage
+
+
+async def read_json_object(request: Request) -> dict[str, Any]:
+    """The request body as a JSON object; anything else is a 400 `invalid JSON body`."""
+    raw = await request.body()
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidRequest("invalid JSON body") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("invalid JSON body")
+    return body
+
+
+# ---------------------------------------------------------------------------------------------
+# Error mapping
+
+
+def error_status_body(exc: BaseException, context: str, *, client_gone: bool) -> tuple[int, dict]:
+    """(status, neutral body) for an exception, per the mapping table above."""
+    if client_gone or isinstance(exc, RequestCancelled | ClientDisconnect):
+        cancelled = RequestCancelled()
+        return cancelled.status, dict(cancelled.body)
+    if isinstance(exc, RequestError):
+        return exc.status, dict(exc.body)
+    message = _message_of(exc)
+    logger.error("500 on %s", context, exc_info=(type(exc), exc, exc.__traceback__))
+    return 500, {"message": message}
+
+
+def _message_of(exc: BaseException) -> str:
+    try:
+        return str(exc) or type(exc).__name__
+    except Exception:
+        return "Unknown error"
+
+
+def error_response(
+    exc: BaseException,
+    context: str,
+    format_error: ErrorFormatter,
+    log: RequestLog | None = None,
+    *,
+    client_gone: bool = False,
+) -> Response:
+    status, body = error_status_body(exc, context, client_gone=client_gone)
+    if log is not None:
+        log.finish(status)
+    return format_error(status, body)
+
+
+def warning_headers(admitted: AdmittedRequest | None) -> dict[str, str]:
+    if admitted is None or not admitted.warnings:
+        return {}
+    return {"warning": ", ".join(admitted.warnings)}
+
+
+# ---------------------------------------------------------------------------------------------
+# The request log
+
+
+class RequestLog:
+    """Collects one request's outcome and writes its single log line."""
+
+    def __init__(self, request_id: str, route: str, clock: Callable[[], float] = time.monotonic):
+        self.request_id = request_id
+        self.route = route
+        self.clock = clock
+        self.started_at = clock()
+        self.admitted: AdmittedRequest | None = None
+        self.status: int | None = None
+        self.status_hint = 200  # what a stream that ends on its own reports
+
+    def finish(self, status: int) -> None:
+        if self.status is not None:
+            return
+        self.status = status
+        total_ms = (self.clock() - self.started_at) * 1000
+        admitted = self.admitted
+        prompt = completion = "-"
+        ttft = "-"
+        if admitted is not None:
+            prompt, completion = str(admitted.prompt_tokens), str(admitted.completion_tokens)
+            if admitted.first_token_at is not None:
+                ttft = f"{(admitted.first_token_at - self.started_at) * 1000:.1f}"
+        logger.info(
+            "%s %s %d prompt_tokens=%s completion_tokens=%s ttft_ms=%s total_ms=%.1f",
+            self.request_id,
+            self.route,
+            status,
+            prompt,
+            completion,
+            ttft,
+            total_ms,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON
+
+
+async def wait_for_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def respond_json(
+    request: Request,
+    admitted: AdmittedRequest,
+    render: Callable[[InferenceResult], Mapping[str, Any]],
+    format_error: ErrorFormatter,
+    log: RequestLog,
+) -> Response:
+    """Run the admitted request to its result; a client that leaves first cancels the row."""
+    run = asyncio.create_task(admitted.run())
+    gone = asyncio.create_task(wait_for_disconnect(request.receive))
+    try:
+        await asyncio.wait({run, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not run.done():
+            raise RequestCancelled()
+        body = render(run.result())
+        log.finish(200)
+        return JSONResponse(body, headers=warning_headers(admitted))
+    except asyncio.CancelledError:  # a forced shutdown cut this request short
+        log.finish(503)
+        raise
+    except Exception as exc:
+        client_gone = gone.done() and not run.done()
+        return error_response(exc, log.request_id, format_error, log, client_gone=client_gone)
+    finally:
+        admitted.cancel()
+        for task in (run, gone):
+            task.cancel()
+        await asyncio.wait({run, gone})
+
+
+# ---------------------------------------------------------------------------------------------
+# SSE
+
+
+class StreamProtocol(Protocol):
+    """A surface's SSE frames: an opening, one or more frames per event, and the end."""
+
+    def start(self) -> list[str]: ...
+
+    def delta(self, event: CompletionEvent) -> list[str]: ...
+
+    def finish(self, event: CompletionEvent) -> list[str]: ...
+
+    def error(self, status: int, body: Mapping[str, Any]) -> list[str]: ...
+
+
+def respond_stream(
+    admitted: AdmittedRequest, protocol: StreamProtocol, log: RequestLog, *, heartbeat_s: float
+) -> EventStreamResponse:
+    async def frames() -> AsyncIterator[str]:
+        try:
+            for frame in protocol.start():
+                yield frame
+            async for event in admitted.events():
+                for frame in protocol.finish(event) if event.is_terminal else protocol.delta(event):
+                    yield frame
+            log.status_hint = 200
+        except Exception as exc:
+            status, body = error_status_body(exc, log.request_id, client_gone=False)
+            log.status_hint = status
+            for frame in protocol.error(status, body):
+                yield frame
+        finally:
+            admitted.cancel()
+
+    def done(status: int | None) -> None:
+        admitted.cancel()
+        log.finish(log.status_hint if status is None else status)
+
+    headers = {**SSE_HEADERS, **warning_headers(admitted)}
+    return EventStreamResponse(frames(), heartbeat_s=heartbeat_s, headers=headers, on_done=done)
+
+
+async def with_heartbeat(frames: AsyncIterator[str], interval_s: float) -> AsyncIterator[str]:
+    """`frames`, with a heartbeat comment whenever nothing came for `interval_s` seconds."""
+    end = object()
+
+    async def next_frame() -> Any:
+        try:
+            return await anext(frames)
+        except StopAsyncIteration:
+            return end
+
+    pending: asyncio.Task[Any] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.create_task(next_frame())
+            done, _ = await asyncio.wait({pending}, timeout=interval_s)
+            if not done:
+                yield HEARTBEAT
+                continue
+            frame, pending = pending.result(), None
+            if frame is end:
+                return
+            yield frame
+    finally:
+        if pending is not None and not pending.done():
+            pending.cancel()
+            await asyncio.wait({pending})
+        with contextlib.suppress(RuntimeError):
+            await frames.aclose()  # type: ignore[attr-defined]
+
+
+class EventStreamResponse:
+    """An ASGI `text/event-stream` response that stops its frames when the client leaves.
+
+    `on_done` gets 499 when the client left, 503 when the server cancelled the request (a
+    forced shutdown), 500 when writing failed, and None when the stream ended on its own.
+    """
+
+    def __init__(
+        self,
+        frames: AsyncIterator[str],
+        *,
+        heartbeat_s: float,
+        headers: Mapping[str, str],
+        on_done: Callable[[int | None], None],
+    ) -> None:
+        self.frames = frames
+        self.heartbeat_s = heartbeat_s
+        self.headers = {"content-type": "text/event-stream; charset=utf-8", **headers}
+        self.on_done = on_done
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def write() -> None:
+            headers = [(k.encode(), v.encode()) for k, v in self.headers.items()]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            async for frame in with_heartbeat(self.frames, self.heartbeat_s):
+                await send(
+                    {"type": "http.response.body", "body": frame.encode(), "more_body": True}
+                )
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+        writer = asyncio.create_task(write())
+        listener = asyncio.create_task(wait_for_disconnect(receive))
+        status: int | None = 503  # unless the wait below ends: the server cancelled us
+        try:
+            await asyncio.wait({writer, listener}, return_when=asyncio.FIRST_COMPLETED)
+            status = _stream_status(writer)
+        finally:
+            for task in (writer, listener):
+                task.cancel()
+            self.on_done(status)  # first, and synchronously: the row is cancelled whatever follows
+            await asyncio.wait({writer, listener})
+            with contextlib.suppress(RuntimeError):
+                await self.frames.aclose()  # type: ignore[attr-defined]
+        if status == 500:
+            writer.result()  # a bug in writing: let the server log it
+
+
+def _stream_status(writer: asyncio.Task[None]) -> int | None:
+    if not writer.done():
+        return 499  # the client left first
+    if writer.cancelled():
+        return 503
+    error = writer.exception()
+    if isinstance(error, OSError):
+        return 499  # the server could not write: the peer is gone
+    return None if error is None else 500

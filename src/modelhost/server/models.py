@@ -1,0 +1,125 @@
+"""Discovery and status: `GET /v1`, `/v1/models`, `/v1/models/{id}`, `/health`, `/stats`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from modelhost import __version__
+from modelhost.inference.contracts import ModelCard, StageStats
+from modelhost.server.http import serving_stage
+from modelhost.server.openai_wire import openai_error
+
+ENDPOINTS = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/models",
+    "/health",
+    "/stats",
+)
+GEN_DEFAULT_KEYS = ("temperature", "top_p", "top_k")
+
+
+def model_row(card: ModelCard) -> dict[str, Any]:
+    """One `/v1/models` row: OpenAI's fields, then what this server can do with the model."""
+    return {
+        "id": card.id,
+        "object": "model",
+        "created": card.created,
+        "owned_by": "modelhost",
+        "context_window": card.context_window,
+        "reasoning": card.reasoning,
+        "vision": card.vision,
+        "audio": False,
+        "batch_mode": "batch",
+        "tools": card.tools,
+        "structured_output": False,
+        "embeddings": False,
+        "capabilities": {
+            "chat_completions": card.chat,
+            "text_completions": True,
+            "anthropic_messages": False,
+            "responses": False,
+            "streaming": True,
+            "tools": card.tools,
+            "structured_output": False,
+            "logprobs": True,
+            "embeddings": False,
+            "vision": card.vision,
+            "audio": False,
+            "adapters": False,
+            "training": False,
+            "transcription": False,
+        },
+        "gen_defaults": {key: card.gen_defaults.get(key) for key in GEN_DEFAULT_KEYS},
+    }
+
+
+async def list_models(request: Request) -> Response:
+    card = serving_stage(request).card()
+    return JSONResponse({"object": "list", "data": [model_row(card)]})
+
+
+async def retrieve_model(request: Request) -> Response:
+    model_id = request.path_params["model_id"]
+    card = serving_stage(request).card()
+    if model_id != card.id:
+        message = f"The model '{model_id}' does not exist"
+        body = {"message": message, "type": "invalid_request_error", "code": "model_not_found"}
+        return openai_error(404, {**body, "param": "model"})
+    return JSONResponse(model_row(card))
+
+
+async def index(request: Request) -> Response:
+    stage = serving_stage(request)
+    return JSONResponse(
+        {
+            "name": "modelhost",
+            "version": __version__,
+            "model": stage.model_id,
+            "endpoints": list(ENDPOINTS),
+        }
+    )
+
+
+async def health(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+def stats_json(stats: StageStats, owner: str) -> dict[str, Any]:
+    admission, batch, cache = stats.admission, stats.batch, stats.prompt_cache
+    return {
+        "server": {"owner": owner, "model": stats.model_id, "started_at": stats.started_at},
+        "prompt_cache": {
+            "entries": cache.cached_blocks,
+            "bytes": cache.cached_bytes,
+            "max_bytes": cache.max_bytes,
+            "query_tokens": cache.query_tokens,
+            "hit_tokens": cache.hit_tokens,
+        },
+        "admission": {
+            "max_safe_context": admission.max_safe_context,
+            "enforced_context_tokens": admission.enforced_context_tokens,
+            "memory_budget_bytes": admission.memory_budget_bytes,
+            "usable_bytes": admission.usable_bytes,
+            "weights_bytes": admission.weights_bytes,
+        },
+        "batch": {
+            "configured": batch.configured,
+            "mode": "batch",
+            "batched": True,
+            "max_queue": batch.max_queue,
+            "active_rows": batch.active_rows,
+            "pending_rows": batch.pending_rows,
+            "submitted_rows": batch.submitted_rows,
+            "kv_bytes": batch.kv_bytes,
+            "kv_budget_bytes": batch.kv_budget_bytes,
+        },
+    }
+
+
+async def stats(request: Request) -> Response:
+    owner: str = request.app.state.settings.owner
+    return JSONResponse(stats_json(serving_stage(request).stats(), owner))

@@ -1,0 +1,169 @@
+"""OpenAI text completions: `POST /v1/completions`, JSON and SSE.
+
+The prompt must be a non-empty string (token-array prompts are refused, as mlx_lm.server does)
+and is tokenized as it is, with no template. Sampling, stop and max-token fields are chat's.
+`logprobs` is the legacy integer (0..5 alternatives; `true` means 0), answered in the legacy
+`{tokens, token_logprobs, top_logprobs, text_offset}` shape OpenAI clients read.
+
+SSE: text chunks, a terminal chunk with `finish_reason` (and `usage`), then `[DONE]`;
+`stream_options.include_usage` works as in chat.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from modelhost.inference.contracts import (
+    CompletionEvent,
+    InferenceRequest,
+    InferenceResult,
+    InvalidRequest,
+    TextPrompt,
+)
+from modelhost.server import openai_fields as fields
+from modelhost.server.http import (
+    RequestLog,
+    error_response,
+    read_json_object,
+    respond_json,
+    respond_stream,
+    serving_stage,
+)
+from modelhost.server.openai_wire import (
+    DONE,
+    new_id,
+    openai_error,
+    openai_error_json,
+    sse,
+    text_logprobs_json,
+    usage_json,
+)
+
+ROUTE = "POST /v1/completions"
+MAX_LOGPROBS = 5
+PROMPT_REQUIRED = (
+    "prompt (a non-empty string) is required "
+    "(token-array prompts are not accepted, matching mlx_lm.server)"
+)
+
+
+async def create_completion(request: Request) -> Response:
+    log = RequestLog(new_id("cmpl"), ROUTE)
+    try:
+        body = await read_json_object(request)
+        inference, options = parse_completion_request(body, log.request_id)
+        stage = serving_stage(request, body.get("model"))
+        admitted = await stage.admit(inference)
+    except Exception as exc:
+        return error_response(exc, log.request_id, openai_error, log)
+    log.admitted = admitted
+    meta = {"id": log.request_id, "created": int(time.time()), "model": stage.model_id}
+    if options.stream:
+        protocol = TextStream(meta, options.include_usage, admitted.want_logprobs)
+        heartbeat_s: float = request.app.state.settings.heartbeat_s
+        return respond_stream(admitted, protocol, log, heartbeat_s=heartbeat_s)
+    return await respond_json(
+        request, admitted, lambda result: text_completion_json(meta, result), openai_error, log
+    )
+
+
+def parse_completion_request(
+    body: dict[str, Any], request_id: str
+) -> tuple[InferenceRequest, fields.StreamOptions]:
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str) or not prompt:
+        raise InvalidRequest(PROMPT_REQUIRED, param="prompt")
+    options = fields.stream_options(body)
+    inference = InferenceRequest(
+        request_id=request_id,
+        method="text",
+        prompt=TextPrompt(prompt),
+        sampling=fields.sampling(body),
+        max_tokens=fields.max_tokens(body),
+        stop=fields.stop(body),
+        ignore_eos=bool(fields.field(body, "ignore_eos", bool)),
+        logprobs=text_logprobs(body),
+        stream=options.stream,
+        num_choices=fields.choices(body),
+        adapter=fields.adapter(body),
+        structured_output=fields.structured_output(body),
+    )
+    return inference, options
+
+
+def text_logprobs(body: dict[str, Any]) -> int | None:
+    value = body.get("logprobs")
+    if value is None or value is False:
+        return None
+    if value is True:
+        return 0
+    if not isinstance(value, int):
+        raise InvalidRequest("logprobs must be of type int", param="logprobs")
+    if value < 0:
+        raise InvalidRequest("logprobs must be at least 0", param="logprobs")
+    if value > MAX_LOGPROBS:
+        raise InvalidRequest(f"logprobs must be at most {MAX_LOGPROBS}", param="logprobs")
+    return value
+
+
+def text_completion_json(meta: Mapping[str, Any], result: InferenceResult) -> dict[str, Any]:
+    logprobs = text_logprobs_json(result.logprobs) if result.logprobs is not None else None
+    return {
+        **meta,
+        "object": "text_completion",
+        "choices": [
+            {
+                "index": 0,
+                "text": result.text,
+                "logprobs": logprobs,
+                "finish_reason": result.finish_reason,
+            }
+        ],
+        "usage": usage_json(result.usage),
+    }
+
+
+class TextStream:
+    """The `text_completion` frames of one streamed answer."""
+
+    def __init__(self, meta: Mapping[str, Any], include_usage: bool, want_logprobs: bool):
+        self.meta = {**meta, "object": "text_completion"}
+        self.include_usage = include_usage
+        self.want_logprobs = want_logprobs
+        self.text_offset = 0
+
+    def _chunk(self, text: str, finish_reason: str | None, logprobs: Any = None, **extra: Any):
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+        return sse({**self.meta, "choices": [choice], **extra})
+
+    def start(self) -> list[str]:
+        return []
+
+    def delta(self, event: CompletionEvent) -> list[str]:
+        if not event.text and not event.logprobs:
+            return []
+        logprobs = None
+        if self.want_logprobs and event.logprobs:
+            logprobs = text_logprobs_json(event.logprobs, self.text_offset)
+        self.text_offset += len(event.text)
+        return [self._chunk(event.text, None, logprobs)]
+
+    def finish(self, event: CompletionEvent) -> list[str]:
+        assert event.usage is not None
+        frames = self.delta(event)
+        usage = usage_json(event.usage)
+        if self.include_usage:
+            frames.append(self._chunk("", event.finish_reason))
+            frames.append(sse({**self.meta, "choices": [], "usage": usage}))
+        else:
+            frames.append(self._chunk("", event.finish_reason, usage=usage))
+        frames.append(DONE)
+        return frames
+
+    def error(self, status: int, body: Mapping[str, Any]) -> list[str]:
+        return [sse(openai_error_json(status, body))]

@@ -1,0 +1,92 @@
+"""OpenAI wire pieces both completion surfaces share: ids, usage, logprobs, errors, SSE frames."""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from starlette.responses import JSONResponse, Response
+
+from modelhost.inference.contracts import CompletionUsage, TokenLogprob
+
+DONE = "data: [DONE]\n\n"
+_LOGPROB_FLOOR = -9999.0  # JSON has no -inf
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def sse(payload: Mapping[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def usage_json(usage: CompletionUsage) -> dict[str, Any]:
+    """The terminal usage block: OpenAI's fields plus `lane` (one request is a batch of one)."""
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "lane": usage.lane,
+    }
+
+
+def openai_error_json(status: int, body: Mapping[str, Any]) -> dict[str, Any]:
+    """`{error: {message, type, code, param, ...}}` from a neutral error body."""
+    error = dict(body)
+    error.setdefault("message", "error")
+    if not error.get("type"):
+        error["type"] = "server_error" if status >= 500 else "invalid_request_error"
+    error.setdefault("code", None)
+    error.setdefault("param", None)
+    return {"error": error}
+
+
+def openai_error(status: int, body: Mapping[str, Any]) -> Response:
+    return JSONResponse(openai_error_json(status, body), status_code=status)
+
+
+def _finite(value: float) -> float:
+    return value if math.isfinite(value) else _LOGPROB_FLOOR
+
+
+def chat_logprobs_json(logprobs: Sequence[TokenLogprob]) -> dict[str, Any]:
+    """Chat's `{content: [{id, token, logprob, bytes, top_logprobs: [...]}]}`."""
+    return {
+        "content": [
+            {
+                "id": lp.token_id,
+                "token": lp.token,
+                "logprob": _finite(lp.logprob),
+                "bytes": list(lp.token.encode("utf-8")),
+                "top_logprobs": [
+                    {
+                        "id": top.token_id,
+                        "token": top.token,
+                        "logprob": _finite(top.logprob),
+                        "bytes": list(top.token.encode("utf-8")),
+                    }
+                    for top in lp.top
+                ],
+            }
+            for lp in logprobs
+        ]
+    }
+
+
+def text_logprobs_json(logprobs: Sequence[TokenLogprob], text_offset: int = 0) -> dict[str, Any]:
+    """Legacy completions' `{tokens, token_logprobs, top_logprobs, text_offset}`."""
+    offsets: list[int] = []
+    for lp in logprobs:
+        offsets.append(text_offset)
+        text_offset += len(lp.token)
+    return {
+        "tokens": [lp.token for lp in logprobs],
+        "token_logprobs": [_finite(lp.logprob) for lp in logprobs],
+        "top_logprobs": [{top.token: _finite(top.logprob) for top in lp.top} for lp in logprobs],
+        "text_offset": offsets,
+    }

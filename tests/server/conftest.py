@@ -1,0 +1,134 @@
+"""Fixtures for the HTTP surfaces: an app over a scripted engine, an in-process client, and a
+real uvicorn server on a free loopback port."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from scripted_engine import ScriptedEngine, scripted_model
+
+from modelhost.models.loaded import LoadedModel
+from modelhost.server.app import ServeSettings, build_app
+from modelhost.server.runner import server_for
+
+AppFactory = Callable[..., FastAPI]
+ClientFactory = Callable[[FastAPI], httpx.AsyncClient]
+
+
+def _make_app(
+    engine: ScriptedEngine | None = None,
+    model: LoadedModel | None = None,
+    **settings: Any,
+) -> FastAPI:
+    settings.setdefault("heartbeat_s", 15.0)
+    return build_app(
+        engine or ScriptedEngine(), model or scripted_model(), ServeSettings(**settings)
+    )
+
+
+@pytest.fixture
+def make_app() -> AppFactory:
+    """`make_app(engine=None, model=None, **settings)`: an app over a scripted engine."""
+    return _make_app
+
+
+@pytest.fixture
+async def client_of() -> AsyncIterator[ClientFactory]:
+    """`client_of(app)`: an httpx client calling `app` in-process, closed after the test."""
+    clients: list[httpx.AsyncClient] = []
+
+    def open_client(app: FastAPI) -> httpx.AsyncClient:
+        transport = httpx.ASGITransport(app=app)
+        clients.append(httpx.AsyncClient(transport=transport, base_url="http://testserver"))
+        return clients[-1]
+
+    yield open_client
+    for client in clients:
+        await client.aclose()
+
+
+@pytest.fixture
+def engine() -> ScriptedEngine:
+    return ScriptedEngine()
+
+
+@pytest.fixture
+def app(engine: ScriptedEngine) -> FastAPI:
+    return _make_app(engine)
+
+
+@pytest.fixture
+def client(app: FastAPI, client_of: ClientFactory) -> httpx.AsyncClient:
+    return client_of(app)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class LiveServer:
+    """modelhost's uvicorn server for `app` on 127.0.0.1 in a background thread, until `stop()`."""
+
+    def __init__(self, app: FastAPI, *, shutdown_timeout_s: float = 5.0) -> None:
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.server = server_for(
+            app,
+            host="127.0.0.1",
+            port=self.port,
+            shutdown_timeout_s=shutdown_timeout_s,
+            log_level="warning",
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def start(self) -> LiveServer:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+@pytest.fixture
+def live_server() -> Iterator[Callable[..., LiveServer]]:
+    """`live_server(app, shutdown_timeout_s=5.0)`: a started LiveServer, stopped after the test."""
+    servers: list[LiveServer] = []
+
+    def start(app: FastAPI, *, shutdown_timeout_s: float = 5.0) -> LiveServer:
+        server = LiveServer(app, shutdown_timeout_s=shutdown_timeout_s).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def module_live_server() -> Iterator[Callable[..., LiveServer]]:
+    """As `live_server`, for servers shared by a module's tests (a real model loads once)."""
+    servers: list[LiveServer] = []
+
+    def start(app: FastAPI, *, shutdown_timeout_s: float = 5.0) -> LiveServer:
+        server = LiveServer(app, shutdown_timeout_s=shutdown_timeout_s).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()

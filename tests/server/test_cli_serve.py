@@ -1,0 +1,54 @@
+"""`modelhost serve`: its flags, their defaults, and a budget that cannot hold the model."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from scripted_engine import scripted_model
+
+from modelhost import cli_serve
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="modelhost")
+    cli_serve.add_serve_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["serve", *argv])
+
+
+def test_serve_binds_loopback_on_8080_with_batch_8_and_queue_64_by_default() -> None:
+    args = parse()
+    assert (args.model, args.host, args.port) == (None, "127.0.0.1", 8080)
+    assert (args.batch, args.max_queue, args.memory_budget) == (8, 64, None)
+    assert args.heartbeat == 15.0
+
+
+def test_serve_flags_become_the_servers_settings() -> None:
+    args = parse(
+        "my-model",
+        *("--memory-budget", "1.5", "--max-tokens", "64", "--temp", "0.2"),
+        *("--top-p", "0.9", "--top-k", "5", "--context-length", "512", "--heartbeat", "3"),
+    )
+    settings = cli_serve.settings_from_args(args)
+    assert args.model == "my-model"
+    assert settings.memory_budget_gb == 1.5
+    assert settings.context_length == 512
+    assert settings.heartbeat_s == 3.0
+    defaults = settings.defaults
+    assert (defaults.max_tokens, defaults.temperature, defaults.top_p, defaults.top_k) == (
+        64,
+        0.2,
+        0.9,
+        5,
+    )
+
+
+def test_serve_refuses_a_memory_budget_below_the_weights_before_it_listens(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from modelhost.models import loader
+
+    monkeypatch.setattr(loader, "load_model", lambda name=None: scripted_model())
+    monkeypatch.setattr(cli_serve, "serve", lambda *a, **k: pytest.fail("must not serve"))
+    assert cli_serve.run_serve(parse("--memory-budget", "0.001")) == 2
+    assert "cannot hold the weights" in capsys.readouterr().err
