@@ -169,9 +169,10 @@ async def test_developer_messages_are_rendered_as_system_and_text_parts_are_join
     assert rendered.startswith("<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\na\nb")
 
 
-async def test_structured_output_is_answered_with_a_warning_header(
-    client: httpx.AsyncClient,
+async def test_structured_output_with_grammars_disabled_is_answered_with_a_warning_header(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("MODELHOST_GRAMMAR", "0")
     response = await post(client, {**HELLO, "response_format": {"type": "json_object"}})
     assert response.status_code == 200
     assert response.headers["warning"].startswith("grammar not enforced")

@@ -245,6 +245,9 @@ class Engine:
             self._finish(seq, event, "stop", matched)
         elif seq.is_finished:
             self._finish(seq, event, seq.finish_reason or "stop", None)
+        elif output.grammar_done:
+            self.scheduler.finish(seq, "stop")
+            self._finish(seq, event, "stop", None)
         else:
             output.post(event)
 

@@ -26,6 +26,8 @@ class RowOutput:
     def event_for(self, seq: Sequence, token: SampledToken) -> tuple[EngineEvent, str | None]:
         """The event for one newly sampled token, and the stop string it completed, if any."""
         self.sampling.output_ids.append(token.token_id)
+        if self.sampling.grammar is not None:
+            self.sampling.grammar.accept(token.token_id)
         text = ""
         if not (seq.is_finished and token.token_id in seq.eos_token_ids):
             text = self.detokenizer.add([token.token_id])
@@ -34,6 +36,12 @@ class RowOutput:
         if token.logprob is not None:
             event.logprobs = [self._logprob(token)]
         return event, matched
+
+    @property
+    def grammar_done(self) -> bool:
+        """The row's grammar admits no further token: the output is complete."""
+        grammar = self.sampling.grammar
+        return grammar is not None and grammar.is_terminated
 
     def finish(self, event: EngineEvent, seq: Sequence, reason: FinishReason, stop: str | None):
         """Release held-back text and close the stream's last event."""

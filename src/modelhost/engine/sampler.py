@@ -7,8 +7,9 @@ uniform number per sampled row from that row's own generator.
 Per row, in order: logit_bias (added); repetition_penalty over the distinct prompt and output
 tokens (HF convention: positive logits divided by the penalty, negative ones multiplied); presence
 and frequency penalties over output tokens only (OpenAI convention); then greedy rows take the
-argmax and the others go through temperature, top_k, top_p and min_p before the draw. Logprobs
-describe the raw model distribution, before any of that.
+argmax and the others go through temperature, top_k, top_p and min_p before the draw. Rows with a
+grammar have every token it forbids masked to -inf after the penalties, before either path.
+Logprobs describe the raw model distribution, before any of that.
 
 Reproducibility: a row's draw depends only on its own logits and its own generator, never on which
 rows share the batch (on CPU bit for bit; CUDA reductions may round differently with the batch
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
+from modelhost.engine.grammar import GrammarState, apply_masks
 from modelhost.engine.sampling_params import SamplingParams
 
 # Top-p first looks for the nucleus among this many best tokens, then among more, and only sorts a
@@ -47,6 +49,7 @@ class RowSamplingState:
     generator: torch.Generator | None  # None when greedy
     prompt_ids: list[int]
     output_ids: list[int] = field(default_factory=list)
+    grammar: GrammarState | None = None
     _prompt_tensor: torch.Tensor | None = field(default=None, init=False, repr=False)
 
     @classmethod
@@ -59,7 +62,8 @@ class RowSamplingState:
             else:
                 # OpenAI seeds are any integer; torch wants one that fits in 64 bits.
                 generator.manual_seed(params.seed & _SEED_MASK)
-        return cls(params=params, generator=generator, prompt_ids=prompt_ids)
+        grammar = GrammarState(params.grammar) if params.grammar is not None else None
+        return cls(params=params, generator=generator, prompt_ids=prompt_ids, grammar=grammar)
 
     def prompt_tensor(self) -> torch.Tensor:
         if self._prompt_tensor is None:
@@ -96,6 +100,8 @@ def sample(logits: torch.Tensor, rows: Sequence[RowSamplingState]) -> list[Sampl
 
     _apply_logit_bias(logits, rows)
     _apply_penalties(logits, rows)
+    if any(row.grammar is not None for row in rows):
+        apply_masks(logits, [row.grammar for row in rows])
 
     sampled_rows = [i for i, row in enumerate(rows) if not row.params.greedy]
     if not sampled_rows:

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from xgrammar import CompiledGrammar
 
 
 class InvalidSamplingParams(ValueError):
@@ -26,6 +30,8 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()  # extra ids that end generation, besides EOS
     ignore_eos: bool = False
     logprobs: int | None = None  # None: off; N >= 0: chosen token's logprob plus N alternatives
+    # Constrains every sampled token (greedy rows too); compiled for this model's vocabulary.
+    grammar: CompiledGrammar | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0.0:

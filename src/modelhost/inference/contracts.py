@@ -40,6 +40,19 @@ Prompt = ChatPrompt | TextPrompt
 
 
 @dataclass(frozen=True, slots=True)
+class GrammarSpec:
+    """Output the stage must enforce with a grammar; the surface picked one by precedence.
+
+    `source` is EBNF (grammar), a JSON schema as text (json_schema) or a regex (regex); a choice
+    lists its strings in `choices`; json_object needs neither.
+    """
+
+    kind: Literal["grammar", "json_schema", "json_object", "regex", "choice"]
+    source: str = ""
+    choices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class SamplingRequest:
     """The sampling knobs a request set; `None` means "not given" (defaults apply later)."""
 
@@ -70,8 +83,10 @@ class InferenceRequest:
     num_choices: int = 1
     adapter: str | None = None
     has_media: bool = False
-    # Structured output was asked for; no grammar engine enforces it yet (a Warning says so).
+    # Structured output: an instruction for the prompt, used when no grammar enforces it (a
+    # Warning says so), and the grammar to enforce when the surface can express one.
     structured_output: str | None = None
+    grammar: GrammarSpec | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -115,6 +130,7 @@ class CompletionEvent:
     logprobs: tuple[TokenLogprob, ...] = ()
     finish_reason: FinishReason | None = None
     usage: CompletionUsage | None = None
+    stop_sequence: str | None = None  # the request's stop string that ended it, if one did
 
     @property
     def is_terminal(self) -> bool:
@@ -128,6 +144,7 @@ class InferenceResult:
     finish_reason: FinishReason
     usage: CompletionUsage
     logprobs: tuple[TokenLogprob, ...] | None  # None when the request did not ask for them
+    stop_sequence: str | None = None  # the request's stop string that ended it, if one did
 
 
 # ---------------------------------------------------------------------------------------------

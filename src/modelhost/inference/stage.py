@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -47,6 +48,7 @@ from modelhost.inference.contracts import (
     TopLogprob,
 )
 from modelhost.inference.defaults import ServingDefaults, resolve_sampling
+from modelhost.inference.grammar import GrammarUnavailable, ModelGrammars
 from modelhost.models.loaded import LoadedModel
 from modelhost.text.tokenizer import ChatTemplateError
 
@@ -55,6 +57,11 @@ if TYPE_CHECKING:
 
 GRAMMAR_WARNING = "grammar not enforced: no grammar engine - falling back to prompt injection"
 TEXT_GRAMMAR_WARNING = "grammar not enforced: no grammar engine - output is not constrained"
+
+
+def grammar_warning(reason: str, *, chat: bool) -> str:
+    fallback = "falling back to prompt injection" if chat else "output is not constrained"
+    return f"grammar not enforced: {reason} - {fallback}"
 
 
 class InferenceStage:
@@ -77,6 +84,7 @@ class InferenceStage:
         self._live: weakref.WeakSet[AdmittedRequest] = weakref.WeakSet()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
+        self.grammars = ModelGrammars(model)
 
     @property
     def model_id(self) -> str:
@@ -104,10 +112,18 @@ class InferenceStage:
             raise EngineUnavailable()
         check_placement(request, self.model.family.name)
         warnings: list[str] = []
-        if request.structured_output is not None:
-            chat = isinstance(request.prompt, ChatPrompt)
+        chat = isinstance(request.prompt, ChatPrompt)
+        instruction = request.structured_output
+        grammar = None
+        if request.grammar is not None:
+            try:
+                grammar = await self.grammars.compile(request.grammar)
+                instruction = None  # enforced: the prompt stays as the client wrote it
+            except GrammarUnavailable as exc:
+                warnings.append(grammar_warning(str(exc), chat=chat))
+        elif instruction is not None:
             warnings.append(GRAMMAR_WARNING if chat else TEXT_GRAMMAR_WARNING)
-        prompt_ids = await asyncio.to_thread(self._prompt_ids, request)
+        prompt_ids = await asyncio.to_thread(self._prompt_ids, request, instruction)
         requested = request.max_tokens
         if requested is None:
             requested = self.defaults.max_tokens
@@ -117,6 +133,8 @@ class InferenceStage:
         params = resolve_sampling(
             request, self.defaults, self.model.gen_defaults, max_tokens=max_tokens
         )
+        if grammar is not None:
+            params = dataclasses.replace(params, grammar=grammar)
         try:
             stream = self.engine.submit(prompt_ids, params)
         except QueueFull as exc:
@@ -143,14 +161,14 @@ class InferenceStage:
         self._live.add(admitted)
         return admitted
 
-    def _prompt_ids(self, request: InferenceRequest) -> list[int]:
+    def _prompt_ids(self, request: InferenceRequest, instruction: str | None) -> list[int]:
         tokenizer = self.model.tokenizer
         prompt = request.prompt
         if not isinstance(prompt, ChatPrompt):
             return tokenizer.encode(prompt.text, add_special_tokens=True)
         if not tokenizer.has_chat_template:
             raise InvalidRequest("prompt build failed: this model has no chat template")
-        messages = _with_instruction(prompt.messages, request.structured_output)
+        messages = _with_instruction(prompt.messages, instruction)
         kwargs: dict[str, Any] = dict(prompt.template_kwargs)
         if request.thinking is not None:
             kwargs["enable_thinking"] = request.thinking
@@ -337,6 +355,7 @@ class AdmittedRequest:
             finish_reason=terminal.finish_reason,
             usage=terminal.usage,
             logprobs=tuple(logprobs) if self.want_logprobs else None,
+            stop_sequence=terminal.stop_sequence,
         )
 
     def _convert(self, event: EngineEvent) -> CompletionEvent | None:
@@ -364,6 +383,7 @@ class AdmittedRequest:
             num_tokens=len(event.token_ids),
             logprobs=logprobs,
             finish_reason=finish,
+            stop_sequence=event.stop_string,
             usage=CompletionUsage(
                 prompt_tokens=usage.prompt_tokens if usage else self.prompt_tokens,
                 completion_tokens=self.completion_tokens,

@@ -120,6 +120,7 @@ def parse_chat_request(
         adapter=fields.adapter(body),
         has_media=has_media,
         structured_output=fields.structured_output(body),
+        grammar=fields.grammar(body),
     )
     return inference, options
 

@@ -92,6 +92,7 @@ def parse_completion_request(
         num_choices=fields.choices(body),
         adapter=fields.adapter(body),
         structured_output=fields.structured_output(body),
+        grammar=fields.grammar(body),
     )
     return inference, options
 

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from modelhost.inference.contracts import InvalidRequest, SamplingRequest
+from modelhost.inference.contracts import GrammarSpec, InvalidRequest, SamplingRequest
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 _TYPE_NAMES = {bool: "bool", int: "int", float: "float", str: "str", dict: "dict", list: "list"}
@@ -135,8 +135,8 @@ def structured_output(body: dict[str, Any]) -> str | None:
     """An instruction describing the output a structured-output field asks for, or None.
 
     Precedence: guided_grammar > json_schema > json_object > structured_outputs >
-    guided_regex > guided_choice. No grammar engine enforces it yet, so the stage folds it
-    into the prompt (chat) and adds a Warning.
+    guided_regex > guided_choice. The stage folds it into the prompt (chat) only when the
+    matching `grammar` cannot be enforced, and then adds a Warning.
     """
     grammar = field(body, "guided_grammar", str)
     if grammar:
@@ -169,6 +169,40 @@ def structured_output(body: dict[str, Any]) -> str | None:
     if choice:
         return "Respond with exactly one of: " + ", ".join(str(item) for item in choice)
     return None
+
+
+def grammar(body: dict[str, Any]) -> GrammarSpec | None:
+    """The grammar to enforce, with the same precedence as `structured_output` (call that first:
+    it validates the fields)."""
+    source = field(body, "guided_grammar", str)
+    if source:
+        return GrammarSpec("grammar", source)
+    response_format = field(body, "response_format", dict)
+    if response_format is not None:
+        kind = response_format.get("type")
+        if kind == "json_schema":
+            spec = response_format.get("json_schema")
+            schema = spec.get("schema", spec) if isinstance(spec, dict) else spec
+            return GrammarSpec("json_schema", _schema_text(schema))
+        if kind == "json_object":
+            return GrammarSpec("json_object")
+    outputs = field(body, "structured_outputs", dict)
+    if outputs:
+        if outputs.get("json") is not None:
+            return GrammarSpec("json_schema", _schema_text(outputs["json"]))
+        body = {**body, **{f"guided_{key}": value for key, value in outputs.items()}}
+    regex = field(body, "guided_regex", str)
+    if regex:
+        return GrammarSpec("regex", regex)
+    choice = field(body, "guided_choice", list)
+    if choice:
+        return GrammarSpec("choice", choices=tuple(str(item) for item in choice))
+    return None
+
+
+def _schema_text(schema: Any) -> str:
+    # A schema that is not JSON at all still goes to the compiler, which names the problem.
+    return schema if isinstance(schema, str) else json.dumps(schema)
 
 
 def reasoning_effort(body: dict[str, Any]) -> str | None:
