@@ -16,8 +16,15 @@ from modelhost.inference.admission import BYTES_PER_GB, AdmissionPolicy, plan_me
 from modelhost.inference.defaults import ServingDefaults
 from modelhost.inference.stage import InferenceStage
 from modelhost.models.loaded import LoadedModel
-from modelhost.server import models, openai_chat, openai_completions
+from modelhost.server import (
+    anthropic_messages,
+    models,
+    openai_chat,
+    openai_completions,
+    openai_responses,
+)
 from modelhost.server.openai_wire import openai_error
+from modelhost.server.response_store import ResponseStore
 
 if TYPE_CHECKING:
     from modelhost.engine.engine import Engine
@@ -51,6 +58,10 @@ class ServeSettings:
 ROUTES = (
     ("POST", "/v1/chat/completions", openai_chat.create_chat_completion),
     ("POST", "/v1/completions", openai_completions.create_completion),
+    ("POST", "/v1/messages", anthropic_messages.create_message),
+    ("POST", "/v1/messages/count_tokens", anthropic_messages.count_tokens),
+    ("POST", "/v1/responses", openai_responses.create_response),
+    ("GET", "/v1/responses/{response_id}", openai_responses.retrieve_response),
     ("GET", "/v1/models", models.list_models),
     ("GET", "/v1/models/{model_id:path}", models.retrieve_model),
     ("GET", "/v1", models.index),
@@ -101,6 +112,7 @@ def create_app(stage: InferenceStage, settings: ServeSettings) -> FastAPI:
     )
     app.state.stage = stage
     app.state.settings = settings
+    app.state.response_store = ResponseStore()
     app.state.drain = stage.close  # the runner ends in-flight requests this way at its deadline
     for method, path, endpoint in ROUTES:
         app.router.add_route(path, endpoint, methods=[method])

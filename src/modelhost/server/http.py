@@ -203,8 +203,16 @@ class StreamProtocol(Protocol):
 
 
 def respond_stream(
-    admitted: AdmittedRequest, protocol: StreamProtocol, log: RequestLog, *, heartbeat_s: float
+    admitted: AdmittedRequest,
+    protocol: StreamProtocol,
+    log: RequestLog,
+    *,
+    heartbeat_s: float,
+    heartbeat: str = HEARTBEAT,
 ) -> EventStreamResponse:
+    """Stream `protocol`'s frames for `admitted`; `heartbeat` is the surface's keep-alive frame
+    (a comment by default; Anthropic clients expect a `ping` event)."""
+
     async def frames() -> AsyncIterator[str]:
         try:
             for frame in protocol.start():
@@ -226,11 +234,15 @@ def respond_stream(
         log.finish(log.status_hint if status is None else status)
 
     headers = {**SSE_HEADERS, **warning_headers(admitted)}
-    return EventStreamResponse(frames(), heartbeat_s=heartbeat_s, headers=headers, on_done=done)
+    return EventStreamResponse(
+        frames(), heartbeat_s=heartbeat_s, headers=headers, on_done=done, heartbeat=heartbeat
+    )
 
 
-async def with_heartbeat(frames: AsyncIterator[str], interval_s: float) -> AsyncIterator[str]:
-    """`frames`, with a heartbeat comment whenever nothing came for `interval_s` seconds."""
+async def with_heartbeat(
+    frames: AsyncIterator[str], interval_s: float, heartbeat: str = HEARTBEAT
+) -> AsyncIterator[str]:
+    """`frames`, with `heartbeat` whenever nothing came for `interval_s` seconds."""
     end = object()
 
     async def next_frame() -> Any:
@@ -246,7 +258,7 @@ async def with_heartbeat(frames: AsyncIterator[str], interval_s: float) -> Async
                 pending = asyncio.create_task(next_frame())
             done, _ = await asyncio.wait({pending}, timeout=interval_s)
             if not done:
-                yield HEARTBEAT
+                yield heartbeat
                 continue
             frame, pending = pending.result(), None
             if frame is end:
@@ -274,9 +286,11 @@ class EventStreamResponse:
         heartbeat_s: float,
         headers: Mapping[str, str],
         on_done: Callable[[int | None], None],
+        heartbeat: str = HEARTBEAT,
     ) -> None:
         self.frames = frames
         self.heartbeat_s = heartbeat_s
+        self.heartbeat = heartbeat
         self.headers = {"content-type": "text/event-stream; charset=utf-8", **headers}
         self.on_done = on_done
 
@@ -284,7 +298,7 @@ class EventStreamResponse:
         async def write() -> None:
             headers = [(k.encode(), v.encode()) for k, v in self.headers.items()]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
-            async for frame in with_heartbeat(self.frames, self.heartbeat_s):
+            async for frame in with_heartbeat(self.frames, self.heartbeat_s, self.heartbeat):
                 await send(
                     {"type": "http.response.body", "body": frame.encode(), "more_body": True}
                 )

@@ -15,6 +15,9 @@ from modelhost.server.openai_wire import openai_error
 ENDPOINTS = (
     "/v1/chat/completions",
     "/v1/completions",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1/responses",
     "/v1/models",
     "/health",
     "/stats",
@@ -122,4 +125,12 @@ def stats_json(stats: StageStats, owner: str) -> dict[str, Any]:
 
 async def stats(request: Request) -> Response:
     owner: str = request.app.state.settings.owner
-    return JSONResponse(stats_json(serving_stage(request).stats(), owner))
+    body = stats_json(serving_stage(request).stats(), owner)
+    store = request.app.state.response_store.stats()
+    body["response_store"] = {
+        "entries": store.entries,
+        "bytes": store.num_bytes,
+        "max_bytes": store.max_bytes,
+        "ttl_s": store.ttl_s,
+    }
+    return JSONResponse(body)

@@ -1,0 +1,219 @@
+"""Anthropic Messages: `POST /v1/messages` (JSON and SSE) and `POST /v1/messages/count_tokens`.
+
+Wire request → InferenceRequest (see `anthropic_wire` for the block flattening) → the stage →
+a `message` object, or SSE in Anthropic's order: `message_start`, then per content block
+`content_block_start`, `content_block_delta`…, `content_block_stop`, then `message_delta`
+(stop_reason, usage) and `message_stop`. Keep-alives are `ping` events; an error after the
+stream opened is one `error` event. `stop_reason` is `end_turn`, `max_tokens`, or
+`stop_sequence` with the matched string in `stop_sequence`.
+
+Not here yet (issue 3): tool-call parsing into `tool_use` blocks and reasoning into `thinking`
+blocks. Tools are rendered into the prompt, but the model's calls arrive as plain text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from modelhost.inference.contracts import (
+    ChatPrompt,
+    CompletionEvent,
+    CompletionUsage,
+    FinishReason,
+    InferenceRequest,
+    InferenceResult,
+    SamplingRequest,
+)
+from modelhost.inference.stage import InferenceStage
+from modelhost.server import anthropic_wire as wire
+from modelhost.server import openai_fields as fields
+from modelhost.server.http import (
+    RequestLog,
+    error_response,
+    read_json_object,
+    respond_json,
+    respond_stream,
+    serving_stage,
+)
+
+ROUTE = "POST /v1/messages"
+COUNT_ROUTE = "POST /v1/messages/count_tokens"
+
+
+async def create_message(request: Request) -> Response:
+    log = RequestLog(wire.new_message_id(), ROUTE)
+    try:
+        body = await read_json_object(request)
+        inference = parse_messages_request(body, log.request_id)
+        stage = serving_stage(request, body.get("model"))
+        admitted = await stage.admit(inference)
+    except Exception as exc:
+        return error_response(exc, log.request_id, wire.anthropic_error, log)
+    log.admitted = admitted
+    meta = {"id": log.request_id, "model": stage.model_id}
+    if inference.stream:
+        protocol = MessageStream(meta, admitted.prompt_tokens)
+        heartbeat_s: float = request.app.state.settings.heartbeat_s
+        return respond_stream(admitted, protocol, log, heartbeat_s=heartbeat_s, heartbeat=wire.PING)
+    return await respond_json(
+        request, admitted, lambda result: message_json(meta, result), wire.anthropic_error, log
+    )
+
+
+async def count_tokens(request: Request) -> Response:
+    """`{input_tokens}`: the prompt the same body would send, through the same template."""
+    log = RequestLog(wire.new_message_id(), COUNT_ROUTE)
+    try:
+        body = await read_json_object(request)
+        inference = parse_messages_request(body, log.request_id, count_only=True)
+        stage = serving_stage(request, body.get("model"))
+        num_tokens = await asyncio.to_thread(_prompt_tokens, stage, inference)
+    except Exception as exc:
+        return error_response(exc, log.request_id, wire.anthropic_error, log)
+    log.finish(200)
+    return JSONResponse({"input_tokens": num_tokens})
+
+
+def _prompt_tokens(stage: InferenceStage, inference: InferenceRequest) -> int:
+    # The stage has no public "render only" entry yet; this mirrors its chat prompt build.
+    prompt = inference.prompt
+    assert isinstance(prompt, ChatPrompt)
+    kwargs: dict[str, Any] = dict(prompt.template_kwargs)
+    if inference.thinking is not None:
+        kwargs["enable_thinking"] = inference.thinking
+    ids = stage.model.tokenizer.encode_chat(
+        list(prompt.messages), add_generation_prompt=True, tools=prompt.tools, **kwargs
+    )
+    return len(ids)
+
+
+# ---------------------------------------------------------------------------------------------
+# Request
+
+
+def parse_messages_request(
+    body: dict[str, Any], request_id: str, *, count_only: bool = False
+) -> InferenceRequest:
+    """The neutral request for a Messages body; `count_only` skips the generation fields."""
+    messages, has_media = wire.template_messages(body)
+    prompt = ChatPrompt(messages=tuple(messages), tools=wire.tools(body))
+    if count_only:
+        return InferenceRequest(
+            request_id=request_id,
+            method="chat",
+            prompt=prompt,
+            thinking=wire.thinking(body),
+            has_media=has_media,
+        )
+    top_k = fields.number(body, "top_k", int, at_least=-1)
+    return InferenceRequest(
+        request_id=request_id,
+        method="chat",
+        prompt=prompt,
+        sampling=SamplingRequest(
+            temperature=fields.number(body, "temperature", at_least=0),
+            top_p=fields.number(body, "top_p", at_least=0, at_most=1),
+            top_k=None if top_k == -1 else top_k,
+            min_p=fields.number(body, "min_p", at_least=0, at_most=1),
+            repetition_penalty=fields.number(body, "repetition_penalty", above=0),
+            presence_penalty=fields.number(body, "presence_penalty", at_least=-2, at_most=2),
+            frequency_penalty=fields.number(body, "frequency_penalty", at_least=-2, at_most=2),
+            seed=fields.field(body, "seed", int),
+        ),
+        max_tokens=fields.number(body, "max_tokens", int, at_least=1),
+        stop=wire.stop_sequences(body),
+        stream=bool(fields.field(body, "stream", bool)),
+        thinking=wire.thinking(body),
+        has_media=has_media,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Response
+
+
+def stop_reason(finish_reason: FinishReason, stop_sequence: str | None) -> str:
+    if stop_sequence is not None:
+        return "stop_sequence"
+    return {"length": "max_tokens", "tool_calls": "tool_use"}.get(finish_reason, "end_turn")
+
+
+def usage_json(usage: CompletionUsage) -> dict[str, Any]:
+    """Anthropic counts cache reads apart from `input_tokens`, so the two add up to the prompt."""
+    out: dict[str, Any] = {
+        "input_tokens": usage.prompt_tokens - usage.cached_tokens,
+        "output_tokens": usage.completion_tokens,
+    }
+    if usage.cached_tokens > 0:
+        out["cache_read_input_tokens"] = usage.cached_tokens
+    return out
+
+
+def message_json(meta: Mapping[str, Any], result: InferenceResult) -> dict[str, Any]:
+    return {
+        **meta,
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "text", "text": result.text}],
+        "stop_reason": stop_reason(result.finish_reason, result.stop_sequence),
+        "stop_sequence": result.stop_sequence,
+        "usage": usage_json(result.usage),
+    }
+
+
+class MessageStream:
+    """The SSE events of one streamed message: one text block, opened at the first text."""
+
+    def __init__(self, meta: Mapping[str, Any], prompt_tokens: int) -> None:
+        self.meta = meta
+        self.prompt_tokens = prompt_tokens
+        self.text_open = False
+
+    def start(self) -> list[str]:
+        message = {
+            **self.meta,
+            "type": "message",
+            "role": "assistant",
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 0},
+        }
+        return [wire.event("message_start", {"message": message})]
+
+    def delta(self, event: CompletionEvent) -> list[str]:
+        if not event.text:
+            return []
+        frames = self._open_text()
+        delta = {"type": "text_delta", "text": event.text}
+        frames.append(wire.event("content_block_delta", {"index": 0, "delta": delta}))
+        return frames
+
+    def finish(self, event: CompletionEvent) -> list[str]:
+        assert event.usage is not None and event.finish_reason is not None
+        frames = self.delta(event)
+        frames += self._open_text()  # an empty answer is still one (empty) text block
+        frames.append(wire.event("content_block_stop", {"index": 0}))
+        delta = {
+            "stop_reason": stop_reason(event.finish_reason, event.stop_sequence),
+            "stop_sequence": event.stop_sequence,
+        }
+        usage = usage_json(event.usage)
+        frames.append(wire.event("message_delta", {"delta": delta, "usage": usage}))
+        frames.append(wire.event("message_stop", {}))
+        return frames
+
+    def error(self, status: int, body: Mapping[str, Any]) -> list[str]:
+        return [wire.event("error", {"error": wire.anthropic_error_json(status, body)["error"]})]
+
+    def _open_text(self) -> list[str]:
+        if self.text_open:
+            return []
+        self.text_open = True
+        block = {"type": "text", "text": ""}
+        return [wire.event("content_block_start", {"index": 0, "content_block": block})]

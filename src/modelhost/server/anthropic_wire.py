@@ -1,0 +1,234 @@
+"""Anthropic Messages wire format: request fields → template messages, errors, SSE frames.
+
+Content blocks are flattened into the OpenAI-style messages every chat template reads: text
+joins into `content`, `thinking` becomes the assistant's `reasoning_content`, `tool_use` becomes
+assistant `tool_calls`, and each `tool_result` becomes a `role: "tool"` message. Image and
+document blocks only mark the request as carrying media (the stage refuses it with a 501, as it
+does OpenAI media parts). `cache_control`, `metadata` and unknown fields are accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from starlette.responses import JSONResponse, Response
+
+from modelhost.inference.contracts import InvalidRequest
+from modelhost.server import openai_fields as fields
+
+ROLES = ("user", "assistant", "system")
+MEDIA_BLOCKS = ("image", "document")
+PING = 'event: ping\ndata: {"type":"ping"}\n\n'
+_ERROR_TYPES = {404: "not_found_error", 429: "rate_limit_error", 503: "overloaded_error"}
+
+
+def new_message_id() -> str:
+    return f"msg_{uuid.uuid4().hex[:24]}"
+
+
+def event(name: str, payload: Mapping[str, Any]) -> str:
+    data = json.dumps({"type": name, **payload}, ensure_ascii=False, separators=(",", ":"))
+    return f"event: {name}\ndata: {data}\n\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+
+
+def anthropic_error_json(status: int, body: Mapping[str, Any]) -> dict[str, Any]:
+    """`{type: "error", error: {type, message, ...}}`; the neutral `type` moves to `code`, and
+    null fields are left out (Anthropic's own errors carry only type and message)."""
+    error = {key: value for key, value in body.items() if value is not None}
+    error.setdefault("message", "error")
+    if error.get("code") is None and error.get("type") not in (None, "invalid_request_error"):
+        error["code"] = error["type"]
+    default = "api_error" if status >= 500 else "invalid_request_error"
+    error["type"] = _ERROR_TYPES.get(status, default)
+    return {"type": "error", "error": error}
+
+
+def anthropic_error(status: int, body: Mapping[str, Any]) -> Response:
+    return JSONResponse(anthropic_error_json(status, body), status_code=status)
+
+
+# ---------------------------------------------------------------------------------------------
+# Request fields
+
+
+def stop_sequences(body: dict[str, Any]) -> tuple[str, ...]:
+    value = body.get("stop_sequences")
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise InvalidRequest("stop_sequences must be a list of strings", param="stop_sequences")
+    return tuple(item for item in value if item)
+
+
+def thinking(body: dict[str, Any]) -> bool | None:
+    """`thinking: {type: enabled|disabled}` → the template's thinking switch (None: its default)."""
+    value = fields.field(body, "thinking", dict)
+    if value is None:
+        return None
+    kind = value.get("type")
+    if kind not in ("enabled", "disabled", "adaptive"):
+        raise InvalidRequest(
+            "thinking.type must be one of 'enabled', 'disabled', 'adaptive'", param="thinking"
+        )
+    return kind != "disabled"
+
+
+def tools(body: dict[str, Any]) -> tuple[dict[str, Any], ...] | None:
+    """Custom tools as the OpenAI function shape templates read; server tools are dropped."""
+    raw = fields.field(body, "tools", list)
+    choice = fields.field(body, "tool_choice", dict)
+    if not raw or (choice is not None and choice.get("type") == "none"):
+        return None
+    functions = []
+    for tool in raw:
+        if isinstance(tool, dict) and isinstance(tool.get("name"), str) and "input_schema" in tool:
+            function = {"name": tool["name"], "parameters": tool["input_schema"]}
+            if isinstance(tool.get("description"), str):
+                function["description"] = tool["description"]
+            functions.append({"type": "function", "function": function})
+    return tuple(functions) or None
+
+
+def system_text(value: Any, where: str = "system") -> str:
+    """`system` as one string: a string, or the text of a list of text blocks."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise InvalidRequest(f"{where} must be a string or a list of text blocks", param="system")
+    texts = []
+    for number, block in enumerate(value):
+        if not isinstance(block, dict) or block.get("type") != "text":
+            raise InvalidRequest(f"{where}[{number}] must be a text block", param="system")
+        texts.append(_text_of(block, f"{where}[{number}]"))
+    return "\n\n".join(texts)
+
+
+def template_messages(body: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]:
+    """The conversation as template messages, and whether any block carries media.
+
+    Every system instruction (top-level `system` and system-role messages, in order) becomes one
+    leading system message: templates differ on where else they accept one.
+    """
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise InvalidRequest("messages: at least one message is required", param="messages")
+    system = [system_text(body.get("system"))]
+    messages: list[dict[str, Any]] = []
+    has_media = False
+    for index, message in enumerate(raw):
+        where = f"messages[{index}]"
+        if not isinstance(message, dict):
+            raise InvalidRequest(f"{where} must be an object", param="messages")
+        role = message.get("role")
+        if role not in ROLES:
+            allowed = ", ".join(f"'{r}'" for r in ROLES)
+            raise InvalidRequest(f"{where}.role must be one of {allowed}", param="messages")
+        if role == "system":
+            system.append(system_text(message.get("content"), f"{where}.content"))
+            continue
+        flat, media = _flatten(role, message.get("content"), where)
+        messages.extend(flat)
+        has_media = has_media or media
+    instruction = "\n\n".join(text for text in system if text)
+    if instruction:
+        messages.insert(0, {"role": "system", "content": instruction})
+    return messages, has_media
+
+
+def _flatten(role: str, content: Any, where: str) -> tuple[list[dict[str, Any]], bool]:
+    """One wire message → tool messages (for tool_result blocks) then the message itself."""
+    if isinstance(content, str):
+        return [{"role": role, "content": content}], False
+    if not isinstance(content, list):
+        raise InvalidRequest(
+            f"{where}.content must be a string or a list of content blocks", param="messages"
+        )
+    texts: list[str] = []
+    reasoning: list[str] = []
+    calls: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
+    has_media = False
+    for number, block in enumerate(content):
+        at = f"{where}.content[{number}]"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text":
+            texts.append(_text_of(block, at))
+        elif kind == "thinking":
+            reasoning.append(str(block.get("thinking") or ""))
+        elif kind == "redacted_thinking":
+            continue  # opaque to us: nothing a template could show
+        elif kind == "tool_use":
+            calls.append(_tool_call(block, at))
+        elif kind == "tool_result":
+            result, media = _tool_result(block, at)
+            results.append(result)
+            has_media = has_media or media
+        elif kind in MEDIA_BLOCKS:
+            has_media = True
+        else:
+            raise InvalidRequest(f"{at} has an unsupported type {kind!r}", param="messages")
+    out: list[dict[str, Any]] = list(results)
+    if texts or calls or reasoning or not results:
+        message: dict[str, Any] = {"role": role, "content": "\n".join(texts)}
+        if calls:
+            message["tool_calls"] = calls
+        if reasoning:
+            message["reasoning_content"] = "\n".join(reasoning)
+        out.append(message)
+    return out, has_media
+
+
+def _text_of(block: Mapping[str, Any], where: str) -> str:
+    text = block.get("text")
+    if not isinstance(text, str):
+        raise InvalidRequest(f"{where}.text must be of type str", param="messages")
+    return text
+
+
+def _tool_call(block: Mapping[str, Any], where: str) -> dict[str, Any]:
+    name = block.get("name")
+    if not isinstance(name, str):
+        raise InvalidRequest(f"{where}.name must be of type str", param="messages")
+    arguments = block.get("input")
+    if not isinstance(arguments, dict):
+        raise InvalidRequest(f"{where}.input must be an object", param="messages")
+    call_id = block.get("id") if isinstance(block.get("id"), str) else ""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _tool_result(block: Mapping[str, Any], where: str) -> tuple[dict[str, Any], bool]:
+    content = block.get("content")
+    has_media = False
+    if isinstance(content, list):
+        texts = []
+        for number, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text":
+                texts.append(_text_of(part, f"{where}.content[{number}]"))
+            elif kind in MEDIA_BLOCKS:
+                has_media = True
+            else:
+                raise InvalidRequest(
+                    f"{where}.content[{number}] has an unsupported type {kind!r}",
+                    param="messages",
+                )
+        text = "\n".join(texts)
+    elif content is None or isinstance(content, str):
+        text = content or ""
+    else:
+        raise InvalidRequest(
+            f"{where}.content must be a string or a list of content blocks", param="messages"
+        )
+    if block.get("is_error") is True:
+        text = f"Error: {text}"
+    call_id = block.get("tool_use_id") if isinstance(block.get("tool_use_id"), str) else ""
+    return {"role": "tool", "tool_call_id": call_id, "content": text}, has_media

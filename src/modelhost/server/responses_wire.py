@@ -1,0 +1,152 @@
+"""OpenAI Responses wire format: input items → template messages, function tools, errors.
+
+Input items are flattened into the OpenAI-chat-style messages every chat template reads:
+`message` items by role (system and developer join `instructions` in one leading system
+message), `function_call` items become the assistant's `tool_calls`, `function_call_output`
+items become `role: "tool"` messages, and `reasoning` items are dropped. Image, file, audio and
+video parts only mark the request as carrying media (the stage refuses it with a 501).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from starlette.responses import JSONResponse, Response
+
+from modelhost.inference.contracts import InvalidRequest, RequestError
+from modelhost.server import openai_fields as fields
+
+ROLES = ("user", "assistant", "system", "developer")
+TEXT_PARTS = ("input_text", "output_text", "text")
+MEDIA_PARTS = ("input_image", "image_url", "input_file", "input_audio", "input_video", "video_url")
+
+
+class ResponseNotFound(RequestError):
+    def __init__(self, message: str, param: str | None = None) -> None:
+        body = {"message": message, "type": "invalid_request_error", "param": param}
+        super().__init__(404, message, {**body, "code": "not_found"})
+
+
+def responses_error_json(status: int, body: Mapping[str, Any]) -> dict[str, Any]:
+    """`{error: {message, type, param, code}}`; the neutral `type` moves to `code` if unset."""
+    error = dict(body)
+    error.setdefault("message", "error")
+    if error.get("code") is None and error.get("type") not in (None, "invalid_request_error"):
+        error["code"] = error["type"]
+    error["type"] = "server_error" if status >= 500 else "invalid_request_error"
+    error.setdefault("param", None)
+    error.setdefault("code", None)
+    return {"error": error}
+
+
+def responses_error(status: int, body: Mapping[str, Any]) -> Response:
+    return JSONResponse(responses_error_json(status, body), status_code=status)
+
+
+def function_tools(body: dict[str, Any]) -> tuple[tuple[dict[str, Any], ...] | None, Any]:
+    """Flat function tools in the chat shape templates read (built-in tools are dropped), and
+    the `tool_choice` to echo."""
+    raw = fields.field(body, "tools", list) or []
+    choice = body.get("tool_choice", "auto")
+    functions = []
+    for tool in raw:
+        if is_function_tool(tool):
+            keys = ("name", "description", "parameters")
+            function = {key: tool[key] for key in keys if key in tool}
+            functions.append({"type": "function", "function": function})
+    if not functions or choice == "none":
+        return None, choice
+    return tuple(functions), choice
+
+
+def is_function_tool(tool: Any) -> bool:
+    return isinstance(tool, dict) and tool.get("type") == "function" and "name" in tool
+
+
+def template_messages(
+    items: Sequence[Mapping[str, Any]], instructions: str | None
+) -> tuple[list[dict[str, Any]], bool]:
+    """Input items as template messages, and whether any part carries media.
+
+    `instructions` and every system/developer message become one leading system message.
+    """
+    system = [instructions or ""]
+    messages: list[dict[str, Any]] = []
+    has_media = False
+    for index, item in enumerate(items):
+        where = f"input[{index}]"
+        if not isinstance(item, dict):
+            raise InvalidRequest(f"{where} must be an object", param="input")
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ROLES:
+                allowed = ", ".join(f"'{r}'" for r in ROLES)
+                raise InvalidRequest(f"{where}.role must be one of {allowed}", param="input")
+            text, media = _content(item.get("content"), where)
+            has_media = has_media or media
+            if role in ("system", "developer"):
+                system.append(text)
+            else:
+                messages.append({"role": role, "content": text})
+        elif kind == "function_call":
+            call = _function_call(item, where)
+            last = messages[-1] if messages else None
+            if last is None or last["role"] != "assistant":
+                last = {"role": "assistant", "content": ""}
+                messages.append(last)
+            last.setdefault("tool_calls", []).append(call)
+        elif kind == "function_call_output":
+            output = item.get("output")
+            text = output if isinstance(output, str) else json.dumps(output)
+            messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": text})
+        elif kind == "reasoning":
+            continue  # the reference drops reasoning on the way back in
+        else:
+            raise InvalidRequest(f"{where} has an unsupported type {kind!r}", param="input")
+    instruction = "\n\n".join(text for text in system if text)
+    if instruction:
+        messages.insert(0, {"role": "system", "content": instruction})
+    return messages, has_media
+
+
+def _content(content: Any, where: str) -> tuple[str, bool]:
+    if content is None or isinstance(content, str):
+        return content or "", False
+    if not isinstance(content, list):
+        raise InvalidRequest(
+            f"{where}.content must be a string or a list of content parts", param="input"
+        )
+    texts: list[str] = []
+    has_media = False
+    for number, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in TEXT_PARTS:
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise InvalidRequest(f"{where}.content[{number}].text must be of type str", "input")
+            texts.append(text)
+        elif kind == "refusal":
+            texts.append(str(part.get("refusal") or ""))
+        elif kind in MEDIA_PARTS:
+            has_media = True
+        else:
+            raise InvalidRequest(
+                f"{where}.content[{number}] has an unsupported type {kind!r}", param="input"
+            )
+    return "\n".join(texts), has_media
+
+
+def _function_call(item: Mapping[str, Any], where: str) -> dict[str, Any]:
+    name = item.get("name")
+    if not isinstance(name, str):
+        raise InvalidRequest(f"{where}.name must be of type str", param="input")
+    arguments: Any = item.get("arguments") or "{}"
+    if isinstance(arguments, str):
+        with contextlib.suppress(ValueError):  # templates that want text get the text
+            arguments = json.loads(arguments)
+    call_id = item.get("call_id") or item.get("id") or ""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
