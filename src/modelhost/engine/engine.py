@@ -27,14 +27,15 @@ from modelhost.engine.events import (
     EngineError,
     EngineEvent,
     EngineStats,
+    FinishReason,
     PromptTooLong,
     QueueFull,
 )
 from modelhost.engine.output import RowOutput
 from modelhost.engine.runner import ModelRunner
-from modelhost.engine.sampler import sample
+from modelhost.engine.sampler import SampledToken, sample
 from modelhost.engine.sampling_params import SamplingParams
-from modelhost.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from modelhost.engine.scheduler import Scheduler, SchedulerConfig
 from modelhost.engine.sequence import Sequence
 from modelhost.models.loaded import LoadedModel
 
@@ -237,7 +238,7 @@ class Engine:
         for seq, token in zip(sampling_rows, tokens, strict=True):
             self._emit(seq, token)
 
-    def _emit(self, seq: Sequence, token) -> None:
+    def _emit(self, seq: Sequence, token: SampledToken) -> None:
         output = _output(seq)
         event, matched = output.event_for(seq, token)
         if matched is not None:
@@ -251,7 +252,9 @@ class Engine:
         else:
             output.post(event)
 
-    def _finish(self, seq: Sequence, event: EngineEvent, reason, stop: str | None) -> None:
+    def _finish(
+        self, seq: Sequence, event: EngineEvent, reason: FinishReason, stop: str | None
+    ) -> None:
         output = _output(seq)
         output.post(output.finish(event, seq, reason, stop))
         self._live.pop(seq.seq_id, None)
@@ -270,6 +273,3 @@ class Engine:
 
 def _output(seq: Sequence) -> RowOutput:
     return seq.payload  # type: ignore[return-value]
-
-
-__all__ = ["Engine", "EngineConfig", "EngineFailure", "RequestStream", "SchedulerOutput"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from modelhost.engine.events import EngineEvent, FinishReason, TokenLogprob, TopLogprob, Usage
 from modelhost.engine.sampler import RowSamplingState, SampledToken
 from modelhost.engine.sequence import Sequence
@@ -15,13 +17,18 @@ class RowOutput:
 
     __slots__ = ("sampling", "detokenizer", "stops", "tokenizer", "post")
 
-    def __init__(self, seq: Sequence, tokenizer: Tokenizer, post: object) -> None:
+    def __init__(
+        self,
+        seq: Sequence,
+        tokenizer: Tokenizer,
+        post: Callable[[EngineEvent | BaseException], None],
+    ) -> None:
         prompt = seq.token_ids[: seq.num_prompt_tokens]
         self.sampling = RowSamplingState.create(seq.params, prompt)
         self.detokenizer = IncrementalDetokenizer(tokenizer.backend, prompt)
         self.stops = StopMatcher(seq.params.stop)
         self.tokenizer = tokenizer
-        self.post = post  # callable(event | exception), set by the stream that owns the row
+        self.post = post  # delivers to the stream that owns the row, on its event loop
 
     def event_for(self, seq: Sequence, token: SampledToken) -> tuple[EngineEvent, str | None]:
         """The event for one newly sampled token, and the stop string it completed, if any."""
@@ -43,7 +50,9 @@ class RowOutput:
         grammar = self.sampling.grammar
         return grammar is not None and grammar.is_terminated
 
-    def finish(self, event: EngineEvent, seq: Sequence, reason: FinishReason, stop: str | None):
+    def finish(
+        self, event: EngineEvent, seq: Sequence, reason: FinishReason, stop: str | None
+    ) -> EngineEvent:
         """Release held-back text and close the stream's last event."""
         if stop is None and reason != "abort":
             event.text += self.stops.push(self.detokenizer.flush())[0] + self.stops.flush()
