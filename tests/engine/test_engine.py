@@ -225,3 +225,11 @@ async def test_engine_keeps_decoding_running_streams_while_a_long_prompt_prefill
         short.cancel()
     finally:
         engine.close()
+
+
+def test_engine_default_pool_holds_one_full_context_and_an_explicit_budget_is_kept(smollm2):
+    token_bytes = smollm2.config.kv_bytes_per_token(4)
+    default = EngineConfig(batch=8).num_blocks(smollm2, 8192)
+    assert default * 16 >= 8192 + 1
+    assert default * 16 * token_bytes <= 8 * (8192 + 16) * token_bytes
+    assert EngineConfig(kv_cache_bytes=64 * 16 * token_bytes).num_blocks(smollm2, 8192) == 64

@@ -58,11 +58,13 @@ class EngineConfig:
     context_length: int | None = None  # None: the model's own window
 
     def num_blocks(self, model: LoadedModel, context_length: int) -> int:
-        block_bytes = self.block_size * model.config.kv_bytes_per_token(model.dtype.itemsize)
+        token_bytes = model.config.kv_bytes_per_token(model.dtype.itemsize)
+        block_bytes = self.block_size * token_bytes
         budget = self.kv_cache_bytes
         if budget is None:
-            budget = max(_DEFAULT_KV_BYTES, (context_length + 1) * block_bytes // self.block_size)
-            budget = min(budget, self.batch * (context_length + self.block_size) * block_bytes)
+            # 1 GiB, but at least one full context and at most a full context for every row.
+            one_context = (context_length + self.block_size) * token_bytes
+            budget = min(max(_DEFAULT_KV_BYTES, one_context), self.batch * one_context)
         return max(2, budget // block_bytes)
 
 
