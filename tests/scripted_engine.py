@@ -58,8 +58,10 @@ def scripted_model(
     context_length: int = 2048,
     gen_defaults: dict[str, float] | None = None,
     weights_bytes: int = 10_000_000,
+    family: str = "llama",
 ) -> LoadedModel:
-    family = family_for("llama")
+    """A tiny model; `family` picks its record (e.g. "qwen3" for tool-call and think markers)."""
+    record = family_for(family)
     config = ModelConfig(
         architecture="llama",
         vocab_size=256,
@@ -75,7 +77,7 @@ def scripted_model(
     )
     tokenizer = Tokenizer(
         char_tokenizer(),
-        chat_template=family.chat_template,
+        chat_template=record.chat_template,
         eos_token_ids=[_SPECIALS.index("<|im_end|>")],
         add_bos_token=False,
         bos_token=None,
@@ -85,7 +87,7 @@ def scripted_model(
         id=model_id,
         path=Path("/nonexistent/scripted"),
         config=config,
-        family=family,
+        family=record,
         tokenizer=tokenizer,
         network=torch.nn.Identity(),
         device=torch.device("cpu"),

@@ -156,3 +156,45 @@ def test_a_schema_that_fails_to_compile_is_a_200_with_a_warning_header(
     assert raw.headers["warning"].startswith("grammar not enforced: ")
     assert raw.headers["warning"].endswith(" - falling back to prompt injection")
     assert "bogus" in raw.headers["warning"]
+
+
+WEATHER_TOOL: Any = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 16},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            },
+            "required": ["city", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest.mark.parametrize(
+    "tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}]
+)
+def test_a_forced_tool_choice_returns_a_call_whose_arguments_validate(
+    client: openai.OpenAI, tool_choice: Any
+) -> None:
+    answer = client.chat.completions.create(
+        model="smollm2",
+        messages=[{"role": "user", "content": "What is the weather in Paris this week?"}],
+        tools=[WEATHER_TOOL],
+        tool_choice=tool_choice,
+        temperature=1.0,
+        seed=3,
+        max_tokens=64,
+    )
+    choice = answer.choices[0]
+    [call] = choice.message.tool_calls or []
+    arguments = json.loads(call.function.arguments)  # type: ignore[union-attr]
+    assert choice.finish_reason == "tool_calls"
+    assert call.function.name == "get_weather"  # type: ignore[union-attr]
+    assert set(arguments) == {"city", "days"} and isinstance(arguments["city"], str)
+    assert len(arguments["city"]) <= 16 and 1 <= arguments["days"] <= 7

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from modelhost.text.tool_calls import ToolCall
+
 FinishReason = Literal["stop", "length", "tool_calls"]
 Lane = Literal["batched"]
 
@@ -131,6 +133,8 @@ class CompletionEvent:
     finish_reason: FinishReason | None = None
     usage: CompletionUsage | None = None
     stop_sequence: str | None = None  # the request's stop string that ended it, if one did
+    reasoning: str = ""  # thinking text, split from `text` by the family's markers
+    tool_calls: tuple[ToolCall, ...] = ()  # parsed calls; only on the terminal event
 
     @property
     def is_terminal(self) -> bool:
@@ -145,6 +149,8 @@ class InferenceResult:
     usage: CompletionUsage
     logprobs: tuple[TokenLogprob, ...] | None  # None when the request did not ask for them
     stop_sequence: str | None = None  # the request's stop string that ended it, if one did
+    reasoning: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import contextlib
 import dataclasses
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from modelhost.engine.events import (
@@ -39,7 +39,6 @@ from modelhost.inference.contracts import (
     FinishReason,
     InferenceRequest,
     InferenceResult,
-    InvalidRequest,
     ModelCard,
     PromptCacheStats,
     QueueFullError,
@@ -49,8 +48,9 @@ from modelhost.inference.contracts import (
 )
 from modelhost.inference.defaults import ServingDefaults, resolve_sampling
 from modelhost.inference.grammar import GrammarUnavailable, ModelGrammars
+from modelhost.inference.output import OutputChannels
+from modelhost.inference.prompt import prompt_ids_for
 from modelhost.models.loaded import LoadedModel
-from modelhost.text.tokenizer import ChatTemplateError
 
 if TYPE_CHECKING:
     from modelhost.engine.engine import Engine
@@ -99,7 +99,7 @@ class InferenceStage:
             context_window=min(self.policy.context_window, self.engine_context),
             chat=self.model.tokenizer.has_chat_template,
             reasoning=family.reasoning_markers is not None,
-            tools=family.tool_call_markers is not None,
+            tools=self.model.tokenizer.has_chat_template,  # generic parsing and forced calls
             vision=family.vision,
             gen_defaults=dict(self.model.gen_defaults),
         )
@@ -123,7 +123,13 @@ class InferenceStage:
                 warnings.append(grammar_warning(str(exc), chat=chat))
         elif instruction is not None:
             warnings.append(GRAMMAR_WARNING if chat else TEXT_GRAMMAR_WARNING)
-        prompt_ids = await asyncio.to_thread(self._prompt_ids, request, instruction)
+        prompt_ids = await asyncio.to_thread(prompt_ids_for, self.model, request, instruction)
+        tokenizer = self.model.tokenizer
+        output = OutputChannels.for_request(
+            request,
+            self.model.family,
+            lambda: tokenizer.decode(prompt_ids[-32:], skip_special_tokens=False),
+        )
         requested = request.max_tokens
         if requested is None:
             requested = self.defaults.max_tokens
@@ -157,27 +163,10 @@ class InferenceStage:
             want_logprobs=request.logprobs is not None,
             arrived_at=arrived_at,
             clock=self.clock,
+            output=output,
         )
         self._live.add(admitted)
         return admitted
-
-    def _prompt_ids(self, request: InferenceRequest, instruction: str | None) -> list[int]:
-        tokenizer = self.model.tokenizer
-        prompt = request.prompt
-        if not isinstance(prompt, ChatPrompt):
-            return tokenizer.encode(prompt.text, add_special_tokens=True)
-        if not tokenizer.has_chat_template:
-            raise InvalidRequest("prompt build failed: this model has no chat template")
-        messages = _with_instruction(prompt.messages, instruction)
-        kwargs: dict[str, Any] = dict(prompt.template_kwargs)
-        if request.thinking is not None:
-            kwargs["enable_thinking"] = request.thinking
-        try:
-            return tokenizer.encode_chat(
-                messages, add_generation_prompt=True, tools=prompt.tools, **kwargs
-            )
-        except (ChatTemplateError, TypeError, ValueError, KeyError) as exc:
-            raise InvalidRequest(f"prompt build failed: {exc}") from exc
 
     def stats(self) -> StageStats:
         engine = self.engine.stats()
@@ -245,19 +234,6 @@ def _engine_context(stats: EngineStats) -> int:
     return min(stats.context_length, pool_tokens)
 
 
-def _with_instruction(
-    messages: Sequence[Mapping[str, Any]], instruction: str | None
-) -> list[Mapping[str, Any]]:
-    """The conversation with a structured-output instruction folded into its system message."""
-    if instruction is None:
-        return list(messages)
-    if messages and messages[0].get("role") == "system":
-        first = dict(messages[0])
-        first["content"] = f"{first.get('content') or ''}\n\n{instruction}".strip()
-        return [first, *messages[1:]]
-    return [{"role": "system", "content": instruction}, *messages]
-
-
 class AdmittedRequest:
     """One submitted row, runnable once: `events()` to stream, or `run()` for the whole result.
 
@@ -276,8 +252,10 @@ class AdmittedRequest:
         want_logprobs: bool,
         arrived_at: float,
         clock: Callable[[], float],
+        output: OutputChannels | None = None,
     ) -> None:
         self.request_id = request_id
+        self._output = output  # splits reasoning and tool calls out of the text
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens
         self.warnings = warnings
@@ -316,6 +294,9 @@ class AdmittedRequest:
                 if event is None:
                     raise EngineUnavailable("the engine ended the request without finishing it")
                 completion = self._convert(event)
+                if completion is not None and self._output is not None:
+                    completion = self._output.apply(completion)
+                    self.finish_reason = completion.finish_reason or self.finish_reason
                 if completion is not None:
                     yield completion
                 if completion is not None and completion.is_terminal:
@@ -341,10 +322,12 @@ class AdmittedRequest:
 
     async def run(self) -> InferenceResult:
         text: list[str] = []
+        reasoning: list[str] = []
         logprobs: list[TokenLogprob] = []
         terminal: CompletionEvent | None = None
         async for event in self.events():
             text.append(event.text)
+            reasoning.append(event.reasoning)
             logprobs.extend(event.logprobs)
             terminal = event
         assert terminal is not None and terminal.finish_reason is not None
@@ -356,6 +339,8 @@ class AdmittedRequest:
             usage=terminal.usage,
             logprobs=tuple(logprobs) if self.want_logprobs else None,
             stop_sequence=terminal.stop_sequence,
+            reasoning="".join(reasoning),
+            tool_calls=terminal.tool_calls,
         )
 
     def _convert(self, event: EngineEvent) -> CompletionEvent | None:

@@ -7,8 +7,10 @@ a `message` object, or SSE in Anthropic's order: `message_start`, then per conte
 stream opened is one `error` event. `stop_reason` is `end_turn`, `max_tokens`, or
 `stop_sequence` with the matched string in `stop_sequence`.
 
-Not here yet (issue 3): tool-call parsing into `tool_use` blocks and reasoning into `thinking`
-blocks. Tools are rendered into the prompt, but the model's calls arrive as plain text.
+The stage splits reasoning and tool calls out of the text (by the family's markers); here they
+become `thinking` blocks (first, with an empty signature) and `tool_use` blocks with
+`stop_reason: "tool_use"`. A forced `tool_choice` (`any`, `tool`) and `output_config.format`
+become the request's grammar.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from modelhost.inference.contracts import (
     InferenceResult,
     SamplingRequest,
 )
+from modelhost.inference.prompt import prompt_ids_for
 from modelhost.inference.stage import InferenceStage
 from modelhost.server import anthropic_wire as wire
 from modelhost.server import openai_fields as fields
@@ -80,16 +83,7 @@ async def count_tokens(request: Request) -> Response:
 
 
 def _prompt_tokens(stage: InferenceStage, inference: InferenceRequest) -> int:
-    # The stage has no public "render only" entry yet; this mirrors its chat prompt build.
-    prompt = inference.prompt
-    assert isinstance(prompt, ChatPrompt)
-    kwargs: dict[str, Any] = dict(prompt.template_kwargs)
-    if inference.thinking is not None:
-        kwargs["enable_thinking"] = inference.thinking
-    ids = stage.model.tokenizer.encode_chat(
-        list(prompt.messages), add_generation_prompt=True, tools=prompt.tools, **kwargs
-    )
-    return len(ids)
+    return len(prompt_ids_for(stage.model, inference))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -101,7 +95,8 @@ def parse_messages_request(
 ) -> InferenceRequest:
     """The neutral request for a Messages body; `count_only` skips the generation fields."""
     messages, has_media = wire.template_messages(body)
-    prompt = ChatPrompt(messages=tuple(messages), tools=wire.tools(body))
+    tools = wire.tools(body)
+    prompt = ChatPrompt(messages=tuple(messages), tools=tools)
     if count_only:
         return InferenceRequest(
             request_id=request_id,
@@ -111,6 +106,10 @@ def parse_messages_request(
             has_media=has_media,
         )
     top_k = fields.number(body, "top_k", int, at_least=-1)
+    grammar, instruction = wire.output_format(body)
+    forced = wire.forced_tool(body, tools)
+    if forced is not None:  # a forced call outranks the output format
+        grammar, instruction = forced
     return InferenceRequest(
         request_id=request_id,
         method="chat",
@@ -130,6 +129,8 @@ def parse_messages_request(
         stream=bool(fields.field(body, "stream", bool)),
         thinking=wire.thinking(body),
         has_media=has_media,
+        structured_output=instruction,
+        grammar=grammar,
     )
 
 
@@ -138,6 +139,8 @@ def parse_messages_request(
 
 
 def stop_reason(finish_reason: FinishReason, stop_sequence: str | None) -> str:
+    if finish_reason == "tool_calls":  # a call parsed before the stop string still is a call
+        return "tool_use"
     if stop_sequence is not None:
         return "stop_sequence"
     return {"length": "max_tokens", "tool_calls": "tool_use"}.get(finish_reason, "end_turn")
@@ -155,24 +158,36 @@ def usage_json(usage: CompletionUsage) -> dict[str, Any]:
 
 
 def message_json(meta: Mapping[str, Any], result: InferenceResult) -> dict[str, Any]:
+    content: list[dict[str, Any]] = []
+    if result.reasoning:
+        content.append({"type": "thinking", "thinking": result.reasoning, "signature": ""})
+    if result.text or not (result.tool_calls or result.reasoning):
+        content.append({"type": "text", "text": result.text})
+    for call in result.tool_calls:
+        content.append(
+            {"type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments_object()}
+        )
+    reason = stop_reason(result.finish_reason, result.stop_sequence)
     return {
         **meta,
         "type": "message",
         "role": "assistant",
-        "content": [{"type": "text", "text": result.text}],
-        "stop_reason": stop_reason(result.finish_reason, result.stop_sequence),
-        "stop_sequence": result.stop_sequence,
+        "content": content,
+        "stop_reason": reason,
+        "stop_sequence": _stop_sequence(reason, result),
         "usage": usage_json(result.usage),
     }
 
 
 class MessageStream:
-    """The SSE events of one streamed message: one text block, opened at the first text."""
+    """The SSE events of one streamed message: a thinking block first when the model reasons,
+    then a text block (opened at the first text), then one complete block per tool call."""
 
     def __init__(self, meta: Mapping[str, Any], prompt_tokens: int) -> None:
         self.meta = meta
         self.prompt_tokens = prompt_tokens
-        self.text_open = False
+        self.index = -1  # the current block's index
+        self.open: str | None = None  # the current block's type, while it is open
 
     def start(self) -> list[str]:
         message = {
@@ -187,22 +202,29 @@ class MessageStream:
         return [wire.event("message_start", {"message": message})]
 
     def delta(self, event: CompletionEvent) -> list[str]:
-        if not event.text:
-            return []
-        frames = self._open_text()
-        delta = {"type": "text_delta", "text": event.text}
-        frames.append(wire.event("content_block_delta", {"index": 0, "delta": delta}))
+        frames: list[str] = []
+        if event.reasoning:
+            frames += self._block({"type": "thinking", "thinking": ""})
+            delta = {"type": "thinking_delta", "thinking": event.reasoning}
+            frames.append(self._delta(delta))
+        if event.text:
+            frames += self._block({"type": "text", "text": ""})
+            frames.append(self._delta({"type": "text_delta", "text": event.text}))
         return frames
 
     def finish(self, event: CompletionEvent) -> list[str]:
         assert event.usage is not None and event.finish_reason is not None
         frames = self.delta(event)
-        frames += self._open_text()  # an empty answer is still one (empty) text block
-        frames.append(wire.event("content_block_stop", {"index": 0}))
-        delta = {
-            "stop_reason": stop_reason(event.finish_reason, event.stop_sequence),
-            "stop_sequence": event.stop_sequence,
-        }
+        if self.index == -1 and not event.tool_calls:
+            frames += self._block({"type": "text", "text": ""})  # an empty answer: one empty block
+        frames += self._close()
+        for call in event.tool_calls:
+            block = {"type": "tool_use", "id": call.id, "name": call.name, "input": {}}
+            frames += self._block(block)
+            frames.append(self._delta({"type": "input_json_delta", "partial_json": call.arguments}))
+            frames += self._close()
+        reason = stop_reason(event.finish_reason, event.stop_sequence)
+        delta = {"stop_reason": reason, "stop_sequence": _stop_sequence(reason, event)}
         usage = usage_json(event.usage)
         frames.append(wire.event("message_delta", {"delta": delta, "usage": usage}))
         frames.append(wire.event("message_stop", {}))
@@ -211,9 +233,28 @@ class MessageStream:
     def error(self, status: int, body: Mapping[str, Any]) -> list[str]:
         return [wire.event("error", {"error": wire.anthropic_error_json(status, body)["error"]})]
 
-    def _open_text(self) -> list[str]:
-        if self.text_open:
+    def _block(self, block: Mapping[str, Any]) -> list[str]:
+        """Open a block of `block`'s type unless one is open already (closing another one)."""
+        if self.open == block["type"]:
             return []
-        self.text_open = True
-        block = {"type": "text", "text": ""}
-        return [wire.event("content_block_start", {"index": 0, "content_block": block})]
+        frames = self._close()
+        self.index += 1
+        self.open = str(block["type"])
+        payload = {"index": self.index, "content_block": dict(block)}
+        return [*frames, wire.event("content_block_start", payload)]
+
+    def _delta(self, delta: Mapping[str, Any]) -> str:
+        return wire.event("content_block_delta", {"index": self.index, "delta": dict(delta)})
+
+    def _close(self) -> list[str]:
+        if self.open is None:
+            return []
+        frames = []
+        if self.open == "thinking":  # clients replay thinking with its signature; ours is empty
+            frames.append(self._delta({"type": "signature_delta", "signature": ""}))
+        self.open = None
+        return [*frames, wire.event("content_block_stop", {"index": self.index})]
+
+
+def _stop_sequence(reason: str, result: CompletionEvent | InferenceResult) -> str | None:
+    return result.stop_sequence if reason == "stop_sequence" else None

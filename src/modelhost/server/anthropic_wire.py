@@ -16,7 +16,8 @@ from typing import Any
 
 from starlette.responses import JSONResponse, Response
 
-from modelhost.inference.contracts import InvalidRequest
+from modelhost.inference.contracts import GrammarSpec, InvalidRequest
+from modelhost.inference.tool_choice import forced_call
 from modelhost.server import openai_fields as fields
 
 ROLES = ("user", "assistant", "system")
@@ -94,6 +95,40 @@ def tools(body: dict[str, Any]) -> tuple[dict[str, Any], ...] | None:
                 function["description"] = tool["description"]
             functions.append({"type": "function", "function": function})
     return tuple(functions) or None
+
+
+def forced_tool(
+    body: dict[str, Any], tools: tuple[dict[str, Any], ...] | None
+) -> tuple[GrammarSpec, str] | None:
+    """`tool_choice` `any` (some tool) or `tool` (the named one) as a grammar; None otherwise."""
+    choice = fields.field(body, "tool_choice", dict)
+    if not tools or choice is None:
+        return None
+    if choice.get("type") == "any":
+        return forced_call(tools, None)
+    if choice.get("type") == "tool":
+        name = choice.get("name")
+        if not isinstance(name, str):
+            raise InvalidRequest("tool_choice.name must be of type str", param="tool_choice")
+        return forced_call(tools, name)
+    return None
+
+
+def output_format(body: dict[str, Any]) -> tuple[GrammarSpec | None, str | None]:
+    """`output_config.format` (`{type: "json_schema", schema}`) as a grammar and the instruction
+    used when no grammar engine enforces it."""
+    config = fields.field(body, "output_config", dict) or {}
+    spec = config.get("format")
+    if spec is None:
+        return None, None
+    if not isinstance(spec, dict) or spec.get("type") != "json_schema":
+        raise InvalidRequest("output_config.format.type must be 'json_schema'", "output_config")
+    schema = spec.get("schema")
+    if not isinstance(schema, dict):
+        raise InvalidRequest("output_config.format.schema must be an object", "output_config")
+    text = json.dumps(schema, ensure_ascii=False)
+    instruction = f"Respond only with JSON that matches this JSON schema:\n{text}"
+    return GrammarSpec("json_schema", text), instruction
 
 
 def system_text(value: Any, where: str = "system") -> str:

@@ -43,6 +43,7 @@ from modelhost.server.openai_wire import (
     openai_error,
     openai_error_json,
     sse,
+    tool_calls_json,
     usage_json,
 )
 
@@ -101,6 +102,10 @@ def parse_chat_request(
     if thinking is None and effort is not None:
         thinking = effort != "none"
     options = fields.stream_options(body)
+    structured_output, grammar = fields.structured_output(body), fields.grammar(body)
+    forced = fields.forced_tool(body.get("tool_choice"), tools)
+    if forced is not None:  # a forced call outranks response_format: it is what the client uses
+        grammar, structured_output = forced
     inference = InferenceRequest(
         request_id=request_id,
         method="chat",
@@ -119,8 +124,8 @@ def parse_chat_request(
         num_choices=fields.choices(body),
         adapter=fields.adapter(body),
         has_media=has_media,
-        structured_output=fields.structured_output(body),
-        grammar=fields.grammar(body),
+        structured_output=structured_output,
+        grammar=grammar,
     )
     return inference, options
 
@@ -221,13 +226,19 @@ def _parsed_arguments(call: Any) -> Any:
 
 
 def chat_completion_json(meta: Mapping[str, Any], result: InferenceResult) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": result.text}
+    if result.reasoning:
+        message["reasoning"] = result.reasoning
+    if result.tool_calls:
+        message["tool_calls"] = tool_calls_json(result.tool_calls)
+        message["content"] = result.text or None  # null only when the answer is just calls
     return {
         **meta,
         "object": "chat.completion",
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": result.text},
+                "message": message,
                 "logprobs": (
                     chat_logprobs_json(result.logprobs) if result.logprobs is not None else None
                 ),
@@ -256,16 +267,23 @@ class ChatStream:
         return [self._chunk({"role": "assistant", "content": ""}, None)]
 
     def delta(self, event: CompletionEvent) -> list[str]:
+        frames = []
+        if event.reasoning:
+            frames.append(self._chunk({"reasoning": event.reasoning}, None))
         if not event.text and not event.logprobs:
-            return []
+            return frames
         logprobs = None
         if self.want_logprobs and event.logprobs:
             logprobs = chat_logprobs_json(event.logprobs)
-        return [self._chunk({"content": event.text}, None, logprobs)]
+        frames.append(self._chunk({"content": event.text}, None, logprobs))
+        return frames
 
     def finish(self, event: CompletionEvent) -> list[str]:
         assert event.usage is not None
         frames = self.delta(event)
+        if event.tool_calls:  # all calls in one chunk: they parse only once the text is whole
+            calls = tool_calls_json(event.tool_calls, indexed=True)
+            frames.append(self._chunk({"tool_calls": calls}, None))
         usage = usage_json(event.usage)
         if self.include_usage:
             frames.append(self._chunk({}, event.finish_reason))

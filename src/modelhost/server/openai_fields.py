@@ -8,10 +8,12 @@ Fields this server does not know are ignored, as OpenAI clients send many.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from modelhost.inference.contracts import GrammarSpec, InvalidRequest, SamplingRequest
+from modelhost.inference.tool_choice import forced_call
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 _TYPE_NAMES = {bool: "bool", int: "int", float: "float", str: "str", dict: "dict", list: "list"}
@@ -211,3 +213,21 @@ def reasoning_effort(body: dict[str, Any]) -> str | None:
         allowed = ", ".join(f"'{effort}'" for effort in REASONING_EFFORTS)
         raise InvalidRequest(f"reasoning_effort must be one of {allowed}", param="reasoning_effort")
     return value
+
+
+def forced_tool(
+    choice: Any, tools: Sequence[dict[str, Any]] | None
+) -> tuple[GrammarSpec, str] | None:
+    """The grammar and instruction a forcing `tool_choice` implies: `required`, or a named
+    function in chat's nested shape or the Responses API's flat one; None for auto and none."""
+    if not tools:
+        return None
+    if choice == "required":
+        return forced_call(tools, None)
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        function = choice.get("function")
+        name = function.get("name") if isinstance(function, dict) else choice.get("name")
+        if not isinstance(name, str):
+            raise InvalidRequest("tool_choice.function.name must be of type str", "tool_choice")
+        return forced_call(tools, name)
+    return None

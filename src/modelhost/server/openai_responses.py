@@ -1,17 +1,18 @@
 """OpenAI Responses: `POST /v1/responses` (JSON and SSE) and `GET /v1/responses/{id}`.
 
 Wire request → InferenceRequest → the stage → a `response` object, or SSE: `response.created`,
-`response.in_progress`, the message item (`output_item.added`, `content_part.added`,
-`output_text.delta`…, `output_text.done`, `content_part.done`, `output_item.done`), then
-`response.completed`; an error after the stream opened ends it with `response.failed`.
+`response.in_progress`, a reasoning item when the model thinks, the message item
+(`output_item.added`, `content_part.added`, `output_text.delta`…, `output_text.done`,
+`content_part.done`, `output_item.done`), function_call items, then `response.completed`. An
+error after the stream opened ends it with `response.failed`.
 
 `previous_response_id` continues a stored conversation: the stored input, its output items and
 the new input, in that order (instructions fall back to the stored ones). Answers are stored
 unless `store: false`; failed ones never are.
 
-Not here yet (issue 3): function tools are rendered into the prompt, but calls are not parsed
-into `function_call` items, reasoning is not split into `reasoning` items, and `text.format`
-is not enforced.
+The stage splits reasoning and tool calls out of the text; here they become a `reasoning`
+item (first) and `function_call` items (last). A forced `tool_choice` and `text.format`
+(`json_schema`, `json_object`) become the request's grammar; `reasoning.effort` switches thinking.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from modelhost.inference.contracts import (
     CompletionUsage,
     FinishReason,
     InferenceRequest,
+    InferenceResult,
     InvalidRequest,
 )
 from modelhost.server import openai_fields as fields
@@ -46,11 +48,17 @@ from modelhost.server.http import (
 from modelhost.server.response_store import ResponseStore, StoredResponse
 from modelhost.server.responses_wire import (
     ResponseNotFound,
+    function_call_item,
     function_tools,
     is_function_tool,
+    message_item,
+    output_text,
+    reasoning_item,
     responses_error,
     responses_error_json,
     template_messages,
+    text_format,
+    usage_json,
 )
 
 ROUTE = "POST /v1/responses"
@@ -75,8 +83,9 @@ async def create_response(request: Request) -> Response:
         heartbeat_s: float = request.app.state.settings.heartbeat_s
         return respond_stream(admitted, ResponseStream(turn, store), log, heartbeat_s=heartbeat_s)
 
-    def render(result: Any) -> dict[str, Any]:
-        return turn.complete(store, result.text, result.finish_reason, result.usage)
+    def render(result: InferenceResult) -> dict[str, Any]:
+        output = output_items(result)
+        return turn.complete(store, output, result.finish_reason, result.usage, result.reasoning)
 
     return await respond_json(request, admitted, render, responses_error, log)
 
@@ -108,20 +117,19 @@ class Turn:
     def complete(
         self,
         store: ResponseStore,
-        text: str,
+        output: list[dict[str, Any]],
         finish_reason: FinishReason,
         usage: CompletionUsage,
-        message_id: str | None = None,
+        reasoning: str = "",
     ) -> dict[str, Any]:
         """The final response object; stored when the request allowed it."""
-        item = message_item(message_id or new_id("msg"), text, "completed")
-        response = {**self.base, "status": "completed", "output": [item]}
-        response["usage"] = usage_json(usage)
+        response = {**self.base, "status": "completed", "output": output}
+        response["usage"] = usage_json(usage, reasoning)
         if finish_reason == "length":
             response["status"] = "incomplete"
             response["incomplete_details"] = {"reason": "max_output_tokens"}
         if self.store:
-            entry = StoredResponse(self.items, [item], self.instructions, response)
+            entry = StoredResponse(self.items, output, self.instructions, response)
             store.put(self.base["id"], entry)
         return response
 
@@ -155,6 +163,12 @@ def parse_turn(body: dict[str, Any], store: ResponseStore, request_id: str, mode
         max_tokens = fields.number(body, "max_tokens", int, at_least=1)
     keep = fields.field(body, "store", bool)
     sampling = fields.sampling(body)
+    text, grammar, instruction = text_format(body)
+    forced = fields.forced_tool(tool_choice, tools)
+    if forced is not None:  # a forced call outranks the text format
+        grammar, instruction = forced
+    reasoning = fields.field(body, "reasoning", dict)
+    effort = (reasoning or {}).get("effort")
     inference = InferenceRequest(
         request_id=request_id,
         method="chat",
@@ -162,7 +176,10 @@ def parse_turn(body: dict[str, Any], store: ResponseStore, request_id: str, mode
         sampling=sampling,
         max_tokens=max_tokens,
         stream=bool(fields.field(body, "stream", bool)),
+        thinking=None if effort is None else effort != "none",
         has_media=has_media,
+        structured_output=instruction,
+        grammar=grammar,
     )
     base = {
         "id": request_id,
@@ -177,10 +194,10 @@ def parse_turn(body: dict[str, Any], store: ResponseStore, request_id: str, mode
         "output": [],
         "parallel_tool_calls": True,
         "previous_response_id": previous_id,
-        "reasoning": None,
+        "reasoning": reasoning,
         "store": keep is not False,
         "temperature": sampling.temperature,
-        "text": {"format": {"type": "text"}},
+        "text": text,
         "tool_choice": tool_choice,
         "tools": [tool for tool in body.get("tools") or [] if is_function_tool(tool)],
         "top_p": sampling.top_p,
@@ -196,47 +213,40 @@ def parse_turn(body: dict[str, Any], store: ResponseStore, request_id: str, mode
 # Response
 
 
-def usage_json(usage: CompletionUsage) -> dict[str, Any]:
-    return {
-        "input_tokens": usage.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
-        "output_tokens": usage.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": usage.total_tokens,
-    }
-
-
-def message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
-    content = [] if text is None else [output_text(text)]
-    return {
-        "id": item_id,
-        "type": "message",
-        "status": status,
-        "role": "assistant",
-        "content": content,
-    }
-
-
-def output_text(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": []}
+def output_items(result: InferenceResult) -> list[dict[str, Any]]:
+    """Reasoning, then the message (when there is text, or nothing else), then the calls."""
+    items: list[dict[str, Any]] = []
+    if result.reasoning:
+        items.append(reasoning_item(new_id("rs"), result.reasoning, "completed"))
+    if result.text or not result.tool_calls:
+        items.append(message_item(new_id("msg"), result.text, "completed"))
+    items += [function_call_item(new_id("fc"), call, "completed") for call in result.tool_calls]
+    return items
 
 
 class ResponseStream:
-    """The SSE events of one streamed response: one message item, opened at the first text."""
+    """The SSE events of one streamed response: a reasoning item while the model thinks, a
+    message item (opened at the first text), then one function_call item per parsed call."""
 
     def __init__(self, turn: Turn, store: ResponseStore) -> None:
         self.turn = turn
         self.store = store
-        self.item_id = new_id("msg")
         self.sequence_number = 0
-        self.text: list[str] = []
-        self.item_open = False
+        self.output: list[dict[str, Any]] = []  # finished items
+        self.open: str | None = None  # the open item's type
+        self.item_id = ""
+        self.text: list[str] = []  # the open item's text so far
+        self.reasoning: list[str] = []
 
     def _event(self, kind: str, payload: Mapping[str, Any]) -> str:
         body = {"type": kind, "sequence_number": self.sequence_number, **payload}
         self.sequence_number += 1
         data = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
         return f"event: {kind}\ndata: {data}\n\n"
+
+    @property
+    def _where(self) -> dict[str, Any]:
+        return {"item_id": self.item_id, "output_index": len(self.output)}
 
     def start(self) -> list[str]:
         base = self.turn.base
@@ -246,52 +256,93 @@ class ResponseStream:
         ]
 
     def delta(self, event: CompletionEvent) -> list[str]:
-        if not event.text:
-            return []
-        frames = self._open_item()
-        self.text.append(event.text)
-        where = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
-        payload = {**where, "delta": event.text, "logprobs": []}
-        frames.append(self._event("response.output_text.delta", payload))
+        frames: list[str] = []
+        if event.reasoning:
+            frames += self._open("reasoning")
+            self.text.append(event.reasoning)
+            self.reasoning.append(event.reasoning)
+            payload = {**self._where, "summary_index": 0, "delta": event.reasoning}
+            frames.append(self._event("response.reasoning_summary_text.delta", payload))
+        if event.text:
+            frames += self._open("message")
+            self.text.append(event.text)
+            payload = {**self._where, "content_index": 0, "delta": event.text, "logprobs": []}
+            frames.append(self._event("response.output_text.delta", payload))
         return frames
 
     def finish(self, event: CompletionEvent) -> list[str]:
         assert event.usage is not None and event.finish_reason is not None
         frames = self.delta(event)
-        frames += self._open_item()  # an empty answer is still one message item
-        text = "".join(self.text)
-        where = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
+        if not self.output and self.open is None and not event.tool_calls:
+            frames += self._open("message")  # an empty answer is still one message item
+        frames += self._close()
+        for call in event.tool_calls:
+            self.item_id = new_id("fc")
+            item = function_call_item(self.item_id, call, "in_progress")
+            payload = {"output_index": len(self.output), "item": {**item, "arguments": ""}}
+            frames.append(self._event("response.output_item.added", payload))
+            arguments = {**self._where, "delta": call.arguments}
+            frames.append(self._event("response.function_call_arguments.delta", arguments))
+            done = {**self._where, "arguments": call.arguments}
+            frames.append(self._event("response.function_call_arguments.done", done))
+            frames += self._item_done(function_call_item(self.item_id, call, "completed"))
+        reasoning = "".join(self.reasoning)
         response = self.turn.complete(
-            self.store, text, event.finish_reason, event.usage, self.item_id
+            self.store, self.output, event.finish_reason, event.usage, reasoning
         )
-        frames += [
-            self._event("response.output_text.done", {**where, "text": text, "logprobs": []}),
-            self._event("response.content_part.done", {**where, "part": output_text(text)}),
-            self._event(
-                "response.output_item.done", {"output_index": 0, "item": response["output"][0]}
-            ),
-            self._event("response.completed", {"response": response}),
-        ]
+        frames.append(self._event("response.completed", {"response": response}))
         return frames
 
     def error(self, status: int, body: Mapping[str, Any]) -> list[str]:
         error = responses_error_json(status, body)["error"]
-        output = [message_item(self.item_id, "".join(self.text), "incomplete")]
+        output = list(self.output)
+        if self.open == "message":
+            output.append(message_item(self.item_id, "".join(self.text), "incomplete"))
         response = {
             **self.turn.base,
             "status": "failed",
-            "output": output if self.item_open else [],
+            "output": output,
             "error": {"code": error.get("code") or error["type"], "message": error["message"]},
         }
         return [self._event("response.failed", {"response": response})]
 
-    def _open_item(self) -> list[str]:
-        if self.item_open:
+    def _open(self, kind: str) -> list[str]:
+        if self.open == kind:
             return []
-        self.item_open = True
-        where = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
+        frames = self._close()
+        self.open, self.text = kind, []
+        if kind == "reasoning":
+            self.item_id = new_id("rs")
+            item = reasoning_item(self.item_id, None, "in_progress")
+            added = {"output_index": len(self.output), "item": item}
+            return [*frames, self._event("response.output_item.added", added)]
+        self.item_id = new_id("msg")
         item = message_item(self.item_id, None, "in_progress")
+        added = {"output_index": len(self.output), "item": item}
+        part = {**self._where, "content_index": 0, "part": output_text("")}
         return [
-            self._event("response.output_item.added", {"output_index": 0, "item": item}),
-            self._event("response.content_part.added", {**where, "part": output_text("")}),
+            *frames,
+            self._event("response.output_item.added", added),
+            self._event("response.content_part.added", part),
         ]
+
+    def _close(self) -> list[str]:
+        kind, text = self.open, "".join(self.text)
+        self.open = None
+        if kind == "reasoning":
+            done = {**self._where, "summary_index": 0, "text": text}
+            frame = self._event("response.reasoning_summary_text.done", done)
+            return [frame, *self._item_done(reasoning_item(self.item_id, text, "completed"))]
+        if kind == "message":
+            where = {**self._where, "content_index": 0}
+            return [
+                self._event("response.output_text.done", {**where, "text": text, "logprobs": []}),
+                self._event("response.content_part.done", {**where, "part": output_text(text)}),
+                *self._item_done(message_item(self.item_id, text, "completed")),
+            ]
+        return []
+
+    def _item_done(self, item: dict[str, Any]) -> list[str]:
+        payload = {"output_index": len(self.output), "item": item}
+        self.output.append(item)
+        return [self._event("response.output_item.done", payload)]

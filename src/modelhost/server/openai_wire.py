@@ -11,6 +11,7 @@ from typing import Any
 from starlette.responses import JSONResponse, Response
 
 from modelhost.inference.contracts import CompletionUsage, TokenLogprob
+from modelhost.text.tool_calls import ToolCall
 
 DONE = "data: [DONE]\n\n"
 _LOGPROB_FLOOR = -9999.0  # JSON has no -inf
@@ -90,3 +91,19 @@ def text_logprobs_json(logprobs: Sequence[TokenLogprob], text_offset: int = 0) -
         "top_logprobs": [{top.token: _finite(top.logprob) for top in lp.top} for lp in logprobs],
         "text_offset": offsets,
     }
+
+
+def tool_calls_json(calls: Sequence[ToolCall], *, indexed: bool = False) -> list[dict[str, Any]]:
+    """Chat's `tool_calls` entries (streamed deltas carry each call's `index` too)."""
+    out: list[dict[str, Any]] = []
+    for index, call in enumerate(calls):
+        entry: dict[str, Any] = {"index": index} if indexed else {}
+        entry.update(
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
+        )
+        out.append(entry)
+    return out

@@ -16,8 +16,14 @@ from typing import Any
 
 from starlette.responses import JSONResponse, Response
 
-from modelhost.inference.contracts import InvalidRequest, RequestError
+from modelhost.inference.contracts import (
+    CompletionUsage,
+    GrammarSpec,
+    InvalidRequest,
+    RequestError,
+)
 from modelhost.server import openai_fields as fields
+from modelhost.text.tool_calls import ToolCall
 
 ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -150,3 +156,67 @@ def _function_call(item: Mapping[str, Any], where: str) -> dict[str, Any]:
             arguments = json.loads(arguments)
     call_id = item.get("call_id") or item.get("id") or ""
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def text_format(body: dict[str, Any]) -> tuple[dict[str, Any], GrammarSpec | None, str | None]:
+    """`text.format` → (the `text` to echo, the grammar to enforce, the fallback instruction)."""
+    text = fields.field(body, "text", dict) or {}
+    spec = text.get("format") or {"type": "text"}
+    kind = spec.get("type") if isinstance(spec, dict) else None
+    echo = {**text, "format": spec}
+    if kind == "text":
+        return echo, None, None
+    if kind == "json_object":
+        return echo, GrammarSpec("json_object"), "Respond only with a single valid JSON object."
+    if kind == "json_schema" and isinstance(spec.get("schema"), dict):
+        schema = json.dumps(spec["schema"], ensure_ascii=False)
+        instruction = f"Respond only with JSON that matches this JSON schema:\n{schema}"
+        return echo, GrammarSpec("json_schema", schema), instruction
+    raise InvalidRequest(
+        "text.format must be {type: 'text'}, {type: 'json_object'} or "
+        "{type: 'json_schema', schema: {...}}",
+        param="text",
+    )
+
+
+def usage_json(usage: CompletionUsage, reasoning: str = "") -> dict[str, Any]:
+    # The reference counts reasoning tokens as the reasoning's words (at least one when any).
+    reasoning_tokens = max(len(reasoning.split()), 1) if reasoning else 0
+    return {
+        "input_tokens": usage.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "output_tokens": usage.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+        "total_tokens": usage.total_tokens,
+    }
+
+
+def output_text(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": []}
+
+
+def message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
+    content = [] if text is None else [output_text(text)]
+    return {
+        "id": item_id,
+        "type": "message",
+        "status": status,
+        "role": "assistant",
+        "content": content,
+    }
+
+
+def reasoning_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
+    summary = [] if text is None else [{"type": "summary_text", "text": text}]
+    return {"id": item_id, "type": "reasoning", "status": status, "summary": summary}
+
+
+def function_call_item(item_id: str, call: ToolCall, status: str) -> dict[str, Any]:
+    return {
+        "id": item_id,
+        "type": "function_call",
+        "status": status,
+        "call_id": call.id,
+        "name": call.name,
+        "arguments": call.arguments,
+    }

@@ -1,0 +1,93 @@
+"""Splitting a row's text into the neutral channels: reasoning, content and tool calls.
+
+Driven by the family record (its `reasoning_markers` and `tool_call_markers`) and the request
+(tools given or not), never by a protocol: each surface only maps the split events to its wire
+shape. Reasoning is split first (a call written while thinking is not a call), then the content
+goes through the tool-call parser. Both hold back partial markers, so markup never leaks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from modelhost.inference.contracts import (
+    ChatPrompt,
+    CompletionEvent,
+    FinishReason,
+    InferenceRequest,
+)
+from modelhost.models.families import Family
+from modelhost.text.reasoning import ReasoningSplitter, prompt_opens_thinking
+from modelhost.text.tool_calls import ToolCall, ToolCallParser
+
+
+class OutputChannels:
+    def __init__(
+        self,
+        reasoning: ReasoningSplitter | None,
+        tools: ToolCallParser | None,
+    ) -> None:
+        self._reasoning = reasoning
+        self._tools = tools
+
+    @classmethod
+    def for_request(
+        cls, request: InferenceRequest, family: Family, prompt_tail: Callable[[], str]
+    ) -> OutputChannels | None:
+        """The splitter a request needs, or None when its text passes through as it is.
+
+        `prompt_tail` renders the end of the prompt, asked only when the family has reasoning.
+        """
+        prompt = request.prompt
+        if not isinstance(prompt, ChatPrompt):
+            return None  # text completions are raw continuations
+        reasoning = None
+        markers = family.reasoning_markers
+        if markers is not None and request.thinking is not False:
+            start = prompt_opens_thinking(prompt_tail(), markers)
+            reasoning = ReasoningSplitter(markers, start_in_thinking=start)
+        tools = None
+        if prompt.tools:
+            names = [_tool_name(tool) for tool in prompt.tools]
+            extra = (family.tool_call_markers,) if family.tool_call_markers else ()
+            tools = ToolCallParser(extra, tool_names=[name for name in names if name])
+        if reasoning is None and tools is None:
+            return None
+        return cls(reasoning, tools)
+
+    def apply(self, event: CompletionEvent) -> CompletionEvent:
+        reasoning, content = self._split(event.text)
+        if not event.is_terminal:
+            return dataclasses.replace(event, text=content, reasoning=reasoning)
+        if self._reasoning is not None:
+            more_reasoning, more_content = self._reasoning.flush()
+            reasoning += more_reasoning
+            content += self._content(more_content)
+        calls: tuple[ToolCall, ...] = ()
+        if self._tools is not None:
+            rest, calls = self._tools.finish()
+            content += rest
+        finish: FinishReason | None = "tool_calls" if calls else event.finish_reason
+        return dataclasses.replace(
+            event, text=content, reasoning=reasoning, tool_calls=calls, finish_reason=finish
+        )
+
+    def _split(self, text: str) -> tuple[str, str]:
+        if self._reasoning is None:
+            return "", self._content(text)
+        reasoning, content = self._reasoning.push(text)
+        return reasoning, self._content(content)
+
+    def _content(self, text: str) -> str:
+        if self._tools is None or not text:
+            return text
+        return self._tools.push(text)
+
+
+def _tool_name(tool: object) -> str | None:
+    if not isinstance(tool, dict):
+        return None
+    function = tool.get("function", tool)
+    name = function.get("name") if isinstance(function, dict) else None
+    return name if isinstance(name, str) else None

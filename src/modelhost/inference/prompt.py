@@ -1,0 +1,45 @@
+"""Building a request's prompt ids: raw text, or the conversation through the chat template."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from modelhost.inference.contracts import ChatPrompt, InferenceRequest, InvalidRequest
+from modelhost.models.loaded import LoadedModel
+from modelhost.text.tokenizer import ChatTemplateError
+
+
+def prompt_ids_for(
+    model: LoadedModel, request: InferenceRequest, instruction: str | None = None
+) -> list[int]:
+    """The ids to prefill; `instruction` (structured output not enforced) joins the system text."""
+    tokenizer = model.tokenizer
+    prompt = request.prompt
+    if not isinstance(prompt, ChatPrompt):
+        return tokenizer.encode(prompt.text, add_special_tokens=True)
+    if not tokenizer.has_chat_template:
+        raise InvalidRequest("prompt build failed: this model has no chat template")
+    messages = _with_instruction(prompt.messages, instruction)
+    kwargs: dict[str, Any] = dict(prompt.template_kwargs)
+    if request.thinking is not None:
+        kwargs["enable_thinking"] = request.thinking
+    try:
+        return tokenizer.encode_chat(
+            messages, add_generation_prompt=True, tools=prompt.tools, **kwargs
+        )
+    except (ChatTemplateError, TypeError, ValueError, KeyError) as exc:
+        raise InvalidRequest(f"prompt build failed: {exc}") from exc
+
+
+def _with_instruction(
+    messages: Sequence[Mapping[str, Any]], instruction: str | None
+) -> list[Mapping[str, Any]]:
+    """The conversation with a structured-output instruction folded into its system message."""
+    if instruction is None:
+        return list(messages)
+    if messages and messages[0].get("role") == "system":
+        first = dict(messages[0])
+        first["content"] = f"{first.get('content') or ''}\n\n{instruction}".strip()
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": instruction}, *messages]

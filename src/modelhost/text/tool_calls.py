@@ -1,0 +1,206 @@
+"""Tool calls parsed out of generated text, streaming, so markup never reaches the content.
+
+Text streams through live until a tool-call start marker appears (the family's own, e.g. Qwen's
+`<tool_call>`, plus the generic `<tool_call>` / `<function=` forms); a tail that may be the start
+of a marker is held back, as the stop matcher does. From the marker on, text is frozen. With
+`bare_json`, output whose first non-space character is `{` or `[` is frozen from the start too:
+Llama-3-style calls (and a call forced by a grammar) are a bare JSON object.
+
+`finish()` parses the frozen text. If every piece of markup parses, the calls are returned and
+the markup is dropped; otherwise the frozen text is released as content (fail-soft): a model's
+malformed call is shown, never lost.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+GENERIC_MARKERS: tuple[tuple[str, str], ...] = (
+    ("<tool_call>", "</tool_call>"),
+    ("<function=", "</function>"),
+)
+_PYTHON_TAG = "<|python_tag|>"  # Llama 3 prefixes some JSON calls with it
+_XML_FUNCTION = re.compile(r"<function=([^>\s]+)>(.*?)(?:</function>|$)", re.DOTALL)
+_XML_PARAMETER = re.compile(
+    r"<parameter=([^>\s]+)>(.*?)(?:</parameter>|(?=<parameter=)|$)", re.DOTALL
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # a JSON object as text, as OpenAI's wire carries it
+
+    def arguments_object(self) -> dict[str, Any]:
+        value = json.loads(self.arguments)
+        return value if isinstance(value, dict) else {}
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:8]}"
+
+
+class ToolCallParser:
+    def __init__(
+        self,
+        markers: Iterable[tuple[str, str]] = (),
+        *,
+        bare_json: bool = True,
+        tool_names: Iterable[str] = (),
+    ) -> None:
+        self._pairs = tuple(dict.fromkeys((*markers, *GENERIC_MARKERS)))
+        self._starts = tuple(dict.fromkeys(start for start, _ in self._pairs))
+        self._prefixes = frozenset(s[:i] for s in self._starts for i in range(1, len(s)))
+        self._bare_json = bare_json
+        self._names = frozenset(tool_names)
+        self._pending = ""  # held back: may be a marker's start
+        self._frozen: str | None = None  # text from the first marker on
+        self._seen_text = False  # any non-space text went out (bare JSON must come first)
+
+    @property
+    def capturing(self) -> bool:
+        return self._frozen is not None
+
+    def push(self, text: str) -> str:
+        """Take a delta; return the content that is safe to show now."""
+        if self._frozen is not None:
+            self._frozen += text
+            return ""
+        pending = self._pending + text
+        if self._bare_json and not self._seen_text:
+            stripped = pending.lstrip()
+            if stripped.startswith(("{", "[", _PYTHON_TAG)):
+                self._frozen, self._pending = pending, ""
+                return ""
+            if not stripped or _PYTHON_TAG.startswith(stripped):
+                self._pending = pending  # still undecided: only space, or a tag's prefix
+                return ""
+        starts = [i for i in (pending.find(s) for s in self._starts) if i != -1]
+        if starts:
+            index = min(starts)
+            self._frozen, self._pending = pending[index:], ""
+            return self._shown(pending[:index])
+        held = self._held_length(pending)
+        self._pending = pending[len(pending) - held :]
+        return self._shown(pending[: len(pending) - held])
+
+    def finish(self) -> tuple[str, tuple[ToolCall, ...]]:
+        """At the end of generation: (content still to show, the calls parsed)."""
+        frozen, pending = self._frozen, self._pending
+        self._frozen, self._pending = None, ""
+        if frozen is None:
+            return pending, ()
+        calls = self.parse(frozen)
+        if calls is None:
+            return frozen, ()
+        return "", calls
+
+    def parse(self, text: str) -> tuple[ToolCall, ...] | None:
+        """Every call in `text` (markup only, surrounding space allowed), or None if any part
+        of it does not parse."""
+        body = text.strip()
+        if body.startswith(_PYTHON_TAG):
+            body = body[len(_PYTHON_TAG) :].strip()
+        if body.startswith(("{", "[")):
+            return self._bare(body)
+        calls: list[ToolCall] = []
+        while body:
+            pair = next(((s, e) for s, e in self._pairs if body.startswith(s)), None)
+            if pair is None:
+                return None  # prose after the markup: not a clean call
+            start, end = pair
+            close = body.find(end, len(start))
+            segment = body[: close + len(end)] if close != -1 else body  # truncated: last one
+            body = body[len(segment) :].strip()
+            if start == "<function=":
+                parsed = _xml_calls(segment)
+            else:
+                parsed = _json_call(segment, start, end)
+            if parsed is None:
+                return None
+            calls.extend(parsed)
+        return tuple(calls) or None
+
+    def _bare(self, body: str) -> tuple[ToolCall, ...] | None:
+        try:
+            value = json.loads(body)
+        except ValueError:
+            return None
+        items = value if isinstance(value, list) else [value]
+        calls = [_call_from(item) for item in items]
+        if not calls or any(call is None for call in calls):
+            return None
+        # Bare JSON is also what a plain JSON answer looks like: only a known tool counts.
+        if self._names and any(call.name not in self._names for call in calls if call):
+            return None
+        return tuple(call for call in calls if call is not None)
+
+    def _shown(self, text: str) -> str:
+        if text.strip():
+            self._seen_text = True
+        return text
+
+    def _held_length(self, pending: str) -> int:
+        longest = max((len(s) - 1 for s in self._starts), default=0)
+        for length in range(min(len(pending), longest), 0, -1):
+            if pending[-length:] in self._prefixes:
+                return length
+        return 0
+
+
+def _json_call(segment: str, start: str, end: str) -> list[ToolCall] | None:
+    inner = segment[len(start) :]
+    if inner.endswith(end):
+        inner = inner[: -len(end)]
+    inner = inner.strip()
+    if inner.startswith("<function="):  # some Qwen variants nest the XML form in the tag
+        return _xml_calls(inner)
+    try:
+        value = json.loads(inner)
+    except ValueError:
+        return None
+    call = _call_from(value)
+    return None if call is None else [call]
+
+
+def _call_from(value: Any) -> ToolCall | None:
+    """`{name, arguments|parameters}` (arguments an object or a JSON string) → a call."""
+    if not isinstance(value, dict):
+        return None
+    if isinstance(value.get("function"), dict):  # OpenAI's own shape, echoed by some models
+        value = value["function"]
+    name = value.get("name")
+    if not isinstance(name, str) or not name:
+        return None
+    arguments = value.get("arguments", value.get("parameters", {}))
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            return None
+    if not isinstance(arguments, dict):
+        return None
+    text = json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
+    return ToolCall(new_call_id(), name, text)
+
+
+def _xml_calls(segment: str) -> list[ToolCall] | None:
+    """Qwen-coder's `<function=name><parameter=key>value</parameter></function>`."""
+    calls: list[ToolCall] = []
+    for match in _XML_FUNCTION.finditer(segment):
+        arguments: dict[str, Any] = {}
+        for key, raw in _XML_PARAMETER.findall(match.group(2)):
+            value = raw.strip()
+            try:
+                arguments[key] = json.loads(value)  # numbers, booleans, objects
+            except ValueError:
+                arguments[key] = value
+        text = json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
+        calls.append(ToolCall(new_call_id(), match.group(1), text))
+    return calls or None
