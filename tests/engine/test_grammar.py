@@ -13,7 +13,7 @@ from modelhost.engine.grammar import GrammarState, apply_masks
 from modelhost.engine.sampler import RowSamplingState, sample
 from modelhost.engine.sampling_params import SamplingParams
 from modelhost.inference.contracts import GrammarSpec
-from modelhost.inference.grammar import GrammarUnavailable, ModelGrammars
+from modelhost.inference.grammar import GrammarInvalid, ModelGrammars
 from modelhost.models.loaded import LoadedModel
 
 # A four-token vocabulary, padded to 40 logits as models pad their embeddings.
@@ -101,7 +101,7 @@ def test_a_json_schema_grammar_turns_random_logits_into_json_that_validates(
 def test_a_malformed_schema_fails_to_compile_with_a_one_line_reason(
     smollm2_grammars: ModelGrammars,
 ) -> None:
-    with pytest.raises(GrammarUnavailable) as caught:
+    with pytest.raises(GrammarInvalid) as caught:
         smollm2_grammars.compile_sync(GrammarSpec("json_schema", '{"type": "bogus"}'))
     assert "bogus" in str(caught.value) and "\n" not in str(caught.value)
 

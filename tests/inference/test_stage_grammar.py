@@ -1,12 +1,19 @@
-"""The stage's side of structured output: compile the request's grammar, or fall back with a
-Warning and (for chat) an instruction in the prompt."""
+"""The stage's side of structured output: compile the request's grammar or refuse it with a 400
+naming the problem; only with grammars switched off, fall back with a Warning and (for chat) an
+instruction in the prompt."""
 
 from __future__ import annotations
 
 import pytest
 from scripted_engine import ScriptedEngine, scripted_model
 
-from modelhost.inference.contracts import ChatPrompt, GrammarSpec, InferenceRequest, TextPrompt
+from modelhost.inference.contracts import (
+    ChatPrompt,
+    GrammarSpec,
+    InferenceRequest,
+    InvalidRequest,
+    TextPrompt,
+)
 from modelhost.inference.stage import InferenceStage
 
 INSTRUCTION = "Respond only with JSON."
@@ -38,23 +45,29 @@ async def test_a_grammar_that_compiles_reaches_the_engine_without_warning_or_ins
     assert INSTRUCTION not in rendered(engine, stage)
 
 
-async def test_a_grammar_that_fails_to_compile_falls_back_to_the_instruction_with_why() -> None:
-    engine, stage, warnings = await admit(chat_request(GrammarSpec("regex", "(")))
-    [warning] = warnings
-    assert warning.startswith("grammar not enforced: ")
-    assert warning.endswith(" - falling back to prompt injection")
-    assert engine.submissions[0].params.grammar is None
-    assert INSTRUCTION in rendered(engine, stage)
+async def test_a_grammar_that_fails_to_compile_is_a_400_naming_the_field_and_the_problem() -> None:
+    engine = ScriptedEngine()
+    stage = InferenceStage(engine, scripted_model())  # type: ignore[arg-type]
+    spec = GrammarSpec("json_schema", '{"type": "bogus"}', field="response_format.json_schema")
+    with pytest.raises(InvalidRequest) as caught:
+        await stage.admit(chat_request(spec))
+    message = caught.value.message
+    assert caught.value.status == 400 and caught.value.param == "response_format"
+    assert message.startswith("response_format.json_schema is not a valid grammar: ")
+    assert "bogus" in message
+    assert engine.submissions == []
 
 
-async def test_a_text_prompt_whose_grammar_fails_is_warned_as_unconstrained() -> None:
+async def test_a_text_prompt_whose_grammar_fails_to_compile_is_a_400_too() -> None:
+    stage = InferenceStage(ScriptedEngine(), scripted_model())  # type: ignore[arg-type]
     request = InferenceRequest("r1", "text", TextPrompt("hi"), grammar=GrammarSpec("grammar", "?"))
-    _, _, [warning] = await admit(request)
-    assert warning.endswith(" - output is not constrained")
+    with pytest.raises(InvalidRequest, match=r"^guided_grammar is not a valid grammar: "):
+        await stage.admit(request)
 
 
 async def test_modelhost_grammar_0_disables_compilation(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MODELHOST_GRAMMAR", "0")
     engine, _, [warning] = await admit(chat_request(GrammarSpec("json_object")))
     assert "MODELHOST_GRAMMAR=0" in warning
+    assert warning.endswith(" - falling back to prompt injection")
     assert engine.submissions[0].params.grammar is None

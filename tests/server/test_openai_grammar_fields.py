@@ -27,21 +27,30 @@ def without(*names: str) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("body", "expected"),
     [
-        (EVERYTHING, GrammarSpec("grammar", 'root ::= "a"')),
-        (without("guided_grammar"), GrammarSpec("json_schema", '{"type": "object"}')),
+        (EVERYTHING, GrammarSpec("grammar", 'root ::= "a"', field="guided_grammar")),
+        (
+            without("guided_grammar"),
+            GrammarSpec("json_schema", '{"type": "object"}', field="response_format.json_schema"),
+        ),
         (
             {**without("guided_grammar"), "response_format": {"type": "json_object"}},
-            GrammarSpec("json_object"),
+            GrammarSpec("json_object", field="response_format"),
         ),
-        (without("guided_grammar", "response_format"), GrammarSpec("regex", "b+")),
+        (
+            without("guided_grammar", "response_format"),
+            GrammarSpec("regex", "b+", field="structured_outputs.regex"),
+        ),
         (
             without("guided_grammar", "response_format", "structured_outputs"),
-            GrammarSpec("regex", "c+"),
+            GrammarSpec("regex", "c+", field="guided_regex"),
         ),
-        ({"guided_choice": ["d", "e"]}, GrammarSpec("choice", choices=("d", "e"))),
+        (
+            {"guided_choice": ["d", "e"]},
+            GrammarSpec("choice", choices=("d", "e"), field="guided_choice"),
+        ),
         (
             {"structured_outputs": {"json": SCHEMA}},
-            GrammarSpec("json_schema", '{"type": "object"}'),
+            GrammarSpec("json_schema", '{"type": "object"}', field="structured_outputs.json"),
         ),
         ({"response_format": {"type": "text"}}, None),
         ({}, None),

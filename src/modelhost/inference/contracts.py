@@ -46,12 +46,14 @@ class GrammarSpec:
     """Output the stage must enforce with a grammar; the surface picked one by precedence.
 
     `source` is EBNF (grammar), a JSON schema as text (json_schema) or a regex (regex); a choice
-    lists its strings in `choices`; json_object needs neither.
+    lists its strings in `choices`; json_object needs neither. `field` is the request field it
+    came from, as the client wrote it (`response_format.json_schema`), for a 400 that names it.
     """
 
     kind: Literal["grammar", "json_schema", "json_object", "regex", "choice"]
     source: str = ""
     choices: tuple[str, ...] = ()
+    field: str = ""
 
 
 @dataclass(frozen=True, slots=True)

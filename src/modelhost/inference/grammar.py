@@ -5,8 +5,10 @@ TokenizerInfo behind it, are built on first use: that scans the whole vocabulary
 it happens off the event loop and once. The compiler caches compiled grammars itself, so a
 schema sent again compiles in microseconds.
 
-A grammar that fails to compile is not an error: the caller falls back to prompt injection and
-a Warning carrying `hint()`.
+A grammar that fails to compile is the request's fault: `GrammarInvalid`, which the stage turns
+into a 400 naming the problem. Only when no grammar can be compiled at all (the operator set
+`MODELHOST_GRAMMAR=0`, or the install lacks the engine) is it `GrammarUnavailable`, and the caller
+falls back to prompt injection and a Warning carrying `hint()`.
 """
 
 from __future__ import annotations
@@ -26,12 +28,17 @@ if TYPE_CHECKING:
 
 ENV_SWITCH = "MODELHOST_GRAMMAR"
 _MAX_HINT = 200
+_MAX_REASON = 500
 # xgrammar's C++ errors start with "[hh:mm:ss] /path/file.cc:123: "; the rest is the reason.
 _CPP_PREFIX = re.compile(r"^\[[\d:]+\]\s+\S+:\d+:\s*")
 
 
 class GrammarUnavailable(Exception):
-    """The spec cannot be enforced; str() is a short, header-safe reason."""
+    """No grammar can be enforced on this server; str() is a short, header-safe reason."""
+
+
+class GrammarInvalid(Exception):
+    """The request's grammar does not compile; str() is a one-line reason."""
 
 
 def grammar_enabled() -> bool:
@@ -45,24 +52,30 @@ class ModelGrammars:
         self._lock = threading.Lock()
 
     async def compile(self, spec: GrammarSpec) -> CompiledGrammar:
-        """The compiled grammar, or GrammarUnavailable naming why not."""
+        """The compiled grammar; GrammarInvalid when the spec is wrong, GrammarUnavailable when
+        this server compiles no grammars."""
         if not grammar_enabled():
             raise GrammarUnavailable(f"disabled by {ENV_SWITCH}=0")
         return await asyncio.to_thread(self.compile_sync, spec)
 
     def compile_sync(self, spec: GrammarSpec) -> CompiledGrammar:
+        compiler = self._compiler_for_model()
         try:
-            compiler = self._compiler_for_model()
             return _compile(compiler, spec)
-        except GrammarUnavailable:
+        except GrammarInvalid:
             raise
         except Exception as exc:  # xgrammar reports bad input as RuntimeError/ValueError
-            raise GrammarUnavailable(hint(exc)) from exc
+            raise GrammarInvalid(hint(exc, limit=_MAX_REASON)) from exc
 
     def _compiler_for_model(self) -> GrammarCompiler:
         with self._lock:
             if self._compiler is None:
-                self._compiler = _build_compiler(self.model)
+                try:
+                    self._compiler = _build_compiler(self.model)
+                except GrammarUnavailable:
+                    raise
+                except Exception as exc:  # a tokenizer xgrammar cannot read: no grammars here
+                    raise GrammarUnavailable(hint(exc)) from exc
             return self._compiler
 
 
@@ -97,16 +110,16 @@ def _compile(compiler: GrammarCompiler, spec: GrammarSpec) -> CompiledGrammar:
         return compiler.compile_regex(spec.source)
     if spec.kind == "choice":
         if not spec.choices:
-            raise GrammarUnavailable("guided_choice is empty")
+            raise GrammarInvalid("guided_choice is empty")
         literals = " | ".join(json.dumps(choice, ensure_ascii=False) for choice in spec.choices)
         return compiler.compile_grammar(f"root ::= {literals}")
-    raise GrammarUnavailable(f"unknown grammar kind {spec.kind!r}")
+    raise GrammarInvalid(f"unknown grammar kind {spec.kind!r}")
 
 
-def hint(exc: BaseException) -> str:
+def hint(exc: BaseException, *, limit: int = _MAX_HINT) -> str:
     """A one-line, ASCII reason for a Warning header (headers are latin-1, one line)."""
     text = str(exc).strip() or type(exc).__name__
     text = _CPP_PREFIX.sub("", text.splitlines()[0] if text else text)
     text = text.encode("ascii", "replace").decode("ascii")
     text = "".join(ch if ch.isprintable() else " " for ch in text)
-    return text[:_MAX_HINT]
+    return text[:limit]

@@ -8,6 +8,8 @@ from typing import Any
 from modelhost.inference.contracts import ChatPrompt, InferenceRequest, InvalidRequest
 from modelhost.models.loaded import LoadedModel
 from modelhost.text.tokenizer import ChatTemplateError
+from modelhost.text.tool_calls import TOOL_CODE
+from modelhost.text.tool_code import tool_code_messages
 
 
 def prompt_ids_for(
@@ -21,13 +23,14 @@ def prompt_ids_for(
     if not tokenizer.has_chat_template:
         raise InvalidRequest("prompt build failed: this model has no chat template")
     messages = _with_instruction(prompt.messages, instruction)
+    tools = prompt.tools
+    if model.family.tool_call_markers == TOOL_CODE and _uses_tools(messages, tools):
+        messages, tools = tool_code_messages(messages, tools), None  # declared in the text
     kwargs: dict[str, Any] = dict(prompt.template_kwargs)
     if request.thinking is not None:
         kwargs["enable_thinking"] = request.thinking
     try:
-        return tokenizer.encode_chat(
-            messages, add_generation_prompt=True, tools=prompt.tools, **kwargs
-        )
+        return tokenizer.encode_chat(messages, add_generation_prompt=True, tools=tools, **kwargs)
     except (ChatTemplateError, TypeError, ValueError, KeyError) as exc:
         raise InvalidRequest(f"prompt build failed: {exc}") from exc
 
@@ -43,3 +46,9 @@ def _with_instruction(
         first["content"] = f"{first.get('content') or ''}\n\n{instruction}".strip()
         return [first, *messages[1:]]
     return [{"role": "system", "content": instruction}, *messages]
+
+
+def _uses_tools(messages: Sequence[Mapping[str, Any]], tools: object) -> bool:
+    return bool(tools) or any(
+        message.get("role") == "tool" or message.get("tool_calls") for message in messages
+    )

@@ -37,8 +37,10 @@ from modelhost.inference.contracts import (
     ContextOverBudget,
     EngineUnavailable,
     FinishReason,
+    GrammarSpec,
     InferenceRequest,
     InferenceResult,
+    InvalidRequest,
     ModelCard,
     PromptCacheStats,
     QueueFullError,
@@ -47,7 +49,7 @@ from modelhost.inference.contracts import (
     TopLogprob,
 )
 from modelhost.inference.defaults import ServingDefaults, resolve_sampling
-from modelhost.inference.grammar import GrammarUnavailable, ModelGrammars
+from modelhost.inference.grammar import GrammarInvalid, GrammarUnavailable, ModelGrammars
 from modelhost.inference.output import OutputChannels
 from modelhost.inference.prompt import prompt_ids_for
 from modelhost.models.loaded import LoadedModel
@@ -62,6 +64,21 @@ TEXT_GRAMMAR_WARNING = "grammar not enforced: no grammar engine - output is not 
 def grammar_warning(reason: str, *, chat: bool) -> str:
     fallback = "falling back to prompt injection" if chat else "output is not constrained"
     return f"grammar not enforced: {reason} - {fallback}"
+
+
+_GRAMMAR_FIELDS = {
+    "grammar": "guided_grammar",
+    "json_schema": "json_schema",
+    "json_object": "response_format",
+    "regex": "guided_regex",
+    "choice": "guided_choice",
+}
+
+
+def invalid_grammar(spec: GrammarSpec, reason: str) -> InvalidRequest:
+    """The 400 for a grammar that does not compile, naming the field and the problem."""
+    name = spec.field or _GRAMMAR_FIELDS[spec.kind]
+    return InvalidRequest(f"{name} is not a valid grammar: {reason}", param=name.split(".")[0])
 
 
 class InferenceStage:
@@ -119,6 +136,8 @@ class InferenceStage:
             try:
                 grammar = await self.grammars.compile(request.grammar)
                 instruction = None  # enforced: the prompt stays as the client wrote it
+            except GrammarInvalid as exc:
+                raise invalid_grammar(request.grammar, str(exc)) from exc
             except GrammarUnavailable as exc:
                 warnings.append(grammar_warning(str(exc), chat=chat))
         elif instruction is not None:

@@ -34,7 +34,7 @@ def forced_call(
         "Call a tool now. Respond only with a JSON object "
         f'{{"name": <tool name>, "arguments": {{...}}}} matching this JSON schema:\n{text}'
     )
-    return GrammarSpec("json_schema", text), instruction
+    return GrammarSpec("json_schema", text, field="tools"), instruction
 
 
 def _function(tool: Mapping[str, Any]) -> Mapping[str, Any] | None:

@@ -50,7 +50,8 @@ FAMILIES: dict[str, Family] = {
         ("<tool_call>", "</tool_call>"),
         ("<think>", "</think>"),
     ),
-    "gemma3": Family("gemma3", GEMMA_TEMPLATE, ("<end_of_turn>",)),
+    # Gemma writes calls as Python in a ```tool_code fence (text/tool_calls.py reads them).
+    "gemma3": Family("gemma3", GEMMA_TEMPLATE, ("<end_of_turn>",), ("```tool_code", "```")),
 }
 
 

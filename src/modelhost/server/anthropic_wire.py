@@ -128,7 +128,7 @@ def output_format(body: dict[str, Any]) -> tuple[GrammarSpec | None, str | None]
         raise InvalidRequest("output_config.format.schema must be an object", "output_config")
     text = json.dumps(schema, ensure_ascii=False)
     instruction = f"Respond only with JSON that matches this JSON schema:\n{text}"
-    return GrammarSpec("json_schema", text), instruction
+    return GrammarSpec("json_schema", text, field="output_config.format.schema"), instruction
 
 
 def system_text(value: Any, where: str = "system") -> str:

@@ -178,27 +178,33 @@ def grammar(body: dict[str, Any]) -> GrammarSpec | None:
     it validates the fields)."""
     source = field(body, "guided_grammar", str)
     if source:
-        return GrammarSpec("grammar", source)
+        return GrammarSpec("grammar", source, field="guided_grammar")
     response_format = field(body, "response_format", dict)
     if response_format is not None:
         kind = response_format.get("type")
         if kind == "json_schema":
             spec = response_format.get("json_schema")
             schema = spec.get("schema", spec) if isinstance(spec, dict) else spec
-            return GrammarSpec("json_schema", _schema_text(schema))
+            return GrammarSpec(
+                "json_schema", _schema_text(schema), field="response_format.json_schema"
+            )
         if kind == "json_object":
-            return GrammarSpec("json_object")
+            return GrammarSpec("json_object", field="response_format")
+    prefix = "guided_"
     outputs = field(body, "structured_outputs", dict)
     if outputs:
         if outputs.get("json") is not None:
-            return GrammarSpec("json_schema", _schema_text(outputs["json"]))
+            text = _schema_text(outputs["json"])
+            return GrammarSpec("json_schema", text, field="structured_outputs.json")
         body = {**body, **{f"guided_{key}": value for key, value in outputs.items()}}
+        prefix = "structured_outputs."
     regex = field(body, "guided_regex", str)
     if regex:
-        return GrammarSpec("regex", regex)
+        return GrammarSpec("regex", regex, field=f"{prefix}regex")
     choice = field(body, "guided_choice", list)
     if choice:
-        return GrammarSpec("choice", choices=tuple(str(item) for item in choice))
+        choices = tuple(str(item) for item in choice)
+        return GrammarSpec("choice", choices=choices, field=f"{prefix}choice")
     return None
 
 

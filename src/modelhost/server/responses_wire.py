@@ -167,11 +167,13 @@ def text_format(body: dict[str, Any]) -> tuple[dict[str, Any], GrammarSpec | Non
     if kind == "text":
         return echo, None, None
     if kind == "json_object":
-        return echo, GrammarSpec("json_object"), "Respond only with a single valid JSON object."
+        instruction = "Respond only with a single valid JSON object."
+        return echo, GrammarSpec("json_object", field="text.format"), instruction
     if kind == "json_schema" and isinstance(spec.get("schema"), dict):
         schema = json.dumps(spec["schema"], ensure_ascii=False)
         instruction = f"Respond only with JSON that matches this JSON schema:\n{schema}"
-        return echo, GrammarSpec("json_schema", schema), instruction
+        enforced = GrammarSpec("json_schema", schema, field="text.format.schema")
+        return echo, enforced, instruction
     raise InvalidRequest(
         "text.format must be {type: 'text'}, {type: 'json_object'} or "
         "{type: 'json_schema', schema: {...}}",

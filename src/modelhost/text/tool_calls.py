@@ -6,6 +6,10 @@ of a marker is held back, as the stop matcher does. From the marker on, text is 
 `bare_json`, output whose first non-space character is `{` or `[` is frozen from the start too:
 Llama-3-style calls (and a call forced by a grammar) are a bare JSON object.
 
+Gemma writes its calls as Python in a fenced block (`TOOL_CODE`: ```tool_code, then
+`get_weather(city="Paris")`, then ```). That is read with `ast`, never run: only plain calls whose
+arguments are all keyword literals count; anything else stays text.
+
 `finish()` parses the frozen text. If every piece of markup parses, the calls are returned and
 the markup is dropped; otherwise the frozen text is released as content (fail-soft): a model's
 malformed call is shown, never lost.
@@ -13,6 +17,7 @@ malformed call is shown, never lost.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import uuid
@@ -24,6 +29,7 @@ GENERIC_MARKERS: tuple[tuple[str, str], ...] = (
     ("<tool_call>", "</tool_call>"),
     ("<function=", "</function>"),
 )
+TOOL_CODE = ("```tool_code", "```")  # Gemma's fenced Python calls
 _PYTHON_TAG = "<|python_tag|>"  # Llama 3 prefixes some JSON calls with it
 _XML_FUNCTION = re.compile(r"<function=([^>\s]+)>(.*?)(?:</function>|$)", re.DOTALL)
 _XML_PARAMETER = re.compile(
@@ -120,6 +126,8 @@ class ToolCallParser:
             body = body[len(segment) :].strip()
             if start == "<function=":
                 parsed = _xml_calls(segment)
+            elif start == TOOL_CODE[0]:
+                parsed = _python_calls(segment, start, end, self._names)
             else:
                 parsed = _json_call(segment, start, end)
             if parsed is None:
@@ -203,4 +211,40 @@ def _xml_calls(segment: str) -> list[ToolCall] | None:
                 arguments[key] = value
         text = json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
         calls.append(ToolCall(new_call_id(), match.group(1), text))
+    return calls or None
+
+
+def _python_calls(
+    segment: str, start: str, end: str, names: frozenset[str]
+) -> list[ToolCall] | None:
+    """Gemma's fenced `name(key=literal, ...)` lines; None unless every statement is such a call
+    (to a known tool, when the tools are known)."""
+    inner = segment[len(start) :]
+    if inner.endswith(end):
+        inner = inner[: -len(end)]
+    try:
+        tree = ast.parse(inner.strip(), mode="exec")
+    except (SyntaxError, ValueError, MemoryError, RecursionError):  # ValueError: a NUL byte
+        return None
+    calls: list[ToolCall] = []
+    for statement in tree.body:
+        call = statement.value if isinstance(statement, ast.Expr) else None
+        if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name) or call.args:
+            return None
+        name = call.func.id
+        if names and name not in names:
+            return None
+        arguments: dict[str, Any] = {}
+        for keyword in call.keywords:
+            if keyword.arg is None:  # **kwargs
+                return None
+            try:
+                arguments[keyword.arg] = ast.literal_eval(keyword.value)
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                return None
+        try:
+            text = json.dumps(arguments, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError):  # a literal JSON cannot carry (bytes, sets, nan)
+            return None
+        calls.append(ToolCall(new_call_id(), name, text))
     return calls or None
