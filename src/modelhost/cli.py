@@ -8,6 +8,7 @@ import os
 import sys
 import time
 
+from modelhost.cli_ls import add_ls_parser, run_ls
 from modelhost.cli_serve import add_serve_parser, run_serve
 
 
@@ -16,6 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     subparsers = parser.add_subparsers(dest="command", required=True)
     serve = add_serve_parser(subparsers)
     generate = _add_generate_parser(subparsers)
+    add_ls_parser(subparsers)
     for sub in (serve, generate):
         sub.add_argument(
             "--threads",
@@ -24,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
             help="CPU threads for tensor math (default: all cores)",
         )
     args = parser.parse_args(argv)
+    if args.command == "ls":
+        return run_ls(args)
     _set_threads(args.threads)
     if args.command == "serve":
         return run_serve(args)

@@ -8,11 +8,18 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import TYPE_CHECKING
 
-from modelhost.inference.admission import BudgetTooSmall
-from modelhost.server.app import ServeSettings, admission_policy, build_app
+from modelhost.inference.admission import BYTES_PER_GB, BudgetTooSmall
+from modelhost.inference.stage import InferenceStage
+from modelhost.models.embedded import DEFAULT_MODEL
+from modelhost.residency.host import ResidencyHost
+from modelhost.residency.inprocess import InProcessUnit, in_process_loader
+from modelhost.residency.registry import ModelRegistry, ServingShape
+from modelhost.residency.router import ModelRouter
+from modelhost.server.app import ServeSettings, admission_policy, create_app, create_routed_app
 from modelhost.server.runner import serve
 
 if TYPE_CHECKING:
@@ -28,11 +35,25 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     parser = subparsers.add_parser(
         "serve",
         help="serve a model over OpenAI-compatible HTTP",
-        description="Serve one model: POST /v1/chat/completions, /v1/completions; GET /v1/models.",
+        description="Serve local models behind one port, routed by the request body's `model`.",
     )
     parser.add_argument(
-        "model", nargs="?", default=None, help="model id or path (default: SmolLM2)"
-    )
+        "models", nargs="*", metavar="MODEL",
+        help="model ids or paths; the first is current and loads at start (default: SmolLM2); "
+        "any local model (see `modelhost ls`) loads when a request's `model` names it",
+    )  # fmt: skip
+    parser.add_argument(
+        "--model-budget", type=float, default=None, metavar="GB",
+        help="decimal GB for all resident models (default: 70%% of RAM, or of GPU memory)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--hold", type=float, default=5.0, metavar="S",
+        help="seconds a model stays un-evictable after a response ends (agent loops)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--in-process", action="store_true", default=True,
+        help="load models in the serving process (the only mode so far)",
+    )  # fmt: skip
     parser.add_argument("--host", default=DEFAULT_HOST, help="bind address (default: loopback)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument("--batch", type=int, default=8, help="rows decoded together")
@@ -70,10 +91,10 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
     )
 
 
-def build_serving(
+def build_stage(
     model: LoadedModel, settings: ServeSettings, *, batch: int = 8, max_queue: int = 64
-) -> FastAPI:
-    """The engine over `model` (its KV pool sized by the memory budget) and the app over both.
+) -> InferenceStage:
+    """The engine over `model` (its KV pool sized by the memory budget) and its stage.
 
     Raises BudgetTooSmall when --memory-budget cannot hold the weights and any context.
     """
@@ -87,29 +108,91 @@ def build_serving(
         max_num_batched_tokens=settings.chunk_tokens,
         context_length=settings.context_length,
     )
-    engine = Engine(model, config)
+    return InferenceStage(Engine(model, config), model, policy=policy, defaults=settings.defaults)
+
+
+def build_serving(
+    model: LoadedModel, settings: ServeSettings, *, batch: int = 8, max_queue: int = 64
+) -> FastAPI:
+    """One model's server, without residency (tests and embedders)."""
+    stage = build_stage(model, settings, batch=batch, max_queue=max_queue)
     try:
-        return build_app(engine, model, settings)
+        return create_app(stage, settings)
     except BaseException:
-        engine.close()
+        stage.close()
         raise
 
 
+def default_budget_bytes() -> int:
+    """70% of GPU memory on CUDA, else of physical RAM."""
+    import torch
+
+    if torch.cuda.is_available():
+        total = torch.cuda.get_device_properties(0).total_memory
+    else:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return int(total * 0.7)
+
+
+def serving_shape(args: argparse.Namespace, settings: ServeSettings) -> ServingShape:
+    import torch
+
+    budget = settings.memory_budget_gb
+    return ServingShape(
+        dtype_bytes=2 if torch.cuda.is_available() else 4,
+        batch=args.batch,
+        chunk_tokens=settings.chunk_tokens,
+        context_length=settings.context_length,
+        memory_budget_bytes=int(budget * BYTES_PER_GB) if budget is not None else None,
+    )
+
+
 def run_serve(args: argparse.Namespace) -> int:
-    from modelhost.models.loader import load_model
+    from modelhost.models import loader
 
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     settings = settings_from_args(args)
-    model = load_model(args.model)
+    names = list(args.models) or [DEFAULT_MODEL]
+    registry = ModelRegistry(shape=serving_shape(args, settings))
+    entries = [registry.resolve_argument(name) for name in names]
+    for name, entry in zip(names, entries, strict=True):
+        if entry is None:
+            print(
+                f"modelhost serve: model '{name}' not found (see `modelhost ls`)", file=sys.stderr
+            )
+            return 2
+    startup = entries[0]
+    assert startup is not None
+    model = loader.load_model(str(startup.path))  # before listening: a bad model ends here
+    model.id = startup.id
+
+    def stage_for(loaded: LoadedModel) -> InferenceStage:
+        return build_stage(loaded, settings, batch=args.batch, max_queue=args.max_queue)
+
     try:
-        app = build_serving(model, settings, batch=args.batch, max_queue=args.max_queue)
+        unit = InProcessUnit(stage_for(model), model.load_seconds * 1000)
     except BudgetTooSmall as exc:
         print(f"modelhost serve: {exc}", file=sys.stderr)
         return 2
-    print(f"modelhost: serving {model.id} on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    budget_gb = args.model_budget
+    host: ResidencyHost[InProcessUnit] = ResidencyHost(
+        budget_bytes=int(budget_gb * BYTES_PER_GB) if budget_gb else default_budget_bytes(),
+        source=registry.get,
+        load=in_process_loader(lambda path: loader.load_model(path), stage_for),
+        hold_s=args.hold,
+    )
+    router = ModelRouter(host, registry, current=startup.id)
+
+    async def adopt_startup_model() -> None:
+        host.adopt(startup, unit, load_ms=unit.load_ms)
+
+    app = create_routed_app(router, settings, adopt_startup_model)
+    budget_text = f"{host.budget_bytes / BYTES_PER_GB:.1f} GB model budget"
+    print(f"modelhost: serving {startup.id} on http://{args.host}:{args.port}/v1 ({budget_text})",
+          file=sys.stderr)  # fmt: skip
     serve(
         app,
         host=args.host,

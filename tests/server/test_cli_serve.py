@@ -18,7 +18,8 @@ def parse(*argv: str) -> argparse.Namespace:
 
 def test_serve_binds_loopback_on_8080_with_batch_8_and_queue_64_by_default() -> None:
     args = parse()
-    assert (args.model, args.host, args.port) == (None, "127.0.0.1", 8080)
+    assert (args.models, args.host, args.port) == ([], "127.0.0.1", 8080)
+    assert (args.model_budget, args.hold) == (None, 5.0)
     assert (args.batch, args.max_queue, args.memory_budget) == (8, 64, None)
     assert args.heartbeat == 15.0
 
@@ -30,7 +31,7 @@ def test_serve_flags_become_the_servers_settings() -> None:
         *("--top-p", "0.9", "--top-k", "5", "--context-length", "512", "--heartbeat", "3"),
     )
     settings = cli_serve.settings_from_args(args)
-    assert args.model == "my-model"
+    assert args.models == ["my-model"]
     assert settings.memory_budget_gb == 1.5
     assert settings.context_length == 512
     assert settings.heartbeat_s == 3.0

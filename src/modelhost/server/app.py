@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException
@@ -16,15 +16,20 @@ from modelhost.inference.admission import BYTES_PER_GB, AdmissionPolicy, plan_me
 from modelhost.inference.defaults import ServingDefaults
 from modelhost.inference.stage import InferenceStage
 from modelhost.models.loaded import LoadedModel
+from modelhost.residency.router import ModelRouter
 from modelhost.server import (
     anthropic_messages,
+    decisions,
+    embeddings,
     models,
     openai_chat,
     openai_completions,
     openai_responses,
 )
+from modelhost.server.model_admin import ADMIN_ROUTES
 from modelhost.server.openai_wire import openai_error
 from modelhost.server.response_store import ResponseStore
+from modelhost.server.routing import ModelRouting
 
 if TYPE_CHECKING:
     from modelhost.engine.engine import Engine
@@ -62,6 +67,9 @@ ROUTES = (
     ("POST", "/v1/messages/count_tokens", anthropic_messages.count_tokens),
     ("POST", "/v1/responses", openai_responses.create_response),
     ("GET", "/v1/responses/{response_id}", openai_responses.retrieve_response),
+    ("POST", "/v1/decisions", decisions.create_decision),
+    ("POST", "/v1/systemone", decisions.create_systemone),
+    ("POST", "/v1/embeddings", embeddings.create_embeddings),
     ("GET", "/v1/models", models.list_models),
     ("GET", "/v1/models/{model_id:path}", models.retrieve_model),
     ("GET", "/v1", models.index),
@@ -107,13 +115,45 @@ def create_app(stage: InferenceStage, settings: ServeSettings) -> FastAPI:
         if settings.close_engine_on_shutdown:
             stage.close()
 
+    app = _new_app(settings, lifespan)
+    app.state.stage = stage
+    app.state.drain = stage.close  # the runner ends in-flight requests this way at its deadline
+    return app
+
+
+def create_routed_app(
+    router: ModelRouter[Any],
+    settings: ServeSettings,
+    startup: Callable[[], Awaitable[None]] | None = None,
+) -> FastAPI:
+    """The server for every local model behind one port, routed by the body's `model`.
+    `startup` runs before the listener binds (it loads the startup model)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if startup is not None:
+            await startup()
+        try:
+            yield
+        finally:
+            await router.close()
+
+    app = _new_app(settings, lifespan)
+    app.state.stage = None
+    app.state.router = router
+    app.state.drain = router.interrupt_all
+    for method, path, endpoint in ADMIN_ROUTES:
+        app.router.add_route(path, endpoint, methods=[method])
+    app.add_middleware(ModelRouting, router=router)
+    return app
+
+
+def _new_app(settings: ServeSettings, lifespan: Any) -> FastAPI:
     app = FastAPI(
         title="modelhost", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
-    app.state.stage = stage
     app.state.settings = settings
     app.state.response_store = ResponseStore()
-    app.state.drain = stage.close  # the runner ends in-flight requests this way at its deadline
     for method, path, endpoint in ROUTES:
         app.router.add_route(path, endpoint, methods=[method])
     app.add_exception_handler(HTTPException, _http_error)

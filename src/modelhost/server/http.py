@@ -29,11 +29,13 @@ from starlette.types import Receive, Scope, Send
 
 from modelhost.inference.contracts import (
     CompletionEvent,
+    EngineUnavailable,
     InferenceResult,
     InvalidRequest,
     RequestCancelled,
     RequestError,
 )
+from modelhost.inference.embeddings import embedding_model_only, is_encoder
 from modelhost.inference.stage import AdmittedRequest, InferenceStage
 
 logger = logging.getLogger("modelhost.server")
@@ -45,9 +47,23 @@ ErrorFormatter = Callable[[int, Mapping[str, Any]], Response]
 
 
 def serving_stage(request: Request, model: str | None = None) -> InferenceStage:
-    """The stage that answers a request naming `model` (one model per server for now)."""
-    stage: InferenceStage = request.app.state.stage
-    return stage
+    """The stage that answers this request. With several models, the routing middleware has
+    already leased the one the body's `model` names and left its stage in the scope; a read
+    that leased nothing gets the active model's stage. An embedded encoder named here is a
+    400: it serves /v1/embeddings only."""
+    if is_encoder(model):
+        raise embedding_model_only(str(model))
+    leased: InferenceStage | None = request.scope.get("modelhost.stage")
+    if leased is not None:
+        return leased
+    router = getattr(request.app.state, "router", None)
+    if router is None:
+        stage: InferenceStage = request.app.state.stage
+        return stage
+    unit = router.active()
+    if unit is None:
+        raise EngineUnavailable("no model is resident; name one in a request to load it")
+    return unit.stage  # type: ignore[no-any-return]
 
 
 async def read_json_object(request: Request) -> dict[str, Any]:

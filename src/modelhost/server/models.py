@@ -9,6 +9,7 @@ from starlette.responses import JSONResponse, Response
 
 from modelhost import __version__
 from modelhost.inference.contracts import ModelCard, StageStats
+from modelhost.residency.router import ListedModel
 from modelhost.server.http import serving_stage
 from modelhost.server.openai_wire import openai_error
 
@@ -61,27 +62,54 @@ def model_row(card: ModelCard) -> dict[str, Any]:
 
 
 async def list_models(request: Request) -> Response:
+    router = getattr(request.app.state, "router", None)
+    if router is not None:
+        return JSONResponse({"object": "list", "data": [listed_row(m) for m in router.listing()]})
     card = serving_stage(request).card()
     return JSONResponse({"object": "list", "data": [model_row(card)]})
 
 
 async def retrieve_model(request: Request) -> Response:
     model_id = request.path_params["model_id"]
-    card = serving_stage(request).card()
-    if model_id != card.id:
+    router = getattr(request.app.state, "router", None)
+    if router is not None:
+        rows = [listed_row(m) for m in router.listing() if m.entry.id == model_id]
+    else:
+        card = serving_stage(request).card()
+        rows = [model_row(card)] if card.id == model_id else []
+    if not rows:
         message = f"The model '{model_id}' does not exist"
         body = {"message": message, "type": "invalid_request_error", "code": "model_not_found"}
         return openai_error(404, {**body, "param": "model"})
-    return JSONResponse(model_row(card))
+    return JSONResponse(rows[0])
+
+
+def listed_row(listed: ListedModel) -> dict[str, Any]:
+    """A resident model answers for itself; the others are listed as the registry knows them."""
+    entry = listed.entry
+    if listed.unit is not None:
+        row = {**model_row(listed.unit.stage.card()), "id": entry.id}
+    else:
+        row = {"id": entry.id, "object": "model", "created": 0, "owned_by": "modelhost"}
+    return {
+        **row,
+        "resident": listed.resident,
+        "current": listed.current,
+        "format": entry.format,
+        "architecture": entry.architecture,
+        "size_bytes": entry.size_bytes,
+        "estimate_bytes": entry.estimate_bytes,
+    }
 
 
 async def index(request: Request) -> Response:
-    stage = serving_stage(request)
+    router = getattr(request.app.state, "router", None)
+    model = router.current if router is not None else serving_stage(request).model_id
     return JSONResponse(
         {
             "name": "modelhost",
             "version": __version__,
-            "model": stage.model_id,
+            "model": model,
             "endpoints": list(ENDPOINTS),
         }
     )
@@ -125,7 +153,16 @@ def stats_json(stats: StageStats, owner: str) -> dict[str, Any]:
 
 async def stats(request: Request) -> Response:
     owner: str = request.app.state.settings.owner
-    body = stats_json(serving_stage(request).stats(), owner)
+    router = getattr(request.app.state, "router", None)
+    unit = router.active() if router is not None else None
+    if router is not None and unit is None:
+        body: dict[str, Any] = {
+            "server": {"owner": owner, "model": router.current, "started_at": None},
+            "unavailable": "no model is resident",
+        }
+    else:
+        stage = unit.stage if unit is not None else serving_stage(request)
+        body = stats_json(stage.stats(), owner)
     store = request.app.state.response_store.stats()
     body["response_store"] = {
         "entries": store.entries,
@@ -133,4 +170,6 @@ async def stats(request: Request) -> Response:
         "max_bytes": store.max_bytes,
         "ttl_s": store.ttl_s,
     }
+    if router is not None:
+        body["models"] = router.residency()
     return JSONResponse(body)

@@ -1,0 +1,70 @@
+"""`modelhost ls`: the local models, their estimates against the budget, and which are resident.
+
+Residency is asked of a running server (`--url`); with none listening, the column says `-`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from modelhost.inference.admission import BYTES_PER_GB
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+
+def add_ls_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("ls", help="list local models")
+    parser.add_argument("paths", nargs="*", metavar="PATH", help="more places to look")
+    parser.add_argument("--model-budget", type=float, default=None, metavar="GB")
+    parser.add_argument(
+        "--url", default=DEFAULT_URL, help="a running server to ask what is resident"
+    )
+    return parser
+
+
+def run_ls(args: argparse.Namespace) -> int:
+    from modelhost.cli_serve import default_budget_bytes
+    from modelhost.residency.registry import ModelRegistry, ServingShape
+
+    budget = int(args.model_budget * BYTES_PER_GB) if args.model_budget else default_budget_bytes()
+    import torch
+
+    shape = ServingShape(dtype_bytes=2 if torch.cuda.is_available() else 4)
+    entries = ModelRegistry(args.paths, shape=shape).entries()
+    resident = _resident_ids(args.url)
+    rows = [("ID", "FORMAT", "ARCH", "SIZE", "ESTIMATE", "FITS", "RESIDENT")]
+    for entry in entries:
+        rows.append(
+            (
+                entry.id,
+                entry.format,
+                entry.architecture or "?",
+                _gb(entry.size_bytes),
+                _gb(entry.estimate_bytes),
+                "yes" if entry.estimate_bytes <= budget else "no",
+                "-" if resident is None else ("yes" if entry.id in resident else "no"),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        )
+    print(f"\nmodel budget {_gb(budget)}", end="")
+    print("" if resident is not None else f"; no server answered at {args.url}")
+    return 0
+
+
+def _gb(num_bytes: int) -> str:
+    return f"{num_bytes / BYTES_PER_GB:.2f} GB"
+
+
+def _resident_ids(url: str) -> set[str] | None:
+    import httpx
+
+    try:
+        response = httpx.get(f"{url.rstrip('/')}/v1/models", timeout=1.0)
+        rows = response.json()["data"]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
+    return {row["id"] for row in rows if row.get("resident", True)}

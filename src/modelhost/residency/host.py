@@ -1,0 +1,427 @@
+"""The residency host: which models are loaded, under a byte budget, and who holds them.
+
+A request acquires a `Lease` on a model; the host loads the model if needed, first draining least
+recently used idle models when the budget needs room. A leased model is never evicted: a newcomer
+that only a leased model could make room for waits, then swaps. Loading, measuring and closing
+are injected (a unit is an in-process engine or a worker), so this module does no I/O; asyncio
+is used only to wait for leases, loads and drains. The victim choice is `policy.choose_victims`.
+
+Bytes of a resident: the unit's own measurement once it has one (never below the weights), the
+entry's estimate before that and while loading. `used = max(Σ held + external, measured − held
+of the model being placed)`: a process-wide measurement acts as a floor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from modelhost.residency.lease import Lease
+from modelhost.residency.policy import Decision, Plan, choose_victims
+from modelhost.residency.unit import Pause, ResidencyError, ResidentModel, Servable, Unit
+
+log = logging.getLogger("modelhost.models")
+
+
+U = TypeVar("U", bound=Unit)
+
+
+@dataclass(slots=True, eq=False)
+class _Slot(Generic[U]):
+    entry: Servable
+    loaded: asyncio.Future[None]
+    unit: U | None = None
+    state: str = "loading"  # loading | ready | draining
+    leases: int = 0
+    pinned: bool = False
+    last_used_at: float = 0.0
+    uses: int = 0
+    drained: asyncio.Task[bool] | None = None
+
+
+def _no_event(name: str, payload: dict[str, Any]) -> None:
+    return None
+
+
+class ResidencyHost(Generic[U]):
+    def __init__(
+        self,
+        *,
+        budget_bytes: int,
+        source: Callable[[str], Servable | None],
+        load: Callable[[Servable], Awaitable[U]],
+        measure: Callable[[], int | None] = lambda: None,
+        external: Callable[[], int] = lambda: 0,
+        publish: Callable[[str, dict[str, Any]], None] = _no_event,
+        switch: Callable[[str], Awaitable[None]] | None = None,
+        clock: Callable[[], float] = time.time,
+        hold_s: float = 0.0,
+    ) -> None:
+        if budget_bytes <= 0:
+            raise ValueError("the residency budget must be positive")
+        self.budget_bytes = budget_bytes
+        self.hold_s = hold_s
+        self._source, self._load, self._measure = source, load, measure
+        self._external, self._publish, self._switch, self._clock = external, publish, switch, clock
+        self._slots: dict[str, _Slot[U]] = {}
+        self._changed = asyncio.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._pauses = 0
+        self._closed = False
+        self._closing: asyncio.Task[None] | None = None
+
+    # -- leasing ---------------------------------------------------------------------------
+
+    async def acquire(self, model_id: str, *, need: str | None = None) -> Lease[U]:
+        """A lease on `model_id`, loading it (and draining others) first when needed.
+        Cancelling the caller while it waits leaves nothing behind."""
+        self._refuse_if_closed()
+        entry = self._source(model_id)
+        if entry is None:
+            raise ResidencyError("does-not-fit", f"model '{model_id}' is not a local model")
+        if need is not None and need not in entry.operations:
+            raise ResidencyError("does-not-fit", f"model '{model_id}' cannot {need}")
+        waiting_since = self._clock()
+        while True:
+            self._refuse_if_closed()
+            slot = self._slots.get(model_id)
+            if slot is not None:
+                if slot.state == "draining":  # never lend a closing engine: wait, then reload
+                    await self._wait_change()
+                    continue
+                if slot.unit is not None and slot.leases == 0 and slot.unit.broken():
+                    await self._start_evict(slot, "broken")
+                    continue
+                return await self._lend(slot)
+            if self._pauses:
+                await self._wait_change()
+                continue
+            await self._refresh()
+            if model_id in self._slots or self._closed:
+                continue  # the world changed while we read the units
+            waited_s = self._clock() - waiting_since
+            decision = self._decide(entry.estimate_bytes, model_id, waited_s=waited_s)
+            if decision.wait:
+                await self._wait_change(timeout_s=self._hold_left(waited_s))
+                continue
+            # Reserve the slot now and load once the victims are gone: the room they leave is
+            # this request's, and a waiter woken by the drain cannot take it (no thrashing).
+            evictions = [self._start_evict(self._slots[v], "evicted") for v in decision.victims]
+            return await self._lend(self._start_load(entry, after=evictions))
+
+    async def _lend(self, slot: _Slot[U]) -> Lease[U]:
+        slot.leases += 1  # reserved before any await, so concurrent acquirers share one load
+        if slot.state == "loading":
+            try:
+                await asyncio.shield(slot.loaded)
+            except BaseException:
+                slot.leases -= 1
+                self._wake()
+                raise
+        assert slot.unit is not None and slot.state == "ready"
+        slot.uses += 1
+        return Lease(slot.entry.id, slot.unit, lambda: self._release(slot))
+
+    def _release(self, slot: _Slot[U]) -> None:
+        slot.leases -= 1
+        slot.last_used_at = self._clock()
+        self._wake()
+
+    def peek(self, model_id: str) -> U | None:
+        """The resident unit of `model_id`, without a lease."""
+        slot = self._slots.get(model_id)
+        return slot.unit if slot is not None and slot.state == "ready" else None
+
+    # -- loading ---------------------------------------------------------------------------
+
+    def _start_load(self, entry: Servable, after: Sequence[asyncio.Task[bool]] = ()) -> _Slot[U]:
+        loop = asyncio.get_running_loop()
+        slot: _Slot[U] = _Slot(entry, loop.create_future(), last_used_at=self._clock())
+        # Every acquirer awaits the future; one that gives up must not leave it unretrieved.
+        slot.loaded.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._slots[entry.id] = slot
+        self._spawn(self._run_load(slot, after))
+        return slot
+
+    async def _run_load(self, slot: _Slot[U], after: Sequence[asyncio.Task[bool]]) -> None:
+        entry = slot.entry
+        await asyncio.gather(*after, return_exceptions=True)  # the victims' memory comes back first
+        started = time.perf_counter()
+        self._publish("model.load", {"id": entry.id, "phase": "started"})
+        try:
+            unit = await self._load(entry)
+        except Exception as exc:
+            self._slots.pop(entry.id, None)
+            self._publish("model.load", {"id": entry.id, "phase": "failed", "error": str(exc)})
+            message = f"model '{entry.id}' failed to load: {exc}"
+            slot.loaded.set_exception(ResidencyError("load-failed", message))
+            self._wake()
+            return
+        if self._closed:  # the host closed during the load: the unit never serves
+            self._slots.pop(entry.id, None)
+            with contextlib.suppress(Exception):
+                await unit.close()
+            slot.loaded.set_exception(ResidencyError("closed", "the server is closing"))
+            self._wake()
+            return
+        slot.unit, slot.state, slot.last_used_at = unit, "ready", self._clock()
+        ms = (time.perf_counter() - started) * 1000
+        self._announce_loaded(entry, unit, ms)
+        slot.loaded.set_result(None)
+        self._wake()
+
+    def adopt(self, entry: Servable, unit: U, *, pin: bool = False, load_ms: float = 0.0) -> None:
+        """Register a model its caller already loaded (the startup model)."""
+        if entry.id in self._slots:
+            raise ResidencyError("already-resident", f"model '{entry.id}' is already resident")
+        loaded = asyncio.get_running_loop().create_future()
+        loaded.set_result(None)
+        self._slots[entry.id] = _Slot(
+            entry, loaded, unit, "ready", pinned=pin, last_used_at=self._clock()
+        )
+        self._announce_loaded(entry, unit, load_ms)
+        self._wake()
+
+    def _announce_loaded(self, entry: Servable, unit: U, ms: float) -> None:
+        payload = {"id": entry.id, "phase": "finished", "ms": ms, "resumed": unit.resumed}
+        self._publish("model.load", {**payload, "weights_bytes": entry.weights_bytes})
+
+    # -- eviction --------------------------------------------------------------------------
+
+    def _start_evict(self, slot: _Slot[U], reason: str) -> asyncio.Task[bool]:
+        if slot.drained is None:
+            slot.state = "draining"  # at once: nobody may lease it from here on
+            slot.drained = self._spawn(self._drain(slot, reason))
+        return slot.drained
+
+    async def _drain(self, slot: _Slot[U], reason: str) -> bool:
+        assert slot.unit is not None
+        model_id = slot.entry.id
+        log.info("[models] %s draining (%s); flushing saved state before release", model_id, reason)
+        started = time.perf_counter()
+        flushed = False
+        try:
+            flushed = bool(await slot.unit.close())
+        finally:
+            if self._slots.get(model_id) is slot:
+                del self._slots[model_id]
+            drain_ms = (time.perf_counter() - started) * 1000
+            self._publish(
+                "model.unload",
+                {"id": model_id, "reason": reason, "drain_ms": drain_ms, "flushed": flushed},
+            )
+            self._publish("model.memory", {"id": model_id, "weights_bytes": 0})
+            state = "state saved" if flushed else "state NOT durable"
+            log.info("[models] %s released (%s)", model_id, state)
+            self._wake()
+        return flushed
+
+    async def unload(self, model_id: str, *, force: bool = False) -> bool | None:
+        """Drain `model_id`; the answer is whether its state was saved (None: not resident).
+        A leased model is refused with `in-use` unless `force`."""
+        slot = self._slots.get(model_id)
+        if slot is None:
+            return None
+        if slot.state == "loading":
+            with contextlib.suppress(ResidencyError):
+                await asyncio.shield(slot.loaded)
+            return await self.unload(model_id, force=force)
+        if slot.leases and not force and slot.drained is None:
+            raise ResidencyError(
+                "in-use", f"model '{model_id}' is serving {slot.leases} request(s)"
+            )
+        return await self._start_evict(slot, "requested")
+
+    async def make_room(self, num_bytes: int) -> None:
+        """Drain LRU models until `num_bytes` more fit; wait while they are all leased."""
+        while True:
+            self._refuse_if_closed()
+            if self._pauses:
+                await self._wait_change()
+                continue
+            await self._refresh()
+            decision = self._decide(num_bytes, None, waited_s=float("inf"))
+            if decision.wait:
+                await self._wait_change()
+            elif decision.victims:
+                evictions = [self._start_evict(self._slots[v], "evicted") for v in decision.victims]
+                await asyncio.gather(*evictions, return_exceptions=True)
+            else:
+                return
+
+    # -- deciding --------------------------------------------------------------------------
+
+    def _held(self, slot: _Slot[U]) -> int:
+        measured = slot.unit.measured_bytes() if slot.unit is not None else None
+        if measured is None:
+            return slot.entry.estimate_bytes
+        return max(measured, slot.entry.weights_bytes)
+
+    def used_bytes(self, except_id: str | None = None) -> int:
+        held = {model_id: self._held(slot) for model_id, slot in self._slots.items()}
+        others = sum(b for model_id, b in held.items() if model_id != except_id)
+        others += self._external()
+        measured = self._measure()
+        if measured is None:
+            return others
+        return max(others, measured - held.get(except_id or "", 0))
+
+    def _held_back(self, slot: _Slot[U], waited_s: float) -> bool:
+        """Inside its hold after a response, unless the waiter has waited longer than the hold."""
+        recent = self._clock() - slot.last_used_at < self.hold_s
+        return recent and waited_s < self.hold_s and slot.uses > 0
+
+    def _hold_left(self, waited_s: float) -> float | None:
+        return max(self.hold_s - waited_s, 0.01) if self.hold_s > 0 else None
+
+    def _decide(self, need_bytes: int, except_id: str | None, *, waited_s: float) -> Decision:
+        others = [s for model_id, s in self._slots.items() if model_id != except_id]
+        idle = [
+            s for s in others
+            if s.state == "ready" and s.leases == 0 and not s.pinned
+            and not self._held_back(s, waited_s)
+        ]  # fmt: skip
+        idle.sort(key=lambda s: s.last_used_at)
+        busy = any(not s.pinned and s not in idle for s in others)
+        candidates = [(s.entry.id, self._held(s)) for s in idle]
+        used = self.used_bytes(except_id)
+        return choose_victims(self.budget_bytes, used, need_bytes, candidates, others_busy=busy)
+
+    def plan(self, model_id: str) -> Plan:
+        """What loading `model_id` would take now, victims least recently used first."""
+        if model_id in self._slots:
+            return Plan(fits=True, required_bytes=0, free_bytes=self._free(model_id), evict=())
+        entry = self._source(model_id)
+        if entry is None:
+            raise ResidencyError("does-not-fit", f"model '{model_id}' is not a local model")
+        decision = self._decide(entry.estimate_bytes, model_id, waited_s=float("inf"))
+        return Plan(
+            fits=decision.fits,
+            required_bytes=entry.estimate_bytes,
+            free_bytes=self._free(model_id),
+            evict=decision.victims,
+        )
+
+    def _free(self, except_id: str | None) -> int:
+        return max(0, self.budget_bytes - self.used_bytes(except_id))
+
+    async def _refresh(self) -> None:
+        """Ask every resident for a current reading before deciding who fits."""
+        ready = [s.unit for s in self._slots.values() if s.state == "ready" and s.unit is not None]
+        if ready:
+            await asyncio.gather(*(unit.refresh() for unit in ready), return_exceptions=True)
+
+    # -- pins, pauses, switching -----------------------------------------------------------
+
+    def pin(self, model_id: str, pinned: bool = True) -> bool:
+        slot = self._slots.get(model_id)
+        if slot is None:
+            return False
+        slot.pinned = pinned
+        self._wake()
+        return True
+
+    def unpin(self, model_id: str) -> bool:
+        return self.pin(model_id, False)
+
+    async def pause_all(self) -> Pause:
+        """Pause every resident unit and hold back loads and evictions until `dispose()`.
+        A draining model is waited for, never paused, so a job never holds a closing engine."""
+        while any(s.state == "draining" for s in self._slots.values()):
+            await self._wait_change()
+        self._pauses += 1
+        units = [self._slots[i].unit for i in sorted(self._slots) if self._slots[i].unit]
+        for unit in units:
+            assert unit is not None
+            unit.pause()
+
+        def dispose() -> None:
+            for unit in units:
+                assert unit is not None
+                unit.resume()
+            self._pauses -= 1
+            self._wake()
+
+        return Pause(dispose)
+
+    async def serve(self, model_id: str) -> None:
+        """Make `model_id` current through the composition's switch."""
+        if self._switch is None:
+            raise ResidencyError("not-switchable", "this host serves one model")
+        await self._switch(model_id)
+
+    # -- views -----------------------------------------------------------------------------
+
+    def resident(self) -> list[ResidentModel]:
+        return [
+            ResidentModel(
+                id=model_id,
+                state=slot.state,
+                bytes=self._held(slot),
+                pinned=slot.pinned,
+                leases=slot.leases,
+                last_used_at=slot.last_used_at,
+                operations=tuple(slot.entry.operations),
+            )
+            for model_id, slot in self._slots.items()
+        ]
+
+    def check_invariants(self) -> None:
+        for model_id, slot in self._slots.items():
+            assert slot.entry.id == model_id
+            assert slot.leases >= 0, f"{model_id}: negative leases"
+            assert (slot.unit is None) == (slot.state == "loading"), f"{model_id}: unit vs state"
+            assert (slot.drained is not None) == (slot.state == "draining")
+        staying = [s for s in self._slots.values() if s.state != "draining"]
+        used = sum(self._held(s) for s in staying) + self._external()
+        # Over the budget only when a model is served alone (nothing unpinned beside it).
+        assert used <= self.budget_bytes or sum(not s.pinned for s in staying) <= 1, "over budget"
+
+    # -- closing ---------------------------------------------------------------------------
+
+    def close(self) -> asyncio.Task[None]:
+        """Refuse new work, wait for loads in flight, then drain every model, pinned ones too.
+        Idempotent: every caller awaits the same close."""
+        if self._closing is None:
+            self._closed = True
+            self._wake()
+            self._closing = asyncio.get_running_loop().create_task(self._close())
+        return self._closing
+
+    async def _close(self) -> None:
+        loading = [s.loaded for s in self._slots.values() if s.state == "loading"]
+        await asyncio.gather(*loading, return_exceptions=True)
+        drains = [self._start_evict(s, "closing") for s in list(self._slots.values()) if s.unit]
+        results = await asyncio.gather(*drains, return_exceptions=True)
+        errors = [r for r in results if isinstance(r, Exception)]
+        if errors:
+            raise ExceptionGroup("models failed to close", errors)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _refuse_if_closed(self) -> None:
+        if self._closed:
+            raise ResidencyError("closed", "the server is closing")
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _wait_change(self, timeout_s: float | None = None) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout_s)
+
+    def _spawn(self, work: Awaitable[Any]) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task

@@ -1,0 +1,88 @@
+"""A unit that serves its model inside this process: an InferenceStage over its own Engine.
+
+`--in-process` mode: every resident model has its own engine thread and KV pool here. Closing
+the unit ends its requests (none, when the host evicts: a leased model is never evicted), stops
+the engine thread and drops the weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from modelhost.inference.stage import InferenceStage
+    from modelhost.models.loaded import LoadedModel
+    from modelhost.residency.registry import ModelEntry
+
+
+class InProcessUnit:
+    resumed = False  # no saved prompt state survives an eviction yet
+
+    def __init__(self, stage: InferenceStage, load_ms: float = 0.0) -> None:
+        self.stage = stage
+        self.load_ms = load_ms
+        self._closed = False
+
+    @property
+    def model_id(self) -> str:
+        return self.stage.model_id
+
+    def measured_bytes(self) -> int | None:
+        """What this unit allocated: its weights and its engine's KV pool."""
+        if self._closed:
+            return None
+        return self.stage.model.weights_bytes + self.stage.engine.stats().kv_budget_bytes
+
+    async def refresh(self) -> None:
+        return None  # the reading above is always current
+
+    def broken(self) -> bool:
+        return False
+
+    def pause(self) -> None:
+        return None  # requests wait at the engine's own queue
+
+    def resume(self) -> None:
+        return None
+
+    def interrupt(self) -> None:
+        """End every request now (a forced shutdown); callable from any thread."""
+        self.stage.close()
+
+    async def close(self) -> bool:
+        if not self._closed:
+            self._closed = True
+            await asyncio.to_thread(self.stage.close)
+            await asyncio.to_thread(_release_memory, self.stage.model)
+        return True  # nothing to flush: the prompt cache lives and dies with the engine
+
+
+def _release_memory(model: LoadedModel) -> None:
+    gc.collect()  # the engine thread is gone; its tensors go with the last reference
+    if model.device.type == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+def in_process_loader(
+    load_model: Callable[[str], LoadedModel],
+    build_stage: Callable[[LoadedModel], InferenceStage],
+) -> Callable[[ModelEntry], Awaitable[InProcessUnit]]:
+    """The host's `load`: read the entry's files and start an engine, off the event loop."""
+
+    def load_sync(entry: ModelEntry) -> InProcessUnit:
+        started = time.perf_counter()
+        model = load_model(str(entry.path))
+        model.id = entry.id  # the registry's stable id, not the file's or snapshot's name
+        stage = build_stage(model)
+        return InProcessUnit(stage, (time.perf_counter() - started) * 1000)
+
+    async def load(entry: ModelEntry) -> InProcessUnit:
+        return await asyncio.to_thread(load_sync, entry)
+
+    return load

@@ -1,0 +1,275 @@
+"""The local models: found on disk, named by stable ids, each with a byte estimate.
+
+Places, in order (the first to claim an id keeps it):
+
+- the embedded models that ship as package dependencies;
+- paths given to `serve` (a .gguf file, a Hugging Face directory, or a folder of models);
+- `MODELHOST_HOME/models`: loose .gguf files and Hugging Face directories (`name/` or `org/name/`);
+- the Hugging Face cache (`HF_HUB_CACHE`, `HF_HOME/hub`, or ~/.cache/huggingface/hub):
+  `models--org--name/snapshots/<rev>/`, the revision `refs/main` names (else the newest).
+
+Ids: `org/name` for Hugging Face layouts, the file stem for GGUF, the embedded ids as they are.
+An id is only ever looked up among what a scan found, never turned into a path, and a file that
+resolves outside its root (a symlink out of the models folder) is skipped.
+
+The estimate is what the model will hold once served in this process: its weights as we load
+them (fp32 on CPU, bf16 on CUDA), the engine's KV pool for the serving context, and the working
+memory of one engine step (or the whole --memory-budget, which the KV pool then fills).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import struct
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from modelhost.inference.admission import working_bytes
+from modelhost.models.config import ModelConfig
+from modelhost.models.embedded import EMBEDDED
+from modelhost.models.load_safetensors import config_from_hf, read_json
+from modelhost.paths import modelhost_home
+
+log = logging.getLogger(__name__)
+
+_RESCAN_S = 5.0  # an unknown id rescans the disk at most this often (clients send aliases)
+_DEFAULT_KV_BYTES = 1 << 30  # the engine's default KV pool (EngineConfig.num_blocks)
+_BLOCK_TOKENS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class ServingShape:
+    """What the estimate assumes about how a model will be served."""
+
+    dtype_bytes: int = 4  # fp32 on CPU, 2 (bf16) on CUDA
+    batch: int = 8
+    chunk_tokens: int = 512
+    context_length: int | None = None  # --context-length
+    memory_budget_bytes: int | None = None  # --memory-budget: the KV pool fills it
+
+
+@dataclass(frozen=True, slots=True)
+class ModelEntry:
+    id: str
+    path: Path  # a .gguf file or a Hugging Face directory
+    format: str  # "gguf" or "safetensors"
+    architecture: str | None
+    size_bytes: int  # on disk
+    weights_bytes: int  # as loaded
+    estimate_bytes: int  # weights + KV + working memory when served
+    embedded: bool = False
+    operations: tuple[str, ...] = ("generate",)
+
+
+def hf_hub_dir() -> Path:
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]) / "hub"
+    return Path.home() / ".cache" / "huggingface" / "hub"
+
+
+class ModelRegistry:
+    def __init__(
+        self,
+        paths: Sequence[str | Path] = (),
+        *,
+        home: Path | None = None,
+        hf_hub: Path | None = None,
+        embedded: bool = True,
+        shape: ServingShape | None = None,
+    ) -> None:
+        self.paths = [Path(p).expanduser() for p in paths]
+        self.home_models = (home or modelhost_home()) / "models"
+        self.hf_hub = hf_hub if hf_hub is not None else hf_hub_dir()
+        self.embedded = embedded
+        self.shape = shape or ServingShape()
+        self._read: dict[tuple[Path, int, int], ModelEntry | None] = {}  # by file signature
+        self._entries: dict[str, ModelEntry] = {}
+        self._scanned_at: float | None = None
+
+    def entries(self) -> list[ModelEntry]:
+        """Every local model, scanning the disk again."""
+        self.scan()
+        return list(self._entries.values())
+
+    def get(self, model_id: str) -> ModelEntry | None:
+        """The entry of an exact local id; an id not seen yet may trigger a rescan."""
+        stale = self._scanned_at is None or time.monotonic() - self._scanned_at > _RESCAN_S
+        if model_id not in self._entries and stale:
+            self.scan()
+        return self._entries.get(model_id)
+
+    def scan(self) -> None:
+        found: dict[str, ModelEntry] = {}
+        seen: set[Path] = set()
+        for entry in self._discover():
+            real = entry.path.resolve()
+            if entry.id in found or real in seen:
+                continue
+            found[entry.id] = entry
+            seen.add(real)
+        self._entries, self._scanned_at = found, time.monotonic()
+
+    def resolve_argument(self, name: str) -> ModelEntry | None:
+        """A `serve` argument: a local id, or a path to a model (which joins the registry)."""
+        entry = self.get(name)
+        if entry is not None:
+            return entry
+        path = Path(name).expanduser()
+        if not path.exists():
+            return None
+        if path not in self.paths:
+            self.paths.append(path)
+        self.scan()
+        real = path.resolve()
+        for entry in self._entries.values():
+            if entry.path.resolve() == real:
+                return entry
+        return None
+
+    # -- discovery -------------------------------------------------------------------------
+
+    def _discover(self) -> Iterator[ModelEntry]:
+        if self.embedded:
+            yield from self._embedded()
+        for path in self.paths:
+            if path.is_file() and path.suffix == ".gguf":
+                yield from self._entry(path.stem, path, path.parent)
+            elif (path / "config.json").is_file():
+                yield from self._entry(path.name, path, path)
+            elif path.is_dir():
+                yield from self._folder(path)
+        if self.home_models.is_dir():
+            yield from self._folder(self.home_models)
+        if self.hf_hub.is_dir():
+            yield from self._hub(self.hf_hub)
+
+    def _embedded(self) -> Iterator[ModelEntry]:
+        for model_id, locate in EMBEDDED.items():
+            try:
+                path = locate()
+            except Exception as exc:  # the package is missing or broken: not a local model
+                log.debug("embedded model %s unavailable: %s", model_id, exc)
+                continue
+            for entry in self._entry(model_id, path, path.parent):
+                yield _with(entry, embedded=True)
+
+    def _folder(self, root: Path) -> Iterator[ModelEntry]:
+        """Loose .gguf files and Hugging Face directories one or two levels down."""
+        for child in sorted(root.iterdir()):
+            if child.is_file() and child.suffix == ".gguf":
+                yield from self._entry(child.stem, child, root)
+            elif child.is_dir() and (child / "config.json").is_file():
+                yield from self._entry(child.name, child, root)
+            elif child.is_dir():
+                for grandchild in sorted(child.iterdir()):
+                    if grandchild.is_dir() and (grandchild / "config.json").is_file():
+                        yield from self._entry(f"{child.name}/{grandchild.name}", grandchild, root)
+
+    def _hub(self, hub: Path) -> Iterator[ModelEntry]:
+        for repo in sorted(hub.glob("models--*--*")):
+            org, _, name = repo.name.removeprefix("models--").partition("--")
+            snapshot = _snapshot(repo)
+            if snapshot is None:
+                continue
+            if (snapshot / "config.json").is_file():
+                yield from self._entry(f"{org}/{name}", snapshot, hub)
+            for gguf_file in sorted(snapshot.glob("*.gguf")):
+                yield from self._entry(gguf_file.stem, gguf_file, hub)
+
+    def _entry(self, model_id: str, path: Path, root: Path) -> Iterator[ModelEntry]:
+        if not _inside(path, root):
+            log.warning("skipping %s: it resolves outside %s", path, root)
+            return
+        try:
+            stat = path.stat()
+            key = (path, stat.st_size, stat.st_mtime_ns)
+            if key not in self._read:
+                self._read[key] = self._read_model(model_id, path, root)
+            entry = self._read[key]
+        except (OSError, ValueError, KeyError) as exc:
+            log.warning("skipping %s: %s", path, exc)
+            return
+        if entry is not None:
+            yield _with(entry, id=model_id)
+
+    def _read_model(self, model_id: str, path: Path, root: Path) -> ModelEntry | None:
+        if path.suffix == ".gguf":
+            config, architecture, params, size = _read_gguf(path)
+            fmt = "gguf"
+        else:
+            files = [f for f in sorted(path.glob("*.safetensors")) if _inside(f, root)]
+            if not files:
+                return None
+            raw = read_json(path / "config.json")
+            config = config_from_hf(raw)
+            architecture = str(raw.get("model_type") or config.architecture)
+            params = sum(_safetensors_elements(f) for f in files)
+            size = sum(f.stat().st_size for f in files)
+            fmt = "safetensors"
+        weights = params * self.shape.dtype_bytes
+        return ModelEntry(
+            id=model_id,
+            path=path,
+            format=fmt,
+            architecture=architecture,
+            size_bytes=size,
+            weights_bytes=weights,
+            estimate_bytes=estimate_bytes(config, weights, self.shape),
+        )
+
+
+def estimate_bytes(config: ModelConfig, weights: int, shape: ServingShape) -> int:
+    """Weights + the engine's KV pool + one step's working memory at the serving context."""
+    if shape.memory_budget_bytes is not None:
+        return max(shape.memory_budget_bytes, weights)  # the KV pool takes what weights leave
+    context = config.context_length
+    if shape.context_length is not None:
+        context = min(context, shape.context_length)
+    token_bytes = config.kv_bytes_per_token(shape.dtype_bytes)
+    one_context = (context + _BLOCK_TOKENS) * token_bytes
+    kv = min(max(_DEFAULT_KV_BYTES, one_context), shape.batch * one_context)
+    work = working_bytes(
+        config, shape.dtype_bytes, context, chunk_tokens=shape.chunk_tokens, rows=shape.batch
+    )
+    return weights + kv + work
+
+
+def _read_gguf(path: Path) -> tuple[ModelConfig, str, int, int]:
+    from modelhost.models.load_gguf import GGUFFile  # gguf's reader is slow to import
+
+    gguf_file = GGUFFile(path)
+    params = sum(int(t.n_elements) for t in gguf_file.reader.tensors)
+    return gguf_file.config(), gguf_file.architecture, params, path.stat().st_size
+
+
+def _safetensors_elements(path: Path) -> int:
+    """Parameters in one safetensors file, from its JSON header alone."""
+    with path.open("rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+    return sum(math.prod(t["shape"]) for k, t in header.items() if k != "__metadata__")
+
+
+def _snapshot(repo: Path) -> Path | None:
+    ref = repo / "refs" / "main"
+    if ref.is_file():
+        snapshot = repo / "snapshots" / ref.read_text().strip()
+        if snapshot.is_dir():
+            return snapshot
+    snapshots = [s for s in (repo / "snapshots").glob("*") if s.is_dir()]
+    return max(snapshots, key=lambda s: s.stat().st_mtime) if snapshots else None
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path.resolve().is_relative_to(root.resolve())
+
+
+def _with(entry: ModelEntry, **changes: object) -> ModelEntry:
+    return replace(entry, **changes)  # type: ignore[arg-type]

@@ -1,0 +1,152 @@
+"""Which model answers a request: the body's `model`, leased from the residency host.
+
+An exact local id (one the registry lists) leases that model, loading it when it is not
+resident; anything else (no `model`, an alias such as `gpt-4`, a non-string) is answered by the
+current model. Naming a model never changes the current one. Reads that name no model (`/stats`,
+`/health`) go to the *active* unit: the current model when it is resident, else the most recently
+used ready one. This module knows ids, leases and units; HTTP is `server/routing.py`'s.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from modelhost.residency.host import ResidencyHost
+from modelhost.residency.lease import Lease
+from modelhost.residency.registry import ModelEntry
+from modelhost.residency.unit import ResidencyError, Unit
+
+# The inference endpoints whose JSON body carries the routing `model` field.
+MODEL_ROUTED = frozenset(
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/v1/responses",
+        "/v1/embeddings",
+        "/v1/decisions",
+        "/v1/systemone",
+    }
+)
+
+
+class Registry(Protocol):
+    def get(self, model_id: str) -> ModelEntry | None: ...
+    def entries(self) -> list[ModelEntry]: ...
+
+
+class RoutedUnit(Unit, Protocol):
+    @property
+    def model_id(self) -> str: ...
+    def interrupt(self) -> None: ...
+
+
+U = TypeVar("U", bound=RoutedUnit)
+
+
+def model_field(body: bytes) -> str | None:
+    """The routing key of a buffered body: a JSON object's string `model`, else None (the
+    current model answers, and its own parser refuses a malformed body)."""
+    try:
+        value = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    model = value.get("model") if isinstance(value, dict) else None
+    return model if isinstance(model, str) else None
+
+
+@dataclass(frozen=True, slots=True)
+class ListedModel:
+    entry: ModelEntry
+    unit: Any  # the resident unit, or None
+    resident: bool
+    current: bool
+
+
+class ModelRouter(Generic[U]):
+    def __init__(self, host: ResidencyHost[U], registry: Registry, current: str) -> None:
+        self.host = host
+        self.registry = registry
+        self.current = current
+
+    def route(self, named: str | None) -> str:
+        """The id that answers a request naming `named`."""
+        if named is not None and self.registry.get(named) is not None:
+            return named
+        return self.current
+
+    async def acquire(self, model_id: str) -> Lease[U]:
+        return await self.host.acquire(model_id)
+
+    def active(self) -> U | None:
+        """The unit that answers reads naming no model, without loading anything."""
+        unit = self.host.peek(self.current)
+        if unit is not None:
+            return unit
+        ready = [m for m in self.host.resident() if m.state == "ready"]
+        if not ready:
+            return None
+        latest = max(ready, key=lambda m: m.last_used_at)
+        return self.host.peek(latest.id)
+
+    async def serve(self, model_id: str) -> None:
+        """Make `model_id` current (loading it now, so the switch is ready when it returns)."""
+        if self.registry.get(model_id) is None:
+            raise ResidencyError("does-not-fit", f"model '{model_id}' is not a local model")
+        async with await self.host.acquire(model_id):
+            self.current = model_id
+
+    def listing(self) -> list[ListedModel]:
+        """Every local model: the current one first, then the other resident ones, then the rest."""
+        ready = {m.id for m in self.host.resident() if m.state == "ready"}
+        rows = [
+            ListedModel(
+                entry, self.host.peek(entry.id), entry.id in ready, entry.id == self.current
+            )
+            for entry in self.registry.entries()
+        ]
+        return sorted(rows, key=lambda row: (not row.current, not row.resident))
+
+    def residency(self) -> dict[str, Any]:
+        """`/stats.models`: the current model, the budget and what is resident."""
+        models = self.host.resident()
+        return {
+            "current": self.current,
+            "budget_bytes": self.host.budget_bytes,
+            "resident_bytes": sum(m.bytes for m in models),
+            "resident": [
+                {
+                    "id": m.id,
+                    "state": m.state,
+                    "bytes": m.bytes,
+                    "pinned": m.pinned,
+                    "leases": m.leases,
+                    "last_used_at": m.last_used_at,
+                }
+                for m in models
+            ],
+        }
+
+    def interrupt_all(self) -> None:
+        """End every request on every resident unit now (a forced shutdown; any thread)."""
+        for model_id in [m.id for m in self.host.resident()]:
+            unit = self.host.peek(model_id)
+            if unit is not None:
+                unit.interrupt()
+
+    async def close(self) -> None:
+        await self.host.close()
+
+
+def residency_status(error: ResidencyError) -> tuple[int, dict[str, Any]]:
+    """(status, neutral body) of a model that could not be leased."""
+    if error.code == "load-failed":
+        status, kind = 502, "model_load_failed"
+    elif error.code == "closed":
+        status, kind = 503, "server_closing"
+    else:
+        status, kind = 400, "invalid_request_error"
+    return status, {"message": error.message, "type": kind, "code": error.code}

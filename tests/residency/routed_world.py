@@ -1,0 +1,125 @@
+"""Routed servers for tests: scripted models of known sizes behind one app, and a live server."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+from scripted_engine import ScriptedEngine, scripted_model
+
+from modelhost.inference.stage import InferenceStage
+from modelhost.residency.host import ResidencyHost
+from modelhost.residency.inprocess import InProcessUnit
+from modelhost.residency.registry import ModelEntry
+from modelhost.residency.router import ModelRouter
+from modelhost.server.app import ServeSettings, create_routed_app
+from modelhost.server.runner import server_for
+
+MB = 1_000_000
+
+
+class ScriptedUnit(InProcessUnit):
+    """An in-process unit over a scripted engine; its estimate stands (it never measures)."""
+
+    def measured_bytes(self) -> int | None:
+        return None
+
+
+@dataclass
+class FakeRegistry:
+    entries_by_id: dict[str, ModelEntry]
+
+    def get(self, model_id: str) -> ModelEntry | None:
+        return self.entries_by_id.get(model_id)
+
+    def entries(self) -> list[ModelEntry]:
+        return list(self.entries_by_id.values())
+
+
+@dataclass
+class RoutedWorld:
+    """Models that answer `[<id>]` one token per `step_s`, a host with `budget_mb`, an app."""
+
+    sizes_mb: dict[str, int]
+    budget_mb: int
+    current: str = "a"
+    step_s: float = 0.0
+    failing: set[str] = field(default_factory=set)
+    gates: dict[str, Any] = field(default_factory=dict)  # id → asyncio.Event held before load
+    engines: dict[str, ScriptedEngine] = field(default_factory=dict)
+    loads: list[str] = field(default_factory=list)
+    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        entries = {
+            model_id: ModelEntry(
+                model_id,
+                Path(f"/models/{model_id}"),
+                "safetensors",
+                "llama",
+                size * MB,
+                size * MB,
+                size * MB,
+            )  # fmt: skip
+            for model_id, size in self.sizes_mb.items()
+        }
+        self.registry = FakeRegistry(entries)
+        self.host: ResidencyHost[ScriptedUnit] = ResidencyHost(
+            budget_bytes=self.budget_mb * MB,
+            source=self.registry.get,
+            load=self.load,
+            publish=lambda name, payload: self.events.append((name, payload)),
+        )
+        self.router = ModelRouter(self.host, self.registry, self.current)
+        self.app: FastAPI = create_routed_app(self.router, ServeSettings(heartbeat_s=15.0))
+
+    async def load(self, entry: Any) -> ScriptedUnit:
+        gate = self.gates.get(entry.id)
+        if gate is not None:
+            await gate.wait()
+        self.loads.append(entry.id)
+        if entry.id in self.failing:
+            raise RuntimeError("weights are corrupt")
+        script = ("[", entry.id, "]") if not self.step_s else ("[", entry.id, "]") * 20
+        engine = ScriptedEngine(script, step_s=self.step_s)
+        self.engines[entry.id] = engine
+        return ScriptedUnit(InferenceStage(engine, scripted_model(entry.id)))
+
+    def leases(self) -> dict[str, int]:
+        return {m.id: m.leases for m in self.host.resident()}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class LiveServer:
+    """`app` served on 127.0.0.1 from a background thread until `stop()`."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.server = server_for(
+            app, host="127.0.0.1", port=self.port, shutdown_timeout_s=5.0, log_level="warning"
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> LiveServer:
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)

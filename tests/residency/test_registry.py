@@ -1,0 +1,99 @@
+"""Model discovery: where models are found, the ids they get, and what they will hold."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from tiny_models import make_tiny_checkpoint, reference_model
+
+from modelhost.inference.admission import working_bytes
+from modelhost.models.embedded import DEFAULT_MODEL, embedded_path
+from modelhost.models.load_safetensors import config_from_hf
+from modelhost.residency.registry import ModelRegistry, ServingShape
+
+
+@pytest.fixture(scope="module")
+def tiny(smollm2, tmp_path_factory) -> Path:
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "tiny-llama", "llama", smollm2)
+
+
+def hub_layout(hub: Path, org: str, name: str, checkpoint: Path) -> Path:
+    repo = hub / f"models--{org}--{name}"
+    snapshot = repo / "snapshots" / "abc123"
+    shutil.copytree(checkpoint, snapshot)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    return snapshot
+
+
+def registry(tmp_path: Path, **options) -> ModelRegistry:
+    options.setdefault("embedded", False)
+    return ModelRegistry(home=tmp_path / "home", hf_hub=tmp_path / "hub", **options)
+
+
+def test_a_hugging_face_cache_snapshot_is_listed_as_org_slash_name(tmp_path, tiny):
+    snapshot = hub_layout(tmp_path / "hub", "acme", "tiny-llama", tiny)
+    [entry] = registry(tmp_path).entries()
+    assert (entry.id, entry.format, entry.architecture) == (
+        "acme/tiny-llama",
+        "safetensors",
+        "llama",
+    )
+    assert entry.path == snapshot
+    params = sum(p.numel() for p in reference_model(tiny).parameters())
+    assert entry.weights_bytes == 4 * params  # fp32, as this machine loads it
+    assert entry.size_bytes == (tiny / "model.safetensors").stat().st_size
+
+
+def test_models_under_modelhost_home_and_given_paths_keep_their_folder_names(tmp_path, tiny):
+    shutil.copytree(tiny, tmp_path / "home" / "models" / "acme" / "nested")
+    shutil.copytree(tiny, tmp_path / "home" / "models" / "flat")
+    shutil.copytree(tiny, tmp_path / "elsewhere" / "given")
+    found = registry(tmp_path, paths=[tmp_path / "elsewhere" / "given"]).entries()
+    assert [e.id for e in found] == ["given", "acme/nested", "flat"]
+
+
+def test_a_loose_gguf_file_is_listed_by_its_stem(tmp_path):
+    models = tmp_path / "home" / "models"
+    models.mkdir(parents=True)
+    shutil.copy(embedded_path(DEFAULT_MODEL), models / "my-model.Q4.gguf")
+    [entry] = registry(tmp_path).entries()
+    assert (entry.id, entry.format, entry.architecture) == ("my-model.Q4", "gguf", "llama")
+    assert entry.weights_bytes > entry.size_bytes  # dequantized to fp32
+
+
+def test_a_model_that_resolves_outside_its_root_is_not_listed(tmp_path, tiny):
+    models = tmp_path / "home" / "models"
+    models.mkdir(parents=True)
+    (models / "escape").symlink_to(tiny, target_is_directory=True)
+    reg = registry(tmp_path)
+    assert reg.entries() == []
+    assert reg.get("../tiny-llama") is None and reg.get(str(tiny)) is None
+
+
+def test_the_embedded_models_are_listed_under_their_own_ids(tmp_path):
+    ids = [e.id for e in ModelRegistry(home=tmp_path / "home", hf_hub=tmp_path / "hub").entries()]
+    assert ids[:2] == [DEFAULT_MODEL, "gemma-3-270m"]
+
+
+def test_the_estimate_is_weights_plus_kv_and_working_memory_or_the_memory_budget(tmp_path, tiny):
+    hub_layout(tmp_path / "hub", "acme", "tiny-llama", tiny)
+    [entry] = registry(tmp_path).entries()
+    kv_per_token = 2 * 3 * 2 * 16 * 4  # layers × kv heads × head dim × fp32, keys and values
+    kv_pool = 8 * (512 + 16) * kv_per_token  # a full context for every row of the batch
+    config = config_from_hf(json.loads((tiny / "config.json").read_text()))
+    work = working_bytes(config, 4, 512, chunk_tokens=512, rows=8)
+    assert entry.estimate_bytes == entry.weights_bytes + kv_pool + work
+    budgeted = registry(tmp_path, shape=ServingShape(memory_budget_bytes=10**9)).entries()[0]
+    assert budgeted.estimate_bytes == 10**9
+
+
+def test_a_path_given_to_serve_joins_the_registry(tmp_path, tiny):
+    reg = registry(tmp_path)
+    entry = reg.resolve_argument(str(tiny))
+    assert entry is not None and entry.id == "tiny-llama"
+    assert reg.get("tiny-llama") == entry
+    assert reg.resolve_argument(str(tmp_path / "missing")) is None
