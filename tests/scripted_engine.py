@@ -184,6 +184,11 @@ class ScriptedStream:
         self._finish("", [], len(engine.script), "stop", None)
 
     def _logprobs(self, token_id: int, piece: str) -> list[TokenLogprob] | None:
+        readout = self._params.readout_token_ids
+        if readout:
+            # A fixed preference for earlier readout ids: decisions read a known distribution.
+            top = tuple(TopLogprob(t, str(t), -1.0 - i) for i, t in enumerate(readout))
+            return [TokenLogprob(token_id, piece, -0.5, top)]
         if self._params.logprobs is None:
             return None
         top = tuple(
@@ -256,6 +261,11 @@ class ScriptedEngine:
         stream = ScriptedStream(self, list(prompt_ids), params)
         self.rows.add(stream)
         return stream
+
+    def submit_many(self, rows: Sequence[tuple[list[int], SamplingParams]]) -> list[ScriptedStream]:
+        if len(self.rows) + len(rows) > self.batch + self.max_queue:
+            raise QueueFull()
+        return [self.submit(prompt_ids, params) for prompt_ids, params in rows]
 
     def stats(self) -> EngineStats:
         active = sum(1 for row in self.rows if row.running)

@@ -277,18 +277,17 @@ async def test_metadata_cache_control_and_unknown_fields_are_accepted(
 # ---- errors -----------------------------------------------------------------------------------
 
 
-async def test_an_image_block_is_a_501_in_the_anthropic_error_envelope(
+async def test_an_image_block_is_a_400_in_the_anthropic_error_envelope(
     client: httpx.AsyncClient,
 ) -> None:
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}
     body = {**HELLO, "stream": True, "messages": [{"role": "user", "content": [image]}]}
     response = await post(client, body)
-    assert response.status_code == 501
+    assert response.status_code == 400
     error = response.json()
     assert error["type"] == "error"
-    assert error["error"]["type"] == "api_error"
-    assert error["error"]["code"] == "unsupported_execution"
-    assert "media-batch-unsupported" in error["error"]["message"]
+    assert error["error"]["type"] == "invalid_request_error"
+    assert error["error"]["message"] == "model has no vision sidecar"
 
 
 @pytest.mark.parametrize(

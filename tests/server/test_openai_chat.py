@@ -192,11 +192,13 @@ async def test_n_above_one_is_a_json_501_before_any_stream_opens(
     assert engine.submissions == []
 
 
-async def test_image_parts_are_a_501_media_batch_unsupported(client: httpx.AsyncClient) -> None:
+async def test_image_parts_on_a_text_only_model_are_a_400_no_vision_sidecar(
+    client: httpx.AsyncClient,
+) -> None:
     part = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}
     response = await post(client, {"messages": [{"role": "user", "content": [part]}]})
-    assert response.status_code == 501
-    assert response.json()["error"]["reasons"] == ["media-batch-unsupported"]
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == "model has no vision sidecar"
 
 
 async def test_a_full_queue_is_a_429_queue_full(

@@ -256,15 +256,15 @@ async def test_function_call_items_render_as_assistant_and_tool_turns(
     assert prompt.index("<|im_start|>assistant\n") < prompt.index("<|im_start|>tool\nSunny, 21C")
 
 
-async def test_an_image_part_is_a_501_in_the_responses_error_shape(
+async def test_an_image_part_is_a_400_in_the_responses_error_shape(
     client: httpx.AsyncClient,
 ) -> None:
     part = {"type": "input_image", "image_url": "data:image/png;base64,"}
     response = await post(client, {**HELLO, "input": [{"role": "user", "content": [part]}]})
-    assert response.status_code == 501
+    assert response.status_code == 400
     error = response.json()["error"]
-    assert error["type"] == "server_error"
-    assert error["code"] == "unsupported_execution"
+    assert error["type"] == "invalid_request_error"
+    assert error["message"] == "model has no vision sidecar"
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ engine = Engine(model, EngineConfig(batch=8))
 stream = engine.submit(prompt_ids, params)   # QueueFull / PromptTooLong / EngineClosed at once
 async for event in stream: ...               # the last event has finish_reason and usage
 stream.cancel()                              # the row leaves within one step
+streams = engine.submit_many([(ids, params), ...])   # admitted in the same step
 engine.stats(); engine.close()
 """
 
@@ -17,6 +18,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from collections.abc import Sequence as Rows
 from dataclasses import dataclass
 
 import torch
@@ -132,6 +134,7 @@ class Engine:
         self._inbox: deque[Callable[[], None]] = deque()
         self._num_pending_adds = 0
         self._num_submitted = 0
+        self._num_steps = 0
         self._closed = False
         self._live: dict[int, Sequence] = {}  # touched only by the engine thread
         self._thread = threading.Thread(target=self._loop, name=f"engine-{model.id}", daemon=True)
@@ -140,6 +143,38 @@ class Engine:
     # ---- caller side (any thread with a running event loop) ------------------------------
 
     def submit(self, prompt_ids: list[int], params: SamplingParams) -> RequestStream:
+        return self.submit_many([(prompt_ids, params)])[0]
+
+    def submit_many(self, rows: Rows[tuple[list[int], SamplingParams]]) -> list[RequestStream]:
+        """Submit rows as one unit: all or none are queued, and they reach the scheduler
+        together, so rows that fit the free slots and the step's token budget are admitted in
+        the same step (typed decisions answer all of a request's questions in one forward)."""
+        checked = [self._checked(prompt_ids, params) for prompt_ids, params in rows]
+        loop = asyncio.get_running_loop()
+        with self._cond:
+            if self._closed:
+                raise EngineClosed()
+            if not self.scheduler.has_room(self._num_pending_adds + len(checked) - 1):
+                raise QueueFull()
+            seqs: list[Sequence] = []
+            streams: list[RequestStream] = []
+            for prompt_ids, params in checked:
+                seq = Sequence.from_prompt(
+                    next(self._ids), prompt_ids, params, self.model.tokenizer.eos_token_ids
+                )
+                stream = RequestStream(self, seq.seq_id, loop)
+                seq.payload = RowOutput(seq, self.model.tokenizer, stream._post)
+                seqs.append(seq)
+                streams.append(stream)
+            self._num_pending_adds += len(seqs)
+            self._num_submitted += len(seqs)
+            self._inbox.append(lambda: self._add_all(seqs))
+            self._cond.notify()
+        return streams
+
+    def _checked(
+        self, prompt_ids: list[int], params: SamplingParams
+    ) -> tuple[list[int], SamplingParams]:
         num_prompt = len(prompt_ids)
         if num_prompt == 0:
             raise PromptTooLong(0, self.context_length)  # nothing to condition on
@@ -148,22 +183,7 @@ class Engine:
         room = min(self.context_length, self._pool_tokens()) - num_prompt
         if params.max_tokens > room:
             params = dataclasses.replace(params, max_tokens=room)
-        loop = asyncio.get_running_loop()
-        with self._cond:
-            if self._closed:
-                raise EngineClosed()
-            if not self.scheduler.has_room(self._num_pending_adds):
-                raise QueueFull()
-            seq = Sequence.from_prompt(
-                next(self._ids), prompt_ids, params, self.model.tokenizer.eos_token_ids
-            )
-            stream = RequestStream(self, seq.seq_id, loop)
-            seq.payload = RowOutput(seq, self.model.tokenizer, stream._post)
-            self._num_pending_adds += 1
-            self._num_submitted += 1
-            self._inbox.append(lambda: self._add(seq))
-            self._cond.notify()
-        return stream
+        return prompt_ids, params
 
     def _abort(self, seq_id: int) -> None:
         with self._cond:
@@ -187,6 +207,7 @@ class Engine:
             prefix_query_tokens=manager.num_prefix_queries_tokens,
             prefix_hit_tokens=manager.num_prefix_hit_tokens,
             context_length=self.context_length,
+            steps=self._num_steps,
         )
 
     def close(self, timeout_s: float = 10.0) -> None:
@@ -200,10 +221,11 @@ class Engine:
 
     # ---- engine thread ---------------------------------------------------------------------
 
-    def _add(self, seq: Sequence) -> None:
-        self._num_pending_adds -= 1
-        self._live[seq.seq_id] = seq
-        self.scheduler.add(seq)
+    def _add_all(self, seqs: list[Sequence]) -> None:
+        for seq in seqs:
+            self._num_pending_adds -= 1
+            self._live[seq.seq_id] = seq
+            self.scheduler.add(seq)
 
     def _loop(self) -> None:
         while True:
@@ -232,6 +254,7 @@ class Engine:
             return
         sampling_rows = [row.seq for row in out.rows if row.samples]
         logits = self.runner.execute(out)
+        self._num_steps += 1
         tokens = sample(logits, [_output(seq).sampling for seq in sampling_rows])
         sampled = {
             seq.seq_id: token.token_id for seq, token in zip(sampling_rows, tokens, strict=True)

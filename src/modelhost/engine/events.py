@@ -92,3 +92,4 @@ class EngineStats:
     prefix_query_tokens: int
     prefix_hit_tokens: int
     context_length: int  # the longest sequence (prompt + output) the engine places
+    steps: int = 0  # forward passes run so far

@@ -9,7 +9,8 @@ tokens (HF convention: positive logits divided by the penalty, negative ones mul
 and frequency penalties over output tokens only (OpenAI convention); then greedy rows take the
 argmax and the others go through temperature, top_k, top_p and min_p before the draw. Rows with a
 grammar have every token it forbids masked to -inf after the penalties, before either path.
-Logprobs describe the raw model distribution, before any of that.
+Logprobs describe the raw model distribution, before any of that. A row with `readout_token_ids`
+gets the raw logprobs of exactly those ids, in that order, as its alternatives (typed decisions).
 
 Reproducibility: a row's draw depends only on its own logits and its own generator, never on which
 rows share the batch (on CPU bit for bit; CUDA reductions may round differently with the batch
@@ -92,7 +93,11 @@ def sample(logits: torch.Tensor, rows: Sequence[RowSamplingState]) -> list[Sampl
     if logits.dtype != torch.float32:
         logits = logits.float()
 
-    logprob_rows = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
+    logprob_rows = [
+        i
+        for i, row in enumerate(rows)
+        if row.params.logprobs is not None or row.params.readout_token_ids
+    ]
     raw_logprobs = None
     if logprob_rows:
         # log_softmax allocates, so the in-place processing below cannot reach these values.
@@ -302,8 +307,17 @@ def _fill_logprobs(
     for j, i in enumerate(logprob_rows):
         result = results[i]
         result.logprob = chosen[j]
-        result.top_ids = top_ids[j][: counts[j]]
-        result.top_logprobs = top_values[j][: counts[j]]
+        readout = rows[i].params.readout_token_ids
+        if readout:
+            # Ids outside this model's vocabulary read as impossible rather than failing the step.
+            vocab_size = raw_logprobs.shape[1]
+            known = [t for t in readout if t < vocab_size]
+            values = dict(zip(known, raw_logprobs[j, known].tolist(), strict=True))
+            result.top_ids = list(readout)
+            result.top_logprobs = [values.get(t, float("-inf")) for t in readout]
+        else:
+            result.top_ids = top_ids[j][: counts[j]]
+            result.top_logprobs = top_values[j][: counts[j]]
 
 
 def _take_rows(logits: torch.Tensor, row_ids: list[int]) -> torch.Tensor:

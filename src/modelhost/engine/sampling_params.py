@@ -30,6 +30,8 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()  # extra ids that end generation, besides EOS
     ignore_eos: bool = False
     logprobs: int | None = None  # None: off; N >= 0: chosen token's logprob plus N alternatives
+    # Typed decisions read these ids' raw logprobs, in this order, instead of top alternatives.
+    readout_token_ids: tuple[int, ...] = ()
     # Constrains every sampled token (greedy rows too); compiled for this model's vocabulary.
     grammar: CompiledGrammar | None = field(default=None, compare=False, repr=False)
 
@@ -48,6 +50,8 @@ class SamplingParams:
             raise InvalidSamplingParams("max_tokens must be >= 1")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise InvalidSamplingParams("logprobs must be in [0, 20]")
+        if any(token_id < 0 for token_id in self.readout_token_ids):
+            raise InvalidSamplingParams("readout_token_ids must be >= 0")
         object.__setattr__(self, "stop", tuple(s for s in self.stop if s))
 
     @property

@@ -87,6 +87,7 @@ class InferenceRequest:
     num_choices: int = 1
     adapter: str | None = None
     has_media: bool = False
+    media: frozenset[str] = frozenset()  # kinds of media parts: image, audio, video, file
     # Structured output: an instruction for the prompt, used when no grammar enforces it (a
     # Warning says so), and the grammar to enforce when the surface can express one.
     structured_output: str | None = None

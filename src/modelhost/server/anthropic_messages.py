@@ -94,7 +94,7 @@ def parse_messages_request(
     body: dict[str, Any], request_id: str, *, count_only: bool = False
 ) -> InferenceRequest:
     """The neutral request for a Messages body; `count_only` skips the generation fields."""
-    messages, has_media = wire.template_messages(body)
+    messages, media = wire.template_messages(body)
     tools = wire.tools(body)
     prompt = ChatPrompt(messages=tuple(messages), tools=tools)
     if count_only:
@@ -103,7 +103,8 @@ def parse_messages_request(
             method="chat",
             prompt=prompt,
             thinking=wire.thinking(body),
-            has_media=has_media,
+            has_media=bool(media),
+            media=media,
         )
     top_k = fields.number(body, "top_k", int, at_least=-1)
     grammar, instruction = wire.output_format(body)
@@ -128,7 +129,8 @@ def parse_messages_request(
         stop=wire.stop_sequences(body),
         stream=bool(fields.field(body, "stream", bool)),
         thinking=wire.thinking(body),
-        has_media=has_media,
+        has_media=bool(media),
+        media=media,
         structured_output=instruction,
         grammar=grammar,
     )

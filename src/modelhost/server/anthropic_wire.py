@@ -3,8 +3,9 @@
 Content blocks are flattened into the OpenAI-style messages every chat template reads: text
 joins into `content`, `thinking` becomes the assistant's `reasoning_content`, `tool_use` becomes
 assistant `tool_calls`, and each `tool_result` becomes a `role: "tool"` message. Image and
-document blocks only mark the request as carrying media (the stage refuses it with a 501, as it
-does OpenAI media parts). `cache_control`, `metadata` and unknown fields are accepted and ignored.
+document blocks only record the kinds of media the request carries (`inference.media`: the stage
+refuses them with a 400 for a model without the tower, or a 501 it cannot place).
+`cache_control`, `metadata` and unknown fields are accepted and ignored.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from typing import Any
 from starlette.responses import JSONResponse, Response
 
 from modelhost.inference.contracts import GrammarSpec, InvalidRequest
+from modelhost.inference.media import MEDIA_PARTS, media_kinds
 from modelhost.inference.tool_choice import forced_call
 from modelhost.server import openai_fields as fields
 
 ROLES = ("user", "assistant", "system")
-MEDIA_BLOCKS = ("image", "document")
 PING = 'event: ping\ndata: {"type":"ping"}\n\n'
 _ERROR_TYPES = {404: "not_found_error", 429: "rate_limit_error", 503: "overloaded_error"}
 
@@ -147,7 +148,7 @@ def system_text(value: Any, where: str = "system") -> str:
     return "\n\n".join(texts)
 
 
-def template_messages(body: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]:
+def template_messages(body: dict[str, Any]) -> tuple[list[dict[str, Any]], frozenset[str]]:
     """The conversation as template messages, and whether any block carries media.
 
     Every system instruction (top-level `system` and system-role messages, in order) becomes one
@@ -158,7 +159,7 @@ def template_messages(body: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]
         raise InvalidRequest("messages: at least one message is required", param="messages")
     system = [system_text(body.get("system"))]
     messages: list[dict[str, Any]] = []
-    has_media = False
+    has_media: frozenset[str] = frozenset()
     for index, message in enumerate(raw):
         where = f"messages[{index}]"
         if not isinstance(message, dict):
@@ -172,17 +173,17 @@ def template_messages(body: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]
             continue
         flat, media = _flatten(role, message.get("content"), where)
         messages.extend(flat)
-        has_media = has_media or media
+        has_media = has_media | media
     instruction = "\n\n".join(text for text in system if text)
     if instruction:
         messages.insert(0, {"role": "system", "content": instruction})
     return messages, has_media
 
 
-def _flatten(role: str, content: Any, where: str) -> tuple[list[dict[str, Any]], bool]:
+def _flatten(role: str, content: Any, where: str) -> tuple[list[dict[str, Any]], frozenset[str]]:
     """One wire message → tool messages (for tool_result blocks) then the message itself."""
     if isinstance(content, str):
-        return [{"role": role, "content": content}], False
+        return [{"role": role, "content": content}], frozenset()
     if not isinstance(content, list):
         raise InvalidRequest(
             f"{where}.content must be a string or a list of content blocks", param="messages"
@@ -191,7 +192,7 @@ def _flatten(role: str, content: Any, where: str) -> tuple[list[dict[str, Any]],
     reasoning: list[str] = []
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
-    has_media = False
+    has_media: frozenset[str] = frozenset()
     for number, block in enumerate(content):
         at = f"{where}.content[{number}]"
         kind = block.get("type") if isinstance(block, dict) else None
@@ -206,9 +207,9 @@ def _flatten(role: str, content: Any, where: str) -> tuple[list[dict[str, Any]],
         elif kind == "tool_result":
             result, media = _tool_result(block, at)
             results.append(result)
-            has_media = has_media or media
-        elif kind in MEDIA_BLOCKS:
-            has_media = True
+            has_media = has_media | media
+        elif kind in MEDIA_PARTS:
+            has_media = has_media | media_kinds(kind)
         else:
             raise InvalidRequest(f"{at} has an unsupported type {kind!r}", param="messages")
     out: list[dict[str, Any]] = list(results)
@@ -240,17 +241,17 @@ def _tool_call(block: Mapping[str, Any], where: str) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def _tool_result(block: Mapping[str, Any], where: str) -> tuple[dict[str, Any], bool]:
+def _tool_result(block: Mapping[str, Any], where: str) -> tuple[dict[str, Any], frozenset[str]]:
     content = block.get("content")
-    has_media = False
+    has_media: frozenset[str] = frozenset()
     if isinstance(content, list):
         texts = []
         for number, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else None
             if kind == "text":
                 texts.append(_text_of(part, f"{where}.content[{number}]"))
-            elif kind in MEDIA_BLOCKS:
-                has_media = True
+            elif kind in MEDIA_PARTS:
+                has_media = has_media | media_kinds(kind)
             else:
                 raise InvalidRequest(
                     f"{where}.content[{number}] has an unsupported type {kind!r}",

@@ -160,6 +160,12 @@ async def stats(request: Request) -> Response:
             "server": {"owner": owner, "model": router.current, "started_at": None},
             "unavailable": "no model is resident",
         }
+    elif unit is not None and not hasattr(unit, "stage"):  # a worker process serves it
+        fetched = await unit.get_json("/stats")
+        body = fetched if fetched is not None else {"unavailable": "the worker did not answer"}
+        body.pop("response_store", None)
+        body.setdefault("server", {})["owner"] = owner
+        body["worker"] = {"pid": unit.pid, "restarts": unit.worker.restarts}
     else:
         stage = unit.stage if unit is not None else serving_stage(request)
         body = stats_json(stage.stats(), owner)

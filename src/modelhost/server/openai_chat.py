@@ -27,6 +27,7 @@ from modelhost.inference.contracts import (
     InferenceResult,
     InvalidRequest,
 )
+from modelhost.inference.media import MEDIA_PARTS, media_kinds
 from modelhost.server import openai_fields as fields
 from modelhost.server.http import (
     RequestLog,
@@ -50,10 +51,6 @@ from modelhost.server.openai_wire import (
 ROUTE = "POST /v1/chat/completions"
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 TEXT_PARTS = ("text", "input_text")
-MEDIA_PARTS = (
-    *("image_url", "image", "input_image", "input_audio", "audio", "audio_url"),
-    *("video", "video_url", "file"),
-)
 MAX_TOP_LOGPROBS = 11
 
 
@@ -84,7 +81,7 @@ async def create_chat_completion(request: Request) -> Response:
 def parse_chat_request(
     body: dict[str, Any], request_id: str
 ) -> tuple[InferenceRequest, fields.StreamOptions]:
-    messages, has_media = normalize_messages(body.get("messages"))
+    messages, media = normalize_messages(body.get("messages"))
     tools = fields.field(body, "tools", list)
     if body.get("tool_choice") == "none":
         tools = None
@@ -123,7 +120,8 @@ def parse_chat_request(
         thinking=thinking,
         num_choices=fields.choices(body),
         adapter=fields.adapter(body),
-        has_media=has_media,
+        has_media=bool(media),
+        media=media,
         structured_output=structured_output,
         grammar=grammar,
     )
@@ -147,7 +145,7 @@ def chat_logprobs(body: dict[str, Any]) -> int | None:
     return None
 
 
-def normalize_messages(raw: Any) -> tuple[list[dict[str, Any]], bool]:
+def normalize_messages(raw: Any) -> tuple[list[dict[str, Any]], frozenset[str]]:
     """Messages as the template wants them, and whether any carries media.
 
     `developer` becomes `system`; text-only part arrays become one string; `reasoning` is
@@ -156,7 +154,7 @@ def normalize_messages(raw: Any) -> tuple[list[dict[str, Any]], bool]:
     if not isinstance(raw, list) or not raw:
         raise InvalidRequest("messages required", param="messages")
     messages: list[dict[str, Any]] = []
-    has_media = False
+    has_media: frozenset[str] = frozenset()
     for index, message in enumerate(raw):
         where = f"messages[{index}]"
         if not isinstance(message, dict):
@@ -171,7 +169,7 @@ def normalize_messages(raw: Any) -> tuple[list[dict[str, Any]], bool]:
         out["role"] = "system" if role == "developer" else role
         content, media = _content(message.get("content"), where)
         out["content"] = content
-        has_media = has_media or media
+        has_media = has_media | media
         if isinstance(out.get("reasoning"), str) and not isinstance(
             out.get("reasoning_content"), str
         ):
@@ -182,17 +180,17 @@ def normalize_messages(raw: Any) -> tuple[list[dict[str, Any]], bool]:
     return messages, has_media
 
 
-def _content(content: Any, where: str) -> tuple[Any, bool]:
+def _content(content: Any, where: str) -> tuple[Any, frozenset[str]]:
     if content is None:
-        return "", False
+        return "", frozenset()
     if isinstance(content, str):
-        return content, False
+        return content, frozenset()
     if not isinstance(content, list):
         raise InvalidRequest(
             f"{where}.content must be a string or a list of content parts", param="messages"
         )
     texts: list[str] = []
-    media = False
+    media: frozenset[str] = frozenset()
     for number, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in TEXT_PARTS:
@@ -203,12 +201,12 @@ def _content(content: Any, where: str) -> tuple[Any, bool]:
                 )
             texts.append(text)
         elif kind in MEDIA_PARTS:
-            media = True
+            media = media | media_kinds(kind)
         else:
             raise InvalidRequest(
                 f"{where}.content[{number}] has an unsupported type {kind!r}", param="messages"
             )
-    return (list(content), True) if media else ("\n".join(texts), False)
+    return (list(content), media) if media else ("\n".join(texts), media)
 
 
 def _parsed_arguments(call: Any) -> Any:

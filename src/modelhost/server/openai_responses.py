@@ -156,7 +156,7 @@ def parse_turn(body: dict[str, Any], store: ResponseStore, request_id: str, mode
         items = [*prior.input_items, *carried, *new_items]
         if instructions is None:
             instructions = prior.instructions
-    messages, has_media = template_messages(items, instructions)
+    messages, media = template_messages(items, instructions)
     tools, tool_choice = function_tools(body)
     max_tokens = fields.number(body, "max_output_tokens", int, at_least=1)
     if max_tokens is None:
@@ -177,7 +177,8 @@ def parse_turn(body: dict[str, Any], store: ResponseStore, request_id: str, mode
         max_tokens=max_tokens,
         stream=bool(fields.field(body, "stream", bool)),
         thinking=None if effort is None else effort != "none",
-        has_media=has_media,
+        has_media=bool(media),
+        media=media,
         structured_output=instruction,
         grammar=grammar,
     )

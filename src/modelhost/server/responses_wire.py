@@ -4,7 +4,8 @@ Input items are flattened into the OpenAI-chat-style messages every chat templat
 `message` items by role (system and developer join `instructions` in one leading system
 message), `function_call` items become the assistant's `tool_calls`, `function_call_output`
 items become `role: "tool"` messages, and `reasoning` items are dropped. Image, file, audio and
-video parts only mark the request as carrying media (the stage refuses it with a 501).
+video parts only record the kinds of media the request carries (`inference.media`: the stage
+refuses them with a 400 for a model without the tower, or a 501 it cannot place).
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ from modelhost.inference.contracts import (
     InvalidRequest,
     RequestError,
 )
+from modelhost.inference.media import MEDIA_PARTS, media_kinds
 from modelhost.server import openai_fields as fields
 from modelhost.text.tool_calls import ToolCall
 
 ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text", "text")
-MEDIA_PARTS = ("input_image", "image_url", "input_file", "input_audio", "input_video", "video_url")
 
 
 class ResponseNotFound(RequestError):
@@ -74,14 +75,14 @@ def is_function_tool(tool: Any) -> bool:
 
 def template_messages(
     items: Sequence[Mapping[str, Any]], instructions: str | None
-) -> tuple[list[dict[str, Any]], bool]:
+) -> tuple[list[dict[str, Any]], frozenset[str]]:
     """Input items as template messages, and whether any part carries media.
 
     `instructions` and every system/developer message become one leading system message.
     """
     system = [instructions or ""]
     messages: list[dict[str, Any]] = []
-    has_media = False
+    has_media: frozenset[str] = frozenset()
     for index, item in enumerate(items):
         where = f"input[{index}]"
         if not isinstance(item, dict):
@@ -93,7 +94,7 @@ def template_messages(
                 allowed = ", ".join(f"'{r}'" for r in ROLES)
                 raise InvalidRequest(f"{where}.role must be one of {allowed}", param="input")
             text, media = _content(item.get("content"), where)
-            has_media = has_media or media
+            has_media = has_media | media
             if role in ("system", "developer"):
                 system.append(text)
             else:
@@ -119,15 +120,15 @@ def template_messages(
     return messages, has_media
 
 
-def _content(content: Any, where: str) -> tuple[str, bool]:
+def _content(content: Any, where: str) -> tuple[str, frozenset[str]]:
     if content is None or isinstance(content, str):
-        return content or "", False
+        return content or "", frozenset()
     if not isinstance(content, list):
         raise InvalidRequest(
             f"{where}.content must be a string or a list of content parts", param="input"
         )
     texts: list[str] = []
-    has_media = False
+    has_media: frozenset[str] = frozenset()
     for number, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in TEXT_PARTS:
@@ -138,7 +139,7 @@ def _content(content: Any, where: str) -> tuple[str, bool]:
         elif kind == "refusal":
             texts.append(str(part.get("refusal") or ""))
         elif kind in MEDIA_PARTS:
-            has_media = True
+            has_media = has_media | media_kinds(kind)
         else:
             raise InvalidRequest(
                 f"{where}.content[{number}] has an unsupported type {kind!r}", param="input"

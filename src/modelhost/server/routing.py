@@ -90,6 +90,10 @@ class ModelRouting:
                     lease.release()  # the body has ended
 
         try:
+            proxy = getattr(lease.unit, "proxy", None)
+            if proxy is not None:  # a worker process serves this model
+                await proxy(scope, body, receive, send_then_release, error_format_for(path))
+                return
             scope = {**scope, STAGE_KEY: lease.unit.stage}
             await self.app(scope, _replay(body, receive), send_then_release)
         finally:

@@ -1,0 +1,110 @@
+"""Embeddings on the embedded sentence encoders, protocol-neutral.
+
+`Encoders` loads an encoder by id on first use (once, off the event loop) and keeps it;
+`EncoderStage.embed` runs one request's inputs as padded batches under an exclusive lock (the
+reference runs embeddings under the engine's exclusive lease, not in the generation batch), then
+applies the requested `dimensions`: the leading components, re-normalised to unit length.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from modelhost.inference.contracts import InvalidRequest
+from modelhost.models.bert import EmbeddingModel, load_bert
+from modelhost.models.embedded import EMBEDDED_ENCODERS, encoder_path
+
+EmbeddingInput = str | list[int]
+
+
+def is_encoder(model_id: object) -> bool:
+    return isinstance(model_id, str) and model_id in EMBEDDED_ENCODERS
+
+
+def not_an_embedding_model(model_id: str) -> InvalidRequest:
+    return InvalidRequest(
+        f'served model "{model_id}" is not an embedding model; serve an embedding model '
+        "(e.g. Qwen3-Embedding) to use /v1/embeddings",
+        param="model",
+    )
+
+
+def embedding_model_only(model_id: str) -> InvalidRequest:
+    return InvalidRequest(
+        f'model "{model_id}" is an embedding model; it serves /v1/embeddings only', param="model"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingResult:
+    vectors: list[list[float]]
+    prompt_tokens: int
+
+
+class EncoderStage:
+    def __init__(self, model: EmbeddingModel) -> None:
+        self.model = model
+        self._lock = threading.Lock()
+
+    @property
+    def model_id(self) -> str:
+        return self.model.id
+
+    async def embed(
+        self, inputs: Sequence[EmbeddingInput], dimensions: int | None = None
+    ) -> EmbeddingResult:
+        model = self.model
+        if dimensions is not None and not 1 <= dimensions <= model.dimensions:
+            raise InvalidRequest(
+                f"dimensions must be between 1 and {model.dimensions} for {model.id}",
+                param="dimensions",
+            )
+        framed = [self._framed(item, index) for index, item in enumerate(inputs)]
+        vectors = await asyncio.to_thread(self._run, framed)
+        if dimensions is not None and dimensions < model.dimensions:
+            vectors = F.normalize(vectors[:, :dimensions], p=2, dim=-1)
+        # Usage counts the tokens the encoder read, [CLS] and [SEP] included.
+        return EmbeddingResult(vectors.tolist(), sum(len(ids) for ids in framed))
+
+    def _run(self, framed: list[list[int]]) -> torch.Tensor:
+        with self._lock:
+            return self.model.embed(framed)
+
+    def _framed(self, item: EmbeddingInput, index: int) -> list[int]:
+        if isinstance(item, str):
+            return self.model.token_ids(item)
+        vocab = self.model.config.vocab_size
+        if any(not 0 <= token < vocab for token in item):
+            raise InvalidRequest(
+                f"input[{index}] has a token id outside 0..{vocab - 1}", param="input"
+            )
+        return self.model.framed(item)
+
+
+class Encoders:
+    """The embedded encoders this process has loaded, by id; each is loaded once."""
+
+    def __init__(self) -> None:
+        self._stages: dict[str, EncoderStage] = {}
+        self._lock = asyncio.Lock()
+
+    async def get(self, model_id: str) -> EncoderStage:
+        async with self._lock:
+            stage = self._stages.get(model_id)
+            if stage is None:
+                stage = EncoderStage(await asyncio.to_thread(_load, model_id))
+                self._stages[model_id] = stage
+            return stage
+
+
+def _load(model_id: str) -> EmbeddingModel:
+    path = encoder_path(model_id)
+    if path is None:
+        raise InvalidRequest(f"model {model_id!r} is not an embedding model", param="model")
+    return load_bert(path, model_id)
