@@ -17,7 +17,7 @@ from modelhost.inference.stage import InferenceStage
 from modelhost.models.embedded import DEFAULT_MODEL
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.inprocess import InProcessUnit, in_process_loader
-from modelhost.residency.registry import ModelRegistry, ServingShape
+from modelhost.residency.registry import ModelEntry, ModelRegistry, ServingShape
 from modelhost.residency.router import ModelRouter
 from modelhost.server.app import ServeSettings, admission_policy, create_app, create_routed_app
 from modelhost.server.runner import serve
@@ -50,9 +50,14 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         "--hold", type=float, default=5.0, metavar="S",
         help="seconds a model stays un-evictable after a response ends (agent loops)",
     )  # fmt: skip
-    parser.add_argument(
-        "--in-process", action="store_true", default=True,
-        help="load models in the serving process (the only mode so far)",
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--in-process", dest="workers", action="store_false", default=False,
+        help="load models in the serving process (the default for now)",
+    )  # fmt: skip
+    mode.add_argument(
+        "--workers", dest="workers", action="store_true",
+        help="run each resident model in its own worker process on a private Unix socket",
     )  # fmt: skip
     parser.add_argument("--host", default=DEFAULT_HOST, help="bind address (default: loopback)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
@@ -166,6 +171,8 @@ def run_serve(args: argparse.Namespace) -> int:
             return 2
     startup = entries[0]
     assert startup is not None
+    if getattr(args, "workers", False):
+        return _run_workers(args, settings, registry, startup)
     model = loader.load_model(str(startup.path))  # before listening: a bad model ends here
     model.id = startup.id
 
@@ -191,6 +198,41 @@ def run_serve(args: argparse.Namespace) -> int:
 
     app = create_routed_app(router, settings, adopt_startup_model)
     budget_text = f"{host.budget_bytes / BYTES_PER_GB:.1f} GB model budget"
+    print(f"modelhost: serving {startup.id} on http://{args.host}:{args.port}/v1 ({budget_text})",
+          file=sys.stderr)  # fmt: skip
+    serve(
+        app,
+        host=args.host,
+        port=args.port,
+        shutdown_timeout_s=args.shutdown_timeout,
+        log_level=args.log_level,
+    )
+    return 0
+
+
+def _run_workers(
+    args: argparse.Namespace, settings: ServeSettings, registry: ModelRegistry, startup: ModelEntry
+) -> int:
+    """`--workers`: every resident model in its own process; the startup model loads first."""
+    from modelhost.residency.worker_unit import WorkerUnit, worker_loader
+
+    budget_gb = args.model_budget
+    host: ResidencyHost[WorkerUnit] = ResidencyHost(
+        budget_bytes=int(budget_gb * BYTES_PER_GB) if budget_gb else default_budget_bytes(),
+        source=registry.get,
+        load=worker_loader(
+            settings, batch=args.batch, max_queue=args.max_queue, log_level=args.log_level
+        ),
+        hold_s=args.hold,
+    )
+    router = ModelRouter(host, registry, current=startup.id)
+
+    async def load_startup_model() -> None:
+        async with await host.acquire(startup.id):
+            pass
+
+    app = create_routed_app(router, settings, load_startup_model)
+    budget_text = f"{host.budget_bytes / BYTES_PER_GB:.1f} GB model budget, worker processes"
     print(f"modelhost: serving {startup.id} on http://{args.host}:{args.port}/v1 ({budget_text})",
           file=sys.stderr)  # fmt: skip
     serve(

@@ -1,0 +1,181 @@
+"""One worker process's life: spawn it, wait until it answers, measure it, stop it, respawn it.
+
+The worker runs in its own process group (so a stop reaches anything it started) and listens on
+`<dir>/worker.sock`, the directory made here with mode 0700 and removed when the worker stops.
+A dead worker is respawned on demand, at most `MAX_RESTARTS` times in `RESTART_WINDOW_S`; past
+that the supervisor reports itself exhausted and the host evicts the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+
+MAX_RESTARTS = 3
+RESTART_WINDOW_S = 60.0
+START_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 5.0
+
+
+class WorkerFailed(RuntimeError):
+    """The worker exited, or did not answer, before it became healthy."""
+
+
+def rss_bytes(pid: int) -> int | None:
+    """The process's resident set (VmRSS in /proc/<pid>/status), or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+class WorkerProcess:
+    def __init__(
+        self,
+        args: Sequence[str],
+        *,
+        start_timeout_s: float = START_TIMEOUT_S,
+        max_restarts: int = MAX_RESTARTS,
+        restart_window_s: float = RESTART_WINDOW_S,
+    ) -> None:
+        self.args = list(args)  # after `--socket PATH`
+        self.start_timeout_s = start_timeout_s
+        self.max_restarts = max_restarts
+        self.restart_window_s = restart_window_s
+        self.restarts = 0
+        self._restart_times: deque[float] = deque()
+        self.process: subprocess.Popen[bytes] | None = None
+        self.directory: Path | None = None
+        self.state = "new"
+        self._lock = asyncio.Lock()
+
+    @property
+    def socket_path(self) -> str:
+        assert self.directory is not None
+        return str(self.directory / "worker.sock")
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def exhausted(self) -> bool:
+        """Dead, and out of restarts for now."""
+        return not self.alive() and self.state != "stopped" and not self._may_restart()
+
+    def _may_restart(self) -> bool:
+        now = time.monotonic()
+        while self._restart_times and now - self._restart_times[0] > self.restart_window_s:
+            self._restart_times.popleft()
+        return len(self._restart_times) < self.max_restarts
+
+    async def start(self) -> None:
+        async with self._lock:
+            await self._start()
+
+    async def ensure_alive(self) -> bool:
+        """Respawn a dead worker when restarts allow; True when a live worker is there."""
+        async with self._lock:
+            if self.alive():
+                return True
+            if self.state == "stopped" or not self._may_restart():
+                return False
+            self._restart_times.append(time.monotonic())
+            self.restarts += 1
+            await asyncio.to_thread(self._reap)
+            try:
+                await self._start()
+            except WorkerFailed:
+                return False
+            return True
+
+    async def _start(self) -> None:
+        self.directory = Path(tempfile.mkdtemp(prefix="modelhost-worker-"))
+        os.chmod(self.directory, 0o700)
+        command = [sys.executable, "-m", "modelhost.residency.worker"]
+        command += ["--socket", self.socket_path, *self.args]
+        self.state = "starting"
+        self.process = subprocess.Popen(command, start_new_session=True, stdin=subprocess.DEVNULL)
+        try:
+            await self._wait_healthy()
+        except BaseException:
+            await asyncio.to_thread(self._reap)
+            self.state = "failed"
+            raise
+        self.state = "ready"
+
+    async def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        transport = httpx.AsyncHTTPTransport(uds=self.socket_path)
+        async with httpx.AsyncClient(transport=transport, base_url="http://worker") as client:
+            while True:
+                assert self.process is not None
+                code = self.process.poll()
+                if code is not None:
+                    raise WorkerFailed(f"the worker exited with status {code} while loading")
+                if os.path.exists(self.socket_path):
+                    with contextlib.suppress(httpx.TransportError):
+                        response = await client.get("/health", timeout=5.0)
+                        if response.status_code == 200:
+                            return
+                if time.monotonic() > deadline:
+                    raise WorkerFailed(f"the worker did not answer in {self.start_timeout_s:.0f} s")
+                await asyncio.sleep(0.05)
+
+    async def wait_dead(self, timeout_s: float) -> bool:
+        """True when the worker has exited (or does within `timeout_s`)."""
+        deadline = time.monotonic() + timeout_s
+        while self.alive():
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
+    def rss_bytes(self) -> int | None:
+        return rss_bytes(self.process.pid) if self.alive() and self.process else None
+
+    async def stop(self) -> None:
+        async with self._lock:
+            self.state = "stopped"
+            await asyncio.to_thread(self._reap)
+
+    def kill_now(self) -> None:
+        """SIGKILL the worker's group without waiting (a forced shutdown; any thread)."""
+        if self.alive() and self.process is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+
+    def _reap(self) -> None:
+        """SIGTERM the group, SIGKILL it after STOP_TIMEOUT_S, and remove the socket's dir."""
+        process = self.process
+        if process is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=STOP_TIMEOUT_S)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)  # anything the worker left in its group
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)

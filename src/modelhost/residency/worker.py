@@ -1,0 +1,102 @@
+"""A worker process: one model, the inference routes, served on a private Unix socket.
+
+`python -m modelhost.residency.worker --socket PATH --model PATH --id ID --config JSON`
+loads the model, builds the same app an in-process model serves (`create_app` over its stage)
+and serves it with uvicorn on `PATH`. The parent made the socket's directory (0700); the socket
+itself is bound here under a 0177 umask and set to 0600 before anything listens. SIGTERM ends
+the server the way `modelhost serve` ends (in-flight requests get their shutdown timeout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import sys
+import threading
+import time
+from dataclasses import asdict
+from typing import Any
+
+from modelhost.server.app import ServeSettings
+
+SETTING_FIELDS = set(ServeSettings.__dataclass_fields__)
+
+
+def worker_config(settings: ServeSettings, *, batch: int, max_queue: int) -> str:
+    """The `--config` argument: the serving settings and the engine's shape, as JSON."""
+    return json.dumps({"settings": asdict(settings), "batch": batch, "max_queue": max_queue})
+
+
+def bind_private_socket(path: str) -> socket.socket:
+    """A listening Unix socket at `path` that only this user can connect to (0600)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    previous = os.umask(0o177)
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(previous)
+    os.chmod(path, 0o600)
+    sock.listen(128)
+    sock.set_inheritable(False)
+    return sock
+
+
+def exit_with_parent(socket_path: str, interval_s: float = 1.0) -> None:
+    """End this worker (and its socket's directory) when the serving process is gone."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval_s)
+        shutil.rmtree(os.path.dirname(socket_path), ignore_errors=True)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="modelhost-worker")
+    parser.add_argument("--socket", required=True)
+    parser.add_argument("--model", required=True, help="the model's file or directory")
+    parser.add_argument("--id", required=True, help="the registry's stable id")
+    parser.add_argument("--config", default="{}")
+    parser.add_argument("--log-level", default="warning")
+    args = parser.parse_args(argv)
+    exit_with_parent(args.socket)
+
+    import uvicorn
+
+    from modelhost.cli_serve import build_stage
+    from modelhost.models.loader import load_model
+    from modelhost.server.app import create_app
+    from modelhost.server.runner import Server
+
+    config: dict[str, Any] = json.loads(args.config)
+    raw = {k: v for k, v in config.get("settings", {}).items() if k in SETTING_FIELDS}
+    settings = ServeSettings(**{**raw, "owner": "worker"})
+    model = load_model(args.model)
+    model.id = args.id
+    stage = build_stage(
+        model,
+        settings,
+        batch=int(config.get("batch", 8)),
+        max_queue=int(config.get("max_queue", 64)),
+    )
+    app = create_app(stage, settings)
+    sock = bind_private_socket(args.socket)
+    uv_config = uvicorn.Config(
+        app,
+        log_level=args.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=5,
+        lifespan="on",
+    )
+    Server(uv_config, drain=app.state.drain).run(sockets=[sock])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,265 @@
+"""A unit whose model lives in a worker process; the parent proxies requests to its socket.
+
+The proxy streams the worker's response through unchanged (hop-by-hop headers stripped, an
+`x-modelhost-worker-pid` header added). A worker that cannot be reached answers 502
+`engine_unavailable` in the calling protocol's error shape; a stream that breaks after it opened
+ends with that protocol's own SSE error frame. The routing middleware holds the lease until the
+proxied body has ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from starlette.types import Receive, Scope, Send
+
+from modelhost.residency.supervisor import WorkerFailed, WorkerProcess
+from modelhost.residency.worker import worker_config
+from modelhost.server.anthropic_wire import anthropic_error_json, event
+from modelhost.server.http import wait_for_disconnect
+from modelhost.server.openai_wire import openai_error_json, sse
+from modelhost.server.responses_wire import responses_error_json
+
+if TYPE_CHECKING:
+    from modelhost.residency.registry import ModelEntry
+    from modelhost.server.app import ServeSettings
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+PID_HEADER = "x-modelhost-worker-pid"
+
+
+def unavailable_body(model_id: str, why: str) -> dict[str, Any]:
+    return {
+        "message": f"the worker for '{model_id}' is unavailable: {why}",
+        "type": "engine_unavailable",
+        "code": "engine_unavailable",
+    }
+
+
+def stream_error_frame(path: str, status: int, body: Mapping[str, Any]) -> str:
+    """The calling protocol's own SSE error frame."""
+    if path.startswith("/v1/messages"):
+        return event("error", {"error": anthropic_error_json(status, body)["error"]})
+    if path.startswith("/v1/responses"):
+        error = responses_error_json(status, body)["error"]
+        return event("error", {"type": "error", **error})
+    return sse(openai_error_json(status, body))
+
+
+class WorkerUnit:
+    resumed = False
+
+    def __init__(self, model_id: str, weights_bytes: int, worker: WorkerProcess) -> None:
+        self._model_id = model_id
+        self.weights_bytes = weights_bytes
+        self.worker = worker
+        self.load_ms = 0.0
+        self._measured: int | None = None
+        self._closed = False
+        self._client: httpx.AsyncClient | None = None
+        self._client_socket: str | None = None
+
+    @property
+    def model_id(self) -> str:
+        return self._model_id
+
+    @property
+    def pid(self) -> int | None:
+        return self.worker.pid
+
+    def measured_bytes(self) -> int | None:
+        """The worker's RSS at the last reading, never below the weights."""
+        if self._closed:
+            return None
+        rss = self.worker.rss_bytes()
+        if rss is not None:
+            self._measured = max(rss, self.weights_bytes)
+        return self._measured
+
+    async def refresh(self) -> None:
+        self.measured_bytes()
+
+    def broken(self) -> bool:
+        return self.worker.exhausted()
+
+    def pause(self) -> None:
+        return None
+
+    def resume(self) -> None:
+        return None
+
+    def interrupt(self) -> None:
+        self.worker.kill_now()
+
+    async def close(self) -> bool:
+        if not self._closed:
+            self._closed = True
+            if self._client is not None:
+                with contextlib.suppress(Exception):
+                    await self._client.aclose()
+            await self.worker.stop()
+        return True
+
+    def _http(self) -> httpx.AsyncClient:
+        socket_path = self.worker.socket_path
+        if self._client is None or self._client_socket != socket_path:
+            old, self._client = self._client, None
+            if old is not None:
+                asyncio.get_running_loop().create_task(old.aclose())
+            transport = httpx.AsyncHTTPTransport(uds=socket_path)
+            timeout = httpx.Timeout(connect=10.0, read=None, write=60.0, pool=60.0)
+            self._client = httpx.AsyncClient(
+                transport=transport, base_url="http://worker", timeout=timeout
+            )
+            self._client_socket = socket_path
+        return self._client
+
+    async def get_json(self, path: str) -> dict[str, Any] | None:
+        """A GET on the worker (its /stats), or None when it cannot be reached."""
+        if not await self.worker.ensure_alive():
+            return None
+        try:
+            response = await self._http().get(path, timeout=10.0)
+            value = response.json()
+        except (httpx.HTTPError, ValueError):
+            return None
+        return value if isinstance(value, dict) else None
+
+    async def proxy(
+        self,
+        scope: Scope,
+        body: bytes,
+        receive: Receive,
+        send: Send,
+        format_error: Callable[[int, Mapping[str, Any]], Any],
+    ) -> None:
+        path: str = scope["path"]
+
+        async def refuse(why: str) -> None:
+            response = format_error(502, unavailable_body(self.model_id, why))
+            with contextlib.suppress(OSError):
+                await response(scope, receive, send)
+
+        if not await self.worker.ensure_alive():
+            await refuse("it exited and cannot be restarted now")
+            return
+        headers = [
+            (k, v)
+            for k, v in scope.get("headers", [])
+            if k.decode("latin-1").lower() not in HOP_BY_HOP
+        ]
+        query = scope.get("query_string", b"").decode("latin-1")
+        url = path + (f"?{query}" if query else "")
+        for attempt in range(2):
+            client = self._http()
+            request = client.build_request(scope["method"], url, headers=headers, content=body)
+            try:
+                upstream = await client.send(request, stream=True)
+                break
+            except httpx.TransportError as exc:
+                # A worker that died since the last request: respawn it once and retry (the
+                # request never reached a live engine, so nothing ran twice).
+                died = await self.worker.wait_dead(2.0)
+                if attempt == 0 and died and await self.worker.ensure_alive():
+                    continue
+                await refuse(type(exc).__name__)
+                return
+        else:
+            return
+        try:
+            await self._relay(upstream, scope, receive, send)
+        finally:
+            await upstream.aclose()
+
+    async def _relay(
+        self, upstream: httpx.Response, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        out_headers = [
+            (k.lower(), v)
+            for k, v in upstream.headers.raw
+            if k.decode("latin-1").lower() not in HOP_BY_HOP
+        ]
+        out_headers.append((PID_HEADER.encode(), str(self.worker.pid).encode()))
+        is_stream = upstream.headers.get("content-type", "").startswith("text/event-stream")
+
+        async def write() -> None:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": upstream.status_code,
+                    "headers": out_headers,
+                }
+            )
+            try:
+                async for chunk in upstream.aiter_raw():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except httpx.TransportError:
+                if is_stream:
+                    why = "it stopped in the middle of the stream"
+                    frame = stream_error_frame(
+                        scope["path"], 502, unavailable_body(self.model_id, why)
+                    )
+                    await send(
+                        {"type": "http.response.body", "body": frame.encode(), "more_body": True}
+                    )
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+        writer = asyncio.create_task(write())
+        listener = asyncio.create_task(wait_for_disconnect(receive))
+        try:
+            await asyncio.wait({writer, listener}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (writer, listener):
+                task.cancel()
+            await asyncio.wait({writer, listener})
+        if writer.done() and not writer.cancelled() and writer.exception() is not None:
+            error = writer.exception()
+            if not isinstance(error, OSError):
+                raise error  # type: ignore[misc]
+
+
+def worker_loader(
+    settings: ServeSettings,
+    *,
+    batch: int = 8,
+    max_queue: int = 64,
+    log_level: str = "warning",
+    start_timeout_s: float = 120.0,
+) -> Callable[[ModelEntry], Awaitable[WorkerUnit]]:
+    """The host's `load`: spawn a worker for the entry and wait until it answers."""
+    config = worker_config(settings, batch=batch, max_queue=max_queue)
+
+    async def load(entry: ModelEntry) -> WorkerUnit:
+        started = time.perf_counter()
+        args = ["--model", str(entry.path), "--id", entry.id, "--config", config]
+        worker = WorkerProcess([*args, "--log-level", log_level], start_timeout_s=start_timeout_s)
+        try:
+            await worker.start()
+        except WorkerFailed as exc:
+            raise RuntimeError(str(exc)) from None
+        except BaseException:
+            await worker.stop()
+            raise
+        unit = WorkerUnit(entry.id, entry.weights_bytes, worker)
+        unit.load_ms = (time.perf_counter() - started) * 1000
+        return unit
+
+    return load
