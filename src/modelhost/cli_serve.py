@@ -10,7 +10,8 @@ import argparse
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from modelhost.inference.admission import BYTES_PER_GB, BudgetTooSmall
 from modelhost.inference.stage import InferenceStage
@@ -184,30 +185,12 @@ def run_serve(args: argparse.Namespace) -> int:
     except BudgetTooSmall as exc:
         print(f"modelhost serve: {exc}", file=sys.stderr)
         return 2
-    budget_gb = args.model_budget
-    host: ResidencyHost[InProcessUnit] = ResidencyHost(
-        budget_bytes=int(budget_gb * BYTES_PER_GB) if budget_gb else default_budget_bytes(),
-        source=registry.get,
-        load=in_process_loader(lambda path: loader.load_model(path), stage_for),
-        hold_s=args.hold,
-    )
-    router = ModelRouter(host, registry, current=startup.id)
 
-    async def adopt_startup_model() -> None:
+    async def adopt_startup_model(host: ResidencyHost[InProcessUnit]) -> None:
         host.adopt(startup, unit, load_ms=unit.load_ms)
 
-    app = create_routed_app(router, settings, adopt_startup_model)
-    budget_text = f"{host.budget_bytes / BYTES_PER_GB:.1f} GB model budget"
-    print(f"modelhost: serving {startup.id} on http://{args.host}:{args.port}/v1 ({budget_text})",
-          file=sys.stderr)  # fmt: skip
-    serve(
-        app,
-        host=args.host,
-        port=args.port,
-        shutdown_timeout_s=args.shutdown_timeout,
-        log_level=args.log_level,
-    )
-    return 0
+    load = in_process_loader(lambda path: loader.load_model(path), stage_for)
+    return _serve_routed(args, settings, registry, startup, load, adopt_startup_model, "")
 
 
 def _run_workers(
@@ -216,23 +199,38 @@ def _run_workers(
     """`--workers`: every resident model in its own process; the startup model loads first."""
     from modelhost.residency.worker_unit import WorkerUnit, worker_loader
 
-    budget_gb = args.model_budget
-    host: ResidencyHost[WorkerUnit] = ResidencyHost(
-        budget_bytes=int(budget_gb * BYTES_PER_GB) if budget_gb else default_budget_bytes(),
-        source=registry.get,
-        load=worker_loader(
-            settings, batch=args.batch, max_queue=args.max_queue, log_level=args.log_level
-        ),
-        hold_s=args.hold,
-    )
-    router = ModelRouter(host, registry, current=startup.id)
-
-    async def load_startup_model() -> None:
+    async def load_startup_model(host: ResidencyHost[WorkerUnit]) -> None:
         async with await host.acquire(startup.id):
             pass
 
-    app = create_routed_app(router, settings, load_startup_model)
-    budget_text = f"{host.budget_bytes / BYTES_PER_GB:.1f} GB model budget, worker processes"
+    load = worker_loader(
+        settings, batch=args.batch, max_queue=args.max_queue, log_level=args.log_level
+    )
+    return _serve_routed(
+        args, settings, registry, startup, load, load_startup_model, ", worker processes"
+    )
+
+
+def _serve_routed(
+    args: argparse.Namespace,
+    settings: ServeSettings,
+    registry: ModelRegistry,
+    startup: ModelEntry,
+    load: Any,
+    start: Callable[[ResidencyHost[Any]], Awaitable[None]],
+    mode: str,
+) -> int:
+    """Host, router and app over `load`; `start` brings the startup model in before listening."""
+    budget_gb = args.model_budget
+    host: ResidencyHost[Any] = ResidencyHost(
+        budget_bytes=int(budget_gb * BYTES_PER_GB) if budget_gb else default_budget_bytes(),
+        source=registry.get,
+        load=load,
+        hold_s=args.hold,
+    )
+    router = ModelRouter(host, registry, current=startup.id)
+    app = create_routed_app(router, settings, lambda: start(host))
+    budget_text = f"{host.budget_bytes / BYTES_PER_GB:.1f} GB model budget{mode}"
     print(f"modelhost: serving {startup.id} on http://{args.host}:{args.port}/v1 ({budget_text})",
           file=sys.stderr)  # fmt: skip
     serve(
