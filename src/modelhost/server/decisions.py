@@ -7,11 +7,13 @@ OpenAI's error shape, with `param` naming the field.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from modelhost.inference.decision_prompt import DecisionRequest
 from modelhost.inference.decisions import DecisionAnswer, DecisionResult, decide
 from modelhost.server.decisions_wire import parse_decisions, parse_systemone
 from modelhost.server.http import RequestLog, error_response, read_json_object, serving_stage
@@ -22,29 +24,34 @@ SYSTEMONE_ROUTE = "POST /v1/systemone"
 
 
 async def create_decision(request: Request) -> Response:
-    log = RequestLog(new_id("dec"), DECISIONS_ROUTE)
-    try:
-        body = await read_json_object(request)
-        decision = parse_decisions(body, log.request_id)
-        stage = serving_stage(request, body.get("model"))
-        result = await decide(stage, decision)
-    except Exception as exc:
-        return error_response(exc, log.request_id, openai_error, log)
-    log.finish(200)
-    return JSONResponse(decisions_json(log.request_id, stage.model_id, result))
+    return await _answer(request, new_id("dec"), DECISIONS_ROUTE, parse_decisions, decisions_json)
 
 
 async def create_systemone(request: Request) -> Response:
-    log = RequestLog(new_id("sys1"), SYSTEMONE_ROUTE)
+    def render(request_id: str, model: str, result: DecisionResult) -> dict[str, Any]:
+        return systemone_json(model, result)
+
+    return await _answer(request, new_id("sys1"), SYSTEMONE_ROUTE, parse_systemone, render)
+
+
+async def _answer(
+    request: Request,
+    request_id: str,
+    route: str,
+    parse: Callable[[dict[str, Any], str], DecisionRequest],
+    render: Callable[[str, str, DecisionResult], dict[str, Any]],
+) -> Response:
+    """One wire shape in, one out; parsing, routing, running and errors are shared."""
+    log = RequestLog(request_id, route)
     try:
         body = await read_json_object(request)
-        decision = parse_systemone(body, log.request_id)
+        decision = parse(body, log.request_id)
         stage = serving_stage(request, body.get("model"))
         result = await decide(stage, decision)
     except Exception as exc:
         return error_response(exc, log.request_id, openai_error, log)
     log.finish(200)
-    return JSONResponse(systemone_json(stage.model_id, result))
+    return JSONResponse(render(log.request_id, stage.model_id, result))
 
 
 def decisions_json(request_id: str, model: str, result: DecisionResult) -> dict[str, Any]:
