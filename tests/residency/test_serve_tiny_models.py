@@ -6,14 +6,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
 from routed_world import LiveServer
-from tiny_models import make_tiny_checkpoint
 
 from modelhost.cli_serve import build_stage
 from modelhost.models.loader import load_model
@@ -25,14 +23,6 @@ from modelhost.server.app import ServeSettings, create_routed_app
 
 pytestmark = pytest.mark.slow
 SHAPE = ServingShape(batch=2)
-
-
-@pytest.fixture(scope="module")
-def models_dir(smollm2, tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("models")
-    make_tiny_checkpoint(root / "tiny-a", "llama", smollm2)
-    make_tiny_checkpoint(root / "tiny-b", "qwen2", smollm2)
-    return root
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ from typing import Any
 import httpx
 import pytest
 from routed_world import LiveServer
-from tiny_models import make_tiny_checkpoint
 
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.registry import ModelRegistry, ServingShape
@@ -25,14 +24,6 @@ from modelhost.server.app import ServeSettings, create_routed_app
 pytestmark = pytest.mark.slow
 SHAPE = ServingShape(batch=2)
 WAIT_S = 60.0
-
-
-@pytest.fixture(scope="module")
-def models_dir(smollm2, tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("models")
-    make_tiny_checkpoint(root / "tiny-a", "llama", smollm2)
-    make_tiny_checkpoint(root / "tiny-b", "qwen2", smollm2)
-    return root
 
 
 @pytest.fixture
