@@ -61,8 +61,7 @@ async def create_message(request: Request) -> Response:
     meta = {"id": log.request_id, "model": stage.model_id}
     if inference.stream:
         protocol = MessageStream(meta, admitted.prompt_tokens)
-        heartbeat_s: float = request.app.state.settings.heartbeat_s
-        return respond_stream(admitted, protocol, log, heartbeat_s=heartbeat_s, heartbeat=wire.PING)
+        return respond_stream(request, admitted, protocol, log, heartbeat=wire.PING)
     return await respond_json(
         request, admitted, lambda result: message_json(meta, result), wire.anthropic_error, log
     )

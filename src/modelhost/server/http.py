@@ -219,15 +219,17 @@ class StreamProtocol(Protocol):
 
 
 def respond_stream(
+    request: Request,
     admitted: AdmittedRequest,
     protocol: StreamProtocol,
     log: RequestLog,
     *,
-    heartbeat_s: float,
     heartbeat: str = HEARTBEAT,
 ) -> EventStreamResponse:
-    """Stream `protocol`'s frames for `admitted`; `heartbeat` is the surface's keep-alive frame
-    (a comment by default; Anthropic clients expect a `ping` event)."""
+    """Stream `protocol`'s frames for `admitted`, with the server's heartbeat interval;
+    `heartbeat` is the surface's keep-alive frame (a comment by default; Anthropic clients
+    expect a `ping` event)."""
+    heartbeat_s: float = request.app.state.settings.heartbeat_s
 
     async def frames() -> AsyncIterator[str]:
         try:

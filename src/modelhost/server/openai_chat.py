@@ -67,8 +67,7 @@ async def create_chat_completion(request: Request) -> Response:
     meta = {"id": log.request_id, "created": int(time.time()), "model": stage.model_id}
     if options.stream:
         protocol = ChatStream(meta, options.include_usage, admitted.want_logprobs)
-        heartbeat_s: float = request.app.state.settings.heartbeat_s
-        return respond_stream(admitted, protocol, log, heartbeat_s=heartbeat_s)
+        return respond_stream(request, admitted, protocol, log)
     return await respond_json(
         request, admitted, lambda result: chat_completion_json(meta, result), openai_error, log
     )

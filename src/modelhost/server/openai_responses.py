@@ -80,8 +80,7 @@ async def create_response(request: Request) -> Response:
         return error_response(exc, log.request_id, responses_error, log)
     log.admitted = admitted
     if turn.inference.stream:
-        heartbeat_s: float = request.app.state.settings.heartbeat_s
-        return respond_stream(admitted, ResponseStream(turn, store), log, heartbeat_s=heartbeat_s)
+        return respond_stream(request, admitted, ResponseStream(turn, store), log)
 
     def render(result: InferenceResult) -> dict[str, Any]:
         output = output_items(result)
