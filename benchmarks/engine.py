@@ -1,11 +1,14 @@
 """Engine throughput: prefill, single-stream decode and aggregate decode at 1/4/8/16 streams.
 
     .venv/bin/python benchmarks/engine.py [--models smollm2-135m-instruct gemma-3-270m]
-                                          [--threads N] [--decode-tokens 128] [--out FILE]
+                                          [--modes none auto] [--streams 1 4 8 16]
+                                          [--threads N] [--tokens 128] [--out FILE]
 
 Runs the engine directly (no HTTP), greedy, EOS ignored so every stream makes its full length.
-Prints a table and writes JSON (default benchmarks/results/engine-<time>.json). These machines
-are shared and noisy: compare ratios within one run, not figures across runs.
+Each `--modes` entry loads the model with that CPU linear mode (models/quant.py); with several,
+the table adds each mode's ratio to the first, measured in the same run. Prints a table and writes
+JSON (default benchmarks/results/engine-<time>.json). These machines are shared and noisy: compare
+ratios within one run, not figures across runs.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from modelhost.engine.engine import Engine, EngineConfig
 from modelhost.engine.sampling_params import SamplingParams
 from modelhost.models.loaded import LoadedModel
 from modelhost.models.loader import load_model
+from modelhost.models.quant import MODES
 
 FILLER = "The quick brown fox jumps over the lazy dog while the sun sets slowly in the west. "
 
@@ -60,7 +64,7 @@ async def measure(model: LoadedModel, args: argparse.Namespace) -> dict[str, flo
             "prefill_tok_s": statistics.median(prefill),
             "decode_tok_s": statistics.median(decode),
         }
-        for streams in (1, 4, 8, 16):
+        for streams in args.streams:
             prompts = [prompt_of(model, 16, 100 * streams + i) for i in range(streams)]
             started = time.perf_counter()
             await asyncio.gather(*(timed_stream(engine, p, args.tokens) for p in prompts))
@@ -75,25 +79,38 @@ async def measure(model: LoadedModel, args: argparse.Namespace) -> dict[str, flo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["smollm2-135m-instruct", "gemma-3-270m"])
+    parser.add_argument("--modes", nargs="+", default=[None], choices=MODES)
+    parser.add_argument("--streams", nargs="+", type=int, default=[1, 4, 8, 16])
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--tokens", type=int, default=128, help="generated tokens per stream")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    results = {}
+    results: dict[str, dict[str, float]] = {}
     for name in args.models:
-        model = load_model(name)
-        results[name] = {"load_s": model.load_seconds, **asyncio.run(measure(model, args))}
-        del model
+        for mode in args.modes:
+            model = load_model(name, quantize=mode)
+            key = name if mode is None else f"{name}:{mode}"
+            results[key] = {"load_s": model.load_seconds, **asyncio.run(measure(model, args))}
+            del model
     columns = ["load_s", "prefill_tok_s", "decode_tok_s"] + [
-        f"aggregate_{n}_tok_s" for n in (1, 4, 8, 16)
+        f"aggregate_{n}_tok_s" for n in args.streams
     ]
-    print(f"{'model':<24}" + "".join(f"{c.removesuffix('_tok_s'):>14}" for c in columns))
-    for name, row in results.items():
-        print(f"{name:<24}" + "".join(f"{row[c]:>14.1f}" for c in columns))
+    print(f"{'model':<30}" + "".join(f"{c.removesuffix('_tok_s'):>14}" for c in columns))
+    for key, row in results.items():
+        print(f"{key:<30}" + "".join(f"{row[c]:>14.1f}" for c in columns))
+        base = results[key.split(":")[0] + (f":{args.modes[0]}" if args.modes[0] else "")]
+        if row is not base:
+            ratios = "".join(f"{row[c] / base[c]:>13.2f}x" for c in columns)
+            print(f"{'  ratio to ' + str(args.modes[0]):<30}" + ratios)
     out = args.out or Path(__file__).parent / "results" / f"engine-{int(time.time())}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"threads": args.threads, "tokens": args.tokens, "torch": torch.__version__}
+    meta = {
+        "threads": args.threads,
+        "tokens": args.tokens,
+        "torch": torch.__version__,
+        "loadavg_end": os.getloadavg(),
+    }
     out.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     print(f"wrote {out}")
 

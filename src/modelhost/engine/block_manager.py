@@ -98,6 +98,8 @@ class BlockManager:
 
     def _match_prefix(self, seq: Sequence) -> list[_Block]:
         """Cached blocks covering the longest prefix of full blocks, never the last token."""
+        if seq.params.prompt_logprobs:
+            return []  # every prompt position's logits are wanted: compute them all
         bs = self.block_size
         hits: list[_Block] = []
         parent: BlockKey | None = None

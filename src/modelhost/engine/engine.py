@@ -34,10 +34,11 @@ from modelhost.engine.events import (
     QueueFull,
 )
 from modelhost.engine.output import RowOutput
+from modelhost.engine.prompt_logprobs import PromptScores, prompt_spans
 from modelhost.engine.runner import ModelRunner
 from modelhost.engine.sampler import SampledToken, sample
 from modelhost.engine.sampling_params import SamplingParams
-from modelhost.engine.scheduler import Scheduler, SchedulerConfig
+from modelhost.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from modelhost.engine.sequence import Sequence
 from modelhost.models.loaded import LoadedModel
 
@@ -137,6 +138,7 @@ class Engine:
         self._num_steps = 0
         self._closed = False
         self._live: dict[int, Sequence] = {}  # touched only by the engine thread
+        self._prompt_scores = PromptScores(model.tokenizer)  # engine thread only
         self._thread = threading.Thread(target=self._loop, name=f"engine-{model.id}", daemon=True)
         self._thread.start()
 
@@ -255,6 +257,7 @@ class Engine:
         sampling_rows = [row.seq for row in out.rows if row.samples]
         logits = self.runner.execute(out)
         self._num_steps += 1
+        logits = self._score_prompts(out, logits, len(sampling_rows))
         tokens = sample(logits, [_output(seq).sampling for seq in sampling_rows])
         sampled = {
             seq.seq_id: token.token_id for seq, token in zip(sampling_rows, tokens, strict=True)
@@ -263,9 +266,20 @@ class Engine:
         for seq, token in zip(sampling_rows, tokens, strict=True):
             self._emit(seq, token)
 
+    def _score_prompts(
+        self, out: SchedulerOutput, logits: torch.Tensor, num_sampling: int
+    ) -> torch.Tensor:
+        """Record prompt logprobs from the logits past the sampling rows'; the rest."""
+        if logits.shape[0] > num_sampling:
+            self._prompt_scores.add(prompt_spans(out.rows), logits[num_sampling:])
+            logits = logits[:num_sampling]
+        return logits
+
     def _emit(self, seq: Sequence, token: SampledToken) -> None:
         output = _output(seq)
         event, matched = output.event_for(seq, token)
+        if seq.params.prompt_logprobs and seq.num_generated_tokens == 1:
+            event.prompt_logprobs = self._prompt_scores.pop(seq)
         if matched is not None:
             self.scheduler.finish(seq, "stop")
             self._finish(seq, event, "stop", matched)
@@ -283,6 +297,7 @@ class Engine:
         output = _output(seq)
         output.post(output.finish(event, seq, reason, stop))
         self._live.pop(seq.seq_id, None)
+        self._prompt_scores.forget(seq.seq_id)
 
     def _fail_all(self, error: EngineError) -> None:
         with self._cond:  # rows submitted but not yet handed over fail too

@@ -74,6 +74,9 @@ class EngineEvent:
     finish_reason: FinishReason | None = None
     stop_string: str | None = None  # the stop string that matched, when finish_reason is "stop"
     usage: Usage | None = None
+    # With SamplingParams.prompt_logprobs, on the first token's event: one entry per prompt
+    # token, the first with a NaN logprob (nothing precedes it).
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(frozen=True, slots=True)

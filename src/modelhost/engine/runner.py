@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from modelhost.engine.block_manager import cdiv
+from modelhost.engine.prompt_logprobs import prompt_logits_index
 from modelhost.engine.scheduler import SchedulerOutput
 from modelhost.models.batch import ForwardBatch, KVCache
 from modelhost.models.loaded import LoadedModel
@@ -15,9 +16,11 @@ class ModelRunner:
         self.model = model
         self.block_size = block_size
         config = model.config
-        # One extra block, zeroed, backs every padded KV position: unwritten pool memory may
-        # hold NaNs, and a masked NaN still poisons SDPA's weighted sum (0 * NaN).
-        self.pad_slot = num_blocks * block_size
+        # One extra block, zeroed, pads every row's block table. Unwritten pool memory may hold
+        # NaNs, and a masked NaN still poisons SDPA's weighted sum (0 * NaN); attention gathers
+        # whole blocks, masked tails included, so each block is zeroed before its first use
+        # (stale values a freed block keeps are finite and masked).
+        self.pad_block = num_blocks
         self.kv = KVCache.allocate(
             num_layers=config.num_layers,
             num_slots=(num_blocks + 1) * block_size,
@@ -25,10 +28,17 @@ class ModelRunner:
             head_dim=config.head_dim,
             dtype=model.dtype,
             device=model.device,
+            block_size=block_size,
         )
-        for pool in (*self.kv.keys, *self.kv.values):
-            pool[self.pad_slot :].zero_()
+        self._zeroed: set[int] = set()
+        self._zero_blocks([self.pad_block])
         self.sliding_window = config.sliding_window
+
+    def _zero_blocks(self, blocks: list[int]) -> None:
+        index = torch.tensor(blocks, dtype=torch.long, device=self.model.device)
+        for layer in range(len(self.kv.pools)):
+            self.kv.blocks(layer).index_fill_(0, index, 0.0)
+        self._zeroed.update(blocks)
 
     def execute(self, out: SchedulerOutput) -> torch.Tensor:
         """Logits [S, vocab] for the rows that sample this step, in row order."""
@@ -45,10 +55,14 @@ class ModelRunner:
             input_ids.extend(row.seq.token_ids[row.start : row.start + row.num_tokens])
         max_q = max(counts)
         max_blocks = max(cdiv(s + n, block_size) for s, n in zip(starts, counts, strict=True))
-        tables = torch.zeros((len(rows), max_blocks), dtype=torch.long)
-        for index, row in enumerate(rows):
+        padded: list[list[int]] = []
+        for row in rows:
             table = row.seq.block_table[:max_blocks]
-            tables[index, : len(table)] = torch.tensor(table, dtype=torch.long)
+            padded.append(table + [self.pad_block] * (max_blocks - len(table)))
+        fresh = {block for table in padded for block in table} - self._zeroed
+        if fresh:
+            self._zero_blocks(sorted(fresh))
+        tables = torch.tensor(padded, dtype=torch.long)
 
         start_t = torch.tensor(starts, dtype=torch.long)
         count_t = torch.tensor(counts, dtype=torch.long)
@@ -65,12 +79,7 @@ class ModelRunner:
         query_index = torch.where(q_valid, offsets[:, None] + q_range[None, :], 0)
         output_index = row_of_token * max_q + within
 
-        slot_in_block = torch.arange(block_size)
-        kv_slots = (tables[:, :, None] * block_size + slot_in_block).reshape(len(rows), -1)
-        kv_pos = torch.arange(kv_slots.shape[1])
-        kv_slots = torch.where(
-            kv_pos[None, :] < (start_t + count_t)[:, None], kv_slots, self.pad_slot
-        )
+        kv_pos = torch.arange(max_blocks * block_size)
         # Padded queries point at position 0 so their softmax row is never empty (no NaNs).
         q_pos = torch.where(q_valid, start_t[:, None] + q_range[None, :], 0)
         distance = q_pos[:, :, None] - kv_pos[None, None, :]
@@ -84,6 +93,8 @@ class ModelRunner:
             for offset, count, row in zip(offsets.tolist(), counts, rows, strict=True)
             if row.samples
         ]
+        # Rows that want prompt logprobs get logits at their prompt positions too, after these.
+        sample_last += prompt_logits_index(rows)
         device = self.model.device
         return ForwardBatch(
             input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
@@ -91,8 +102,9 @@ class ModelRunner:
             slot_mapping=slot_mapping.to(device),
             query_index=query_index.to(device),
             output_index=output_index.to(device),
-            kv_slots=kv_slots.to(device),
+            kv_blocks=tables.to(device),
             attn_mask=attn_mask.to(device),
             sliding_mask=None if sliding_mask is None else sliding_mask.to(device),
             logits_index=torch.tensor(sample_last, dtype=torch.long, device=device),
+            dense=len(rows) == 1 or max_q == 1,
         )

@@ -32,6 +32,8 @@ class SamplingParams:
     logprobs: int | None = None  # None: off; N >= 0: chosen token's logprob plus N alternatives
     # Typed decisions read these ids' raw logprobs, in this order, instead of top alternatives.
     readout_token_ids: tuple[int, ...] = ()
+    # Score every prompt token too (perplexity, `echo`); `logprobs` alternatives for each.
+    prompt_logprobs: bool = False
     # Constrains every sampled token (greedy rows too); compiled for this model's vocabulary.
     grammar: CompiledGrammar | None = field(default=None, compare=False, repr=False)
 

@@ -1,8 +1,10 @@
 """The model's input for one engine step: a flat batch of mixed prefill and decode tokens.
 
 Everything the forward pass needs is here as tensors; the model keeps no per-step state.
-Attention reads the paged KV cache through `kv_slots`, one padded row per sequence, so a step
-costs one batched SDPA call per layer whatever the mix of rows.
+Attention reads the paged KV cache through `kv_blocks`, one padded row of block ids per
+sequence: each layer gathers whole blocks (keys and values together, one copy) into a dense
+[rows, context, ...] tensor, so a step costs one gather and one SDPA call per layer whatever the
+mix of rows.
 """
 
 from __future__ import annotations
@@ -19,18 +21,22 @@ class ForwardBatch:
     slot_mapping: torch.Tensor  # [T] flat KV slot where each token's key/value is written
     query_index: torch.Tensor  # [R, max_q] index into the T tokens for each row's queries (padded)
     output_index: torch.Tensor  # [T] position of each token in the flattened [R * max_q] grid
-    kv_slots: torch.Tensor  # [R, max_kv] flat KV slots of each row's context (padded)
+    kv_blocks: torch.Tensor  # [R, max_kv / block_size] KV blocks of each row (padded: zero block)
     attn_mask: torch.Tensor  # [R, 1, max_q, max_kv] bool: causal and in-range
     sliding_mask: torch.Tensor | None  # same, also inside the sliding window (Gemma 3)
     logits_index: torch.Tensor  # [S] tokens whose next-token logits are wanted
+    # The T tokens already form the [R, max_q] grid (one row, or one query per row): attention
+    # views them in place and skips `query_index` / `output_index`.
+    dense: bool = False
 
 
 @dataclass(slots=True)
 class KVCache:
-    """One preallocated pool per model: keys and values of every layer, addressed by slot."""
+    """One preallocated pool per layer, keys and values side by side, addressed by slot
+    (block * block_size + offset): [num_slots, 2, num_kv_heads, head_dim], index 0 the key."""
 
-    keys: list[torch.Tensor]  # per layer [num_slots, num_kv_heads, head_dim]
-    values: list[torch.Tensor]
+    pools: list[torch.Tensor]
+    block_size: int
 
     @classmethod
     def allocate(
@@ -42,9 +48,14 @@ class KVCache:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
+        block_size: int,
     ) -> KVCache:
         # torch.empty: pages are committed only as blocks are first written.
-        shape = (num_slots, num_kv_heads, head_dim)
-        keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        values = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        return cls(keys, values)
+        shape = (num_slots, 2, num_kv_heads, head_dim)
+        pools = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        return cls(pools, block_size)
+
+    def blocks(self, layer: int) -> torch.Tensor:
+        """Layer `layer`'s pool as [num_blocks, block_size * 2 * num_kv_heads * head_dim]."""
+        pool = self.pools[layer]
+        return pool.view(pool.shape[0] // self.block_size, -1)

@@ -21,7 +21,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        # torch.rms_norm, not F.rms_norm: the functional wrapper costs ~20 us a call on CPU.
+        if x.dtype != self.weight.dtype:
+            x = x.to(self.weight.dtype)  # a quantized linear's bf16 output
+        return torch.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
 class Rotary:
@@ -32,15 +35,20 @@ class Rotary:
         self.inv_freq = 1.0 / (theta**exponent) / scaling_factor
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """cos and a signed sin, [T, 1, head_dim] each: see `apply_rotary_`."""
         freqs = positions.to(torch.float32)[:, None] * self.inv_freq.to(positions.device)[None]
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [T, 1, head_dim]
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        cos = freqs.cos()
+        sin = freqs.sin()
+        cos = torch.cat((cos, cos), dim=-1)[:, None, :]
+        sin = torch.cat((-sin, sin), dim=-1)[:, None, :]
+        return cos.to(dtype), sin.to(dtype)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def apply_rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [T, heads, head_dim] in place: x * cos + rotate_half(x) * sin, where
+    rotate_half(x) = (-x2, x1) is roll(x, half) = (x2, x1) times the signed sin (-sin, sin)."""
+    rotated = x.roll(x.shape[-1] // 2, dims=-1).mul_(sin)
+    return x.mul_(cos).add_(rotated)
 
 
 class GatedMLP(nn.Module):
@@ -49,9 +57,14 @@ class GatedMLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_up_proj: nn.Module | None = None  # gate and up fused (models/quant.py)
+        self.intermediate = intermediate
         self.act = act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+            return self.down_proj(self.act(gate).mul_(up))
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -88,6 +101,10 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(num_heads * head_dim, hidden, bias=False)
         self.q_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
         self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
+        self.qkv_proj: nn.Module | None = None  # q, k and v fused (models/quant.py)
+        # q_norm and k_norm weights expanded per head, [num_heads + num_kv_heads, head_dim]:
+        # one norm call for q and k together (set by models/quant.py).
+        self.qk_norm_weight: torch.Tensor | None = None
 
     def forward(
         self,
@@ -97,27 +114,58 @@ class Attention(nn.Module):
         kv: KVCache,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
-        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
+        q_size = heads * head_dim
+        if self.qkv_proj is not None:
+            qkv = self.qkv_proj(x)
+        else:
+            qkv = torch.cat((self.q_proj(x), self.k_proj(x), self.v_proj(x)), dim=-1)
+        # The pool's dtype (a quantized linear returns bf16 on CPUs, where the pool is fp32);
+        # a fresh tensor either way: normed and rotated in place below.
+        qkv = qkv.to(kv.pools[self.layer].dtype)
+        qk = qkv[:, : q_size + kv_heads * head_dim].view(num_tokens, heads + kv_heads, head_dim)
         if self.q_norm is not None and self.k_norm is not None:
-            q = self.q_norm(q)
-            k = self.k_norm(k)
-        cos, sin = rope
-        q = apply_rotary(q, cos, sin)
-        k = apply_rotary(k, cos, sin)
+            weight = self.qk_norm_weight
+            if weight is None:
+                weight = self.expanded_qk_norm_weight()
+            torch.mul(torch.rms_norm(qk, (head_dim,), None, self.q_norm.eps), weight, out=qk)
+        apply_rotary_(qk, *rope)
 
-        key_pool, value_pool = kv.keys[self.layer], kv.values[self.layer]
-        key_pool.index_copy_(0, batch.slot_mapping, k)
-        value_pool.index_copy_(0, batch.slot_mapping, v)
-
+        # Rotated keys and the values sit side by side in qkv: one write into the pool.
+        new_kv = qkv[:, q_size:].view(num_tokens, 2, kv_heads, head_dim)
+        kv.pools[self.layer].index_copy_(0, batch.slot_mapping, new_kv)
         rows, max_q = batch.query_index.shape
-        queries = q[batch.query_index].transpose(1, 2)  # [R, H, max_q, D]
-        keys = key_pool[batch.kv_slots].transpose(1, 2)  # [R, Hkv, max_kv, D]
-        values = value_pool[batch.kv_slots].transpose(1, 2)
+        context = kv.blocks(self.layer).index_select(0, batch.kv_blocks.view(-1))
+        context = context.view(rows, -1, 2, kv_heads, head_dim)
+        keys = context[:, :, 0].transpose(1, 2)  # [R, Hkv, max_kv, D]
+        values = context[:, :, 1].transpose(1, 2)
         mask = batch.sliding_mask if self.sliding else batch.attn_mask
+
+        q = qkv[:, :q_size]
+        if batch.dense and max_q == 1:
+            # One query per row: the query heads of a KV head share its keys, so grouped
+            # attention is plain SDPA over [R, Hkv, group, D] (no repeated keys and values).
+            queries = q.view(rows, kv_heads, heads // kv_heads, head_dim)
+            out = F.scaled_dot_product_attention(
+                queries, keys, values, attn_mask=mask, scale=self.scale
+            )
+            return self.o_proj(out.reshape(rows, q_size))
+        if batch.dense:
+            queries = q.view(rows, max_q, heads, head_dim).transpose(1, 2)
+        else:
+            queries = q.view(num_tokens, heads, head_dim)[batch.query_index].transpose(1, 2)
         out = F.scaled_dot_product_attention(
             queries, keys, values, attn_mask=mask, scale=self.scale, enable_gqa=True
         )
-        out = out.transpose(1, 2).reshape(rows * max_q, self.num_heads * self.head_dim)
-        return self.o_proj(out[batch.output_index])
+        out = out.transpose(1, 2).reshape(rows * max_q, q_size)
+        return self.o_proj(out if batch.dense else out[batch.output_index])
+
+    def expanded_qk_norm_weight(self) -> torch.Tensor:
+        assert self.q_norm is not None and self.k_norm is not None
+        head_dim = self.head_dim
+        return torch.cat(
+            (
+                self.q_norm.weight.expand(self.num_heads, head_dim),
+                self.k_norm.weight.expand(self.num_kv_heads, head_dim),
+            )
+        )

@@ -7,10 +7,12 @@ Slow derivations (GGUF tokenizer conversion, dequantization) are done once and c
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -30,12 +32,15 @@ from modelhost.models.llama import build_llama
 from modelhost.models.load_gguf import GGUFFile
 from modelhost.models.load_safetensors import config_from_hf, read_json, state_dict_from_dir
 from modelhost.models.loaded import LoadedModel
+from modelhost.models.quant import prepare_for_inference
 from modelhost.paths import modelhost_home
 from modelhost.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
 _GEN_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty")
+# CPU linears: see models/quant.py and benchmarks/README.md for the measured choice.
+DEFAULT_QUANTIZE = "auto"
 
 
 class ModelNotFound(LookupError):
@@ -70,7 +75,20 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def load_model(name: str | None = None, *, device: torch.device | None = None) -> LoadedModel:
+def default_quantize() -> str:
+    """`MODELHOST_QUANTIZE` (none, int8, auto, int4; see models/quant.py), else the default."""
+    return os.environ.get("MODELHOST_QUANTIZE") or DEFAULT_QUANTIZE
+
+
+def load_model(
+    name: str | None = None,
+    *,
+    device: torch.device | None = None,
+    quantize: str | None = None,
+    prepare: bool = True,
+) -> LoadedModel:
+    """`quantize` applies on CPUs only (weight-only int8/int4 linears, models/quant.py);
+    `prepare=False` keeps the checkpoint's own modules (what a converter writes out)."""
     started = time.perf_counter()
     source = resolve(name)
     device = device or default_device()
@@ -80,6 +98,9 @@ def load_model(name: str | None = None, *, device: torch.device | None = None) -
         model = _load_gguf(source, device, dtype)
     else:
         model = _load_hf_dir(source, device, dtype)
+    if prepare and device.type == "cpu":
+        prepare_for_inference(model.network, quantize or default_quantize())
+        model.weights_bytes = _weights_bytes(model.network)
     model.load_seconds = time.perf_counter() - started
     log.info("loaded %s in %.2f s", source.id, model.load_seconds)
     return model
@@ -94,8 +115,27 @@ def _cache_dir(path: Path) -> Path:
 def _load_gguf(source: ModelSource, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     cache = _cache_dir(source.path)
     meta = read_json(cache / "meta.json")
-    if not meta:
+    if meta:
+        return _load_converted(source, cache, meta, device, dtype)
+    try:
         meta = _convert_gguf(source.path, cache)  # cold: minutes of parsing, done once
+    except OSError as exc:  # MODELHOST_HOME is read-only or full: convert for this load only
+        log.warning("cannot write %s (%s); converting %s into a temporary folder", cache, exc,
+                    source.path)  # fmt: skip
+        with tempfile.TemporaryDirectory(prefix="modelhost-gguf-") as scratch:
+            converted = Path(scratch) / cache.name
+            meta = _convert_gguf(source.path, converted)
+            return _load_converted(source, converted, meta, device, dtype)
+    return _load_converted(source, cache, meta, device, dtype)
+
+
+def _load_converted(
+    source: ModelSource,
+    cache: Path,
+    meta: dict[str, Any],
+    device: torch.device,
+    dtype: torch.dtype,
+) -> LoadedModel:
     config = ModelConfig(**meta["config"])
     family = family_for(meta["architecture"])
     state = load_file(str(cache / "weights.safetensors")).items()
@@ -282,7 +322,7 @@ def _gen_defaults(generation: dict[str, Any]) -> dict[str, float]:
 def _weights_bytes(network: torch.nn.Module) -> int:
     seen: set[int] = set()
     total = 0
-    for param in network.parameters():
+    for param in itertools.chain(network.parameters(), network.buffers()):
         if id(param) not in seen:
             seen.add(id(param))
             total += param.numel() * param.element_size()

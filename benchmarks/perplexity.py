@@ -1,0 +1,172 @@
+"""Quality of the CPU linear modes (models/quant.py): perplexity and greedy agreement.
+
+    .venv/bin/python benchmarks/perplexity.py [--models ...] [--modes none int8 auto int4]
+
+For each model and mode: perplexity of a fixed public-domain text (one prefill through the
+model's own forward and paged cache), and greedy continuations of the engine's correctness
+prompts compared token by token with mode `none` (fp32, the reference maths). Prints a table
+and writes JSON (default benchmarks/results/perplexity-<time>.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from modelhost.engine.engine import Engine, EngineConfig
+from modelhost.engine.sampling_params import SamplingParams
+from modelhost.engine.scheduler import ScheduledRow, SchedulerOutput
+from modelhost.engine.sequence import Sequence
+from modelhost.models.loaded import LoadedModel
+from modelhost.models.loader import load_model
+from modelhost.models.quant import MODES, describe
+
+TEXT = """\
+It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of
+foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the season of
+Light, it was the season of Darkness, it was the spring of hope, it was the winter of despair, we
+had everything before us, we had nothing before us, we were all going direct to Heaven, we were all
+going direct the other way - in short, the period was so far like the present period, that some of
+its noisiest authorities insisted on its being received, for good or for evil, in the superlative
+degree of comparison only.
+
+Four score and seven years ago our fathers brought forth on this continent, a new nation,
+conceived in Liberty, and dedicated to the proposition that all men are created equal. Now we are
+engaged in a great civil war, testing whether that nation, or any nation so conceived and so
+dedicated, can long endure. We are met on a great battle-field of that war. We have come to
+dedicate a portion of that field, as a final resting place for those who here gave their lives
+that that nation might live. It is altogether fitting and proper that we should do this.
+
+When in the Course of human events, it becomes necessary for one people to dissolve the political
+bands which have connected them with another, and to assume among the powers of the earth, the
+separate and equal station to which the Laws of Nature and of Nature's God entitle them, a decent
+respect to the opinions of mankind requires that they should declare the causes which impel them
+to the separation.
+
+Call me Ishmael. Some years ago - never mind how long precisely - having little or no money in my
+purse, and nothing particular to interest me on shore, I thought I would sail about a little and
+see the watery part of the world. It is a way I have of driving off the spleen, and regulating the
+circulation. Whenever I find myself growing grim about the mouth; whenever it is a damp, drizzly
+November in my soul; whenever I find myself involuntarily pausing before coffin warehouses, and
+bringing up the rear of every funeral I meet; then, I account it high time to get to sea as soon
+as I can.
+
+Photosynthesis is the process by which green plants and some other organisms use sunlight to
+synthesize foods from carbon dioxide and water. Photosynthesis in plants generally involves the
+green pigment chlorophyll and generates oxygen as a byproduct. The light reactions capture energy
+from sunlight, which the plant stores in the chemical bonds of glucose and other sugars.
+"""
+
+PROMPTS = [
+    "The capital of France is",
+    "Once upon a time, in a small village,",
+    "def fibonacci(n):",
+    "The three primary colors are",
+    "Water boils at a temperature of",
+    "My favourite book is",
+    "In 1969, the first humans",
+    "A good breakfast includes",
+    "The history of the Roman Empire begins",
+]
+
+
+def prompt_logits(model: LoadedModel, ids: list[int]) -> torch.Tensor:
+    engine = Engine(model, EngineConfig(batch=1, max_num_batched_tokens=len(ids)))
+    try:
+        seq = Sequence.from_prompt(0, ids, SamplingParams())
+        engine.block_manager.append_slots(seq, len(ids))
+        batch = engine.runner.build_batch(
+            SchedulerOutput(rows=[ScheduledRow(seq, 0, len(ids), True)])
+        )
+        batch.logits_index = torch.arange(len(ids))
+        return model.network(batch, engine.runner.kv)
+    finally:
+        engine.close()
+
+
+def perplexity(model: LoadedModel) -> tuple[float, int]:
+    ids = model.tokenizer.encode(TEXT)
+    logits = prompt_logits(model, ids)
+    nll = torch.nn.functional.cross_entropy(logits[:-1].float(), torch.tensor(ids[1:]))
+    return math.exp(nll.item()), len(ids)
+
+
+def greedy(model: LoadedModel, num_tokens: int) -> list[list[int]]:
+    async def run() -> list[list[int]]:
+        engine = Engine(model, EngineConfig(batch=8))
+        params = SamplingParams(temperature=0, max_tokens=num_tokens, ignore_eos=True)
+        try:
+            out = []
+            for prompt in PROMPTS:  # one at a time: no batch effects in the comparison
+                ids = model.tokenizer.encode(prompt)
+                events = [event async for event in engine.submit(ids, params)]
+                out.append([t for event in events for t in event.token_ids])
+            return out
+        finally:
+            engine.close()
+
+    return asyncio.run(run())
+
+
+def agreement(ours: list[list[int]], reference: list[list[int]]) -> tuple[int, float]:
+    """Prompts whose continuation is identical, and the mean tokens before the first difference."""
+    same = sum(a == b for a, b in zip(ours, reference, strict=True))
+    prefix = []
+    for a, b in zip(ours, reference, strict=True):
+        n = next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
+        prefix.append(n)
+    return same, sum(prefix) / len(prefix)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["smollm2-135m-instruct", "gemma-3-270m"])
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--tokens", type=int, default=32, help="greedy tokens per prompt")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    results: dict[str, dict[str, dict]] = {}
+    for name in args.models:
+        reference = None
+        for mode in ["none"] + [m for m in args.modes if m != "none"]:
+            model = load_model(name, quantize=mode)
+            ppl, num_tokens = perplexity(model)
+            continuations = greedy(model, args.tokens)
+            if reference is None:
+                reference = continuations
+            same, prefix = agreement(continuations, reference)
+            results.setdefault(name, {})[mode] = {
+                "perplexity": ppl,
+                "text_tokens": num_tokens,
+                "greedy_identical": same,
+                "greedy_prompts": len(PROMPTS),
+                "mean_tokens_before_divergence": prefix,
+                "weights_mb": model.weights_bytes / 1e6,
+                "linears": describe(model.network),
+            }
+            del model
+    print(f"{'model':<24}{'mode':>6}{'ppl':>10}{'greedy same':>13}{'agree tok':>11}{'MB':>9}")
+    for name, modes in results.items():
+        for mode, row in modes.items():
+            print(
+                f"{name:<24}{mode:>6}{row['perplexity']:>10.3f}"
+                f"{row['greedy_identical']:>9}/{row['greedy_prompts']:<3}"
+                f"{row['mean_tokens_before_divergence']:>11.1f}{row['weights_mb']:>9.0f}"
+            )
+    out = args.out or Path(__file__).parent / "results" / f"perplexity-{int(time.time())}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"tokens": args.tokens, "threads": args.threads, "torch": torch.__version__}
+    out.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

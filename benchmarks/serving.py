@@ -1,0 +1,145 @@
+"""What serving adds on top of the engine: HTTP + SSE overhead, and the prefix cache on turn two.
+
+    .venv/bin/python benchmarks/serving.py [--model smollm2-135m-instruct] [--tokens 128]
+                                           [--prefix-tokens 500] [--repeats 3] [--out FILE]
+
+One process, one model, one engine: the same greedy stream (EOS ignored) is decoded straight
+from the engine and through a real HTTP server on 127.0.0.1 (the OpenAI chat route, streamed,
+read by httpx), alternately, so both see the same machine. The overhead is the HTTP stream's
+time per token over the engine's. Then a conversation with a `--prefix-tokens` system prompt:
+the second turn's time to first token against the first's (its prefix comes from the KV cache).
+Prints a table and writes JSON (default benchmarks/results/serving-<time>.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import statistics
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from modelhost.cli_serve import build_serving
+from modelhost.engine.sampling_params import SamplingParams
+from modelhost.inference.contracts import ChatPrompt, InferenceRequest
+from modelhost.inference.prompt import prompt_ids_for
+from modelhost.models.loader import load_model
+from modelhost.server.app import ServeSettings
+from modelhost.server.runner import server_for
+
+CONTENT = re.compile(r'"content":"[^"]')  # a chunk that carries text (not the opening role)
+FILLER = "The quick brown fox jumps over the lazy dog while the sun sets slowly in the west. "
+
+
+def chat_body(messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
+    return {
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
+
+
+async def engine_stream(app: Any, messages: list[dict[str, str]], tokens: int) -> float:
+    """Seconds per token after the first, decoding straight from the engine."""
+    stage = app.state.stage
+    request = InferenceRequest("bench", "chat", ChatPrompt(tuple(messages)))
+    prompt = prompt_ids_for(stage.model, request)
+    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+    stamps = []
+    async for event in stage.engine.submit(prompt, params):
+        if event.token_ids:
+            stamps.append(time.perf_counter())
+    return (stamps[-1] - stamps[0]) / max(len(stamps) - 1, 1)
+
+
+def http_stream(url: str, messages: list[dict[str, str]], tokens: int) -> tuple[float, float]:
+    """(seconds to the first token, seconds per token after it) through HTTP + SSE."""
+    started = time.perf_counter()
+    stamps = []
+    with (
+        httpx.Client(timeout=600) as client,
+        client.stream(
+            "POST", f"{url}/v1/chat/completions", json=chat_body(messages, tokens)
+        ) as response,
+    ):
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if line.startswith("data: {") and CONTENT.search(line):
+                stamps.append(time.perf_counter())
+    per_token = (stamps[-1] - stamps[0]) / max(len(stamps) - 1, 1)
+    return stamps[0] - started, per_token
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--prefix-tokens", type=int, default=500)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--port", type=int, default=18931)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+
+    model = load_model(args.model)
+    app = build_serving(model, ServeSettings(), batch=8)
+    server = server_for(app, host="127.0.0.1", port=args.port, log_level="warning")
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    url = f"http://127.0.0.1:{args.port}"
+    try:
+        hello = [{"role": "user", "content": "Tell me a long story."}]
+        http_stream(url, hello, 8)  # warm-up
+        direct, served = [], []
+        for _ in range(args.repeats):
+            served.append(http_stream(url, hello, args.tokens)[1])
+            direct.append(asyncio.run(engine_stream(app, hello, args.tokens)))
+        overhead = statistics.median(served) / statistics.median(direct) - 1
+
+        first_ttft, second_ttft = [], []
+        for _ in range(args.repeats):
+            system = f"{uuid.uuid4().hex} " + FILLER * (args.prefix_tokens // 18 + 1)
+            system = model.tokenizer.decode(model.tokenizer.encode(system)[: args.prefix_tokens])
+            turn1 = [{"role": "system", "content": system}, {"role": "user", "content": "Hi."}]
+            first_ttft.append(http_stream(url, turn1, 16)[0])
+            turn2 = [*turn1, {"role": "assistant", "content": "Hello!"}]
+            turn2.append({"role": "user", "content": "And then?"})
+            second_ttft.append(http_stream(url, turn2, 16)[0])
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+    result = {
+        "model": args.model,
+        "tokens": args.tokens,
+        "engine_ms_per_token": statistics.median(direct) * 1000,
+        "http_ms_per_token": statistics.median(served) * 1000,
+        "http_overhead": overhead,
+        "prefix_tokens": args.prefix_tokens,
+        "turn1_ttft_ms": statistics.median(first_ttft) * 1000,
+        "turn2_ttft_ms": statistics.median(second_ttft) * 1000,
+    }
+    result["turn2_over_turn1"] = result["turn2_ttft_ms"] / result["turn1_ttft_ms"]
+    print(f"{'figure':<28} {'value':>10}")
+    for key in ("engine_ms_per_token", "http_ms_per_token", "turn1_ttft_ms", "turn2_ttft_ms"):
+        print(f"{key:<28} {result[key]:>10.1f}")
+    print(f"{'http_overhead':<28} {result['http_overhead']:>10.1%}")
+    print(f"{'turn2_over_turn1':<28} {result['turn2_over_turn1']:>10.1%}")
+    out = Path(args.out or f"benchmarks/results/serving-{int(time.time())}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

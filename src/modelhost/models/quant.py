@@ -1,0 +1,287 @@
+"""Linears prepared for CPU inference: fused projections, weight-only int8 / int4 kernels.
+
+After loading, `prepare_for_inference` fuses each attention's q/k/v projections into one
+matmul and each MLP's gate/up into another, and swaps every linear (LM head included) for one
+of three implementations:
+
+- `DenseLinear`: fp32, the weight stored transposed ([in, out]). MKL's small-M sgemm reads a
+  row-major [out, in] weight much slower than its transpose (2-3x at 8 rows on these CPUs).
+- `Int8Linear`: per-output-channel symmetric int8 (`aten._weight_int8pack_mm`).
+- `Int4Linear`: asymmetric int4 in groups of 32 along the input
+  (`aten._weight_int4pack_mm_for_cpu`). GGUF's Q4_0/Q4_1/Q4_K tensors already hold at most
+  16 levels per 32 weights, so for those the int4 form reproduces the dequantized weights
+  exactly (up to bf16 scales); `exact_int4` finds each group's grid.
+
+Both quantized kernels are vectorised only for bf16 activations here (fp32 activations take a
+scalar path 20-100x slower), so a quantized linear rounds its input to bf16 and returns bf16;
+the residual stream, norms, attention and softmax stay fp32 (adds promote, norms convert). The
+quantized LM head is a `RefinedHead`: its best candidates are recomputed in fp32.
+
+Modes (`MODELHOST_QUANTIZE` or `load_model(quantize=...)`):
+  none   fp32 everywhere (bit-for-bit the reference maths; the parity tests use it)
+  int8   int8 for every linear and the LM head
+  auto   int4 where a weight already is 4-bit in groups of 32 (lossless), int8 elsewhere;
+         an int4 LM head whose best candidates are recomputed in fp32 (`RefinedHead`)
+  int4   int4 for every linear (lossy where the GGUF had more bits), refined int4 LM head
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+MODES = ("none", "int8", "auto", "int4")
+GROUP = 32
+_BF16 = torch.bfloat16
+
+
+# From this many rows (prefill chunks) MKL's fp32 sgemm beats both quantized kernels, which are
+# tuned for a few rows (SmolLM2 prefill: 342 tok/s fp32 against 177 int4). With PREFILL_FP32 the
+# quantized linears keep their dequantized weight in fp32, transposed, for those steps (memory
+# traded for prefill speed). Off: a row's greedy output then depends on whether its prefill
+# shared a step with others (fp32 sgemm and the int4 kernel sum in different orders), which
+# tests/engine/test_engine.py forbids. Left for a batch-invariant follow-up.
+PREFILL_FP32 = False
+PREFILL_ROWS = 16
+
+
+def _prefill(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The quantized kernels' maths in fp32 sgemm: the dequantized weight, bf16 in and out, so a
+    row's result does not depend on how many rows share its step (greedy batch invariance)."""
+    y = torch.matmul(x.to(_BF16).float(), weight_t).to(_BF16)
+    return y if bias is None else y + bias
+
+
+class DenseLinear(nn.Module):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.register_buffer("weight_t", weight.t().contiguous())
+        self.register_buffer("bias", bias)
+        self.out_features = weight.shape[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.bias is None:
+            return torch.matmul(x, self.weight_t)
+        return torch.addmm(self.bias, x, self.weight_t)
+
+
+class Int8Linear(nn.Module):
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, *, prefill: bool = True
+    ) -> None:
+        super().__init__()
+        weight = weight.float()
+        scales = (weight.abs().amax(dim=1) / 127.0).clamp_(min=1e-12)
+        q = torch.round(weight / scales[:, None]).clamp_(-127, 127).to(torch.int8)
+        self.register_buffer("qweight", q)
+        self.register_buffer("scales", scales.to(_BF16))
+        self.register_buffer("bias", bias)
+        restored = q.float() * self.scales.float()[:, None]
+        prefill_weight_t = restored.t().contiguous() if prefill else None
+        self.register_buffer("prefill_weight_t", prefill_weight_t)
+        self.out_features = weight.shape[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.prefill_weight_t is not None and x.numel() >= PREFILL_ROWS * x.shape[-1]:
+            return _prefill(x, self.prefill_weight_t, self.bias)
+        shape = x.shape
+        x = x.reshape(-1, shape[-1]).to(_BF16)
+        y = torch.ops.aten._weight_int8pack_mm(x, self.qweight, self.scales)
+        y = y.view(*shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+
+class Int4Linear(nn.Module):
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        *,
+        search: bool = True,
+        prefill: bool = True,
+    ) -> None:
+        super().__init__()
+        q, scales, mins = quantize_int4(weight, search=search)
+        out_features, in_features = weight.shape
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.view(out_features, -1), 1)
+        # The kernel computes (q - 8) * scale + zero; store zero = min + 8 * scale.
+        zeros = mins + 8 * scales
+        scales_zeros = torch.stack((scales, zeros), dim=-1).transpose(0, 1).contiguous()
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales_zeros", scales_zeros.to(_BF16))  # [in / 32, out, 2]
+        self.register_buffer("bias", bias)
+        prefill_weight_t = None
+        if prefill:
+            scale, zero = self.scales_zeros.float().unbind(-1)  # [in / 32, out] each
+            restored = (q.float() - 8) * scale.t()[..., None] + zero.t()[..., None]
+            prefill_weight_t = restored.reshape(out_features, in_features).t().contiguous()
+        self.register_buffer("prefill_weight_t", prefill_weight_t)
+        self.out_features = out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.prefill_weight_t is not None and x.numel() >= PREFILL_ROWS * x.shape[-1]:
+            return _prefill(x, self.prefill_weight_t, self.bias)
+        shape = x.shape
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x.reshape(-1, shape[-1]).to(_BF16), self.packed, GROUP, self.scales_zeros
+        )
+        y = y.view(*shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+
+class RefinedHead(nn.Module):
+    """An LM head whose approximate logits (a quantized kernel, rounded to bf16: steps of 1/8
+    at logit 20) are recomputed exactly in fp32 for the `top` best tokens of each row.
+
+    Greedy picks, top-k/top-p cut-offs and logprobs of the likely tokens are then those of
+    the fp32 weight; the tail keeps the approximation. `weight` is the fp32 [vocab, hidden]
+    matrix, usually the (tied) embedding, so it costs no extra memory.
+    """
+
+    def __init__(self, approx: nn.Module, weight: torch.Tensor, top: int = 128) -> None:
+        super().__init__()
+        self.approx = approx
+        self.weight = weight  # shared with the embedding: a plain attribute, not a buffer
+        self.top = top
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.approx(x).float()
+        if x.shape[0] == 0:
+            return logits
+        index = logits.topk(self.top, dim=-1, sorted=False).indices  # [S, top]
+        rows = self.weight.index_select(0, index.view(-1)).view(*index.shape, -1)
+        exact = torch.bmm(rows, x.float().unsqueeze(-1)).squeeze(-1)
+        return logits.scatter_(1, index, exact)
+
+
+def _grouped(weight: torch.Tensor) -> torch.Tensor:
+    out_features, in_features = weight.shape
+    return weight.float().reshape(out_features, in_features // GROUP, GROUP)
+
+
+def quantize_int4(
+    weight: torch.Tensor, *, search: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q [out, in/32, 32] int32 in 0..15, scales and mins [out, in/32]: w ~ q * scale + min.
+
+    With `search`, each group's step is the finest d = (max - min) / j, j <= 15, that puts every
+    weight on the grid (GGUF's 4-bit groups; Q4_1 spans all 16 levels, so one pass settles
+    them); groups with no such d (more than 4 bits), and all groups without `search`, use
+    j = 15: a plain min/max quantization.
+    """
+    groups = _grouped(weight)
+    low = groups.amin(dim=-1)
+    span = groups.amax(dim=-1) - low
+    steps = span / 15
+    offsets = groups - low[..., None]
+    if search:
+        flat_offsets = offsets.view(-1, GROUP)
+        flat_span = span.view(-1)
+        flat_steps = steps.view(-1)  # written through: a view of `steps`
+        pending = torch.arange(flat_span.numel())
+        for levels in range(15, 0, -1):
+            step = flat_span[pending] / levels
+            safe = torch.where(step > 0, step, torch.ones_like(step))
+            ratio = flat_offsets[pending] / safe[:, None]
+            on_grid = ((ratio - ratio.round()).abs() < 1e-2).all(dim=-1)
+            flat_steps[pending[on_grid]] = step[on_grid]
+            pending = pending[~on_grid]
+            if pending.numel() == 0:
+                break
+    safe = torch.where(steps > 0, steps, torch.ones_like(steps))
+    q = torch.round(offsets / safe[..., None]).clamp_(0, 15).to(torch.int32)
+    return q, steps, low
+
+
+def exact_int4(weight: torch.Tensor, sample_rows: int | None = None) -> bool:
+    """Whether every group of 32 weights (of the first `sample_rows` rows, if given) sits on a
+    grid of at most 16 levels."""
+    if weight.shape[1] % GROUP:
+        return False
+    if sample_rows is not None:
+        weight = weight[:sample_rows]
+    q, steps, low = quantize_int4(weight)
+    restored = q.float() * steps[..., None] + low[..., None]
+    groups = _grouped(weight)
+    tolerance = 1e-3 * steps[..., None].clamp(min=1e-12)
+    return bool(((restored - groups).abs() <= tolerance + 1e-6 * groups.abs()).all())
+
+
+def make_linear(
+    weight: torch.Tensor, bias: torch.Tensor | None, kind: str, *, search: bool = True
+) -> nn.Module:
+    weight = weight.detach()
+    bias = None if bias is None else bias.detach().float().clone()
+    if kind == "int4" and weight.shape[1] % GROUP == 0 and weight.shape[0] % 16 == 0:
+        return Int4Linear(weight, bias, search=search, prefill=search and PREFILL_FP32)
+    if kind in ("int4", "int8"):
+        return Int8Linear(weight, bias, prefill=search and PREFILL_FP32)
+    return DenseLinear(weight.float(), bias)
+
+
+def _kind(weight: torch.Tensor, mode: str, *, head: bool) -> str:
+    if mode == "none":
+        return "fp32"
+    if mode == "int8":
+        return "int8"
+    if mode == "int4" or head:
+        # A RefinedHead recomputes the best candidates in fp32, so a coarse int4 pass (2-3x
+        # faster than int8 here) only has to rank them.
+        return "int4"
+    # auto: a sample of rows decides (a GGUF tensor has one quantization type throughout).
+    return "int4" if exact_int4(weight, sample_rows=64) else "int8"
+
+
+def _fused(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    weight = torch.cat([linear.weight.detach() for linear in linears])
+    if all(linear.bias is None for linear in linears):
+        return weight, None
+    biases = [
+        linear.bias.detach()
+        if linear.bias is not None
+        else torch.zeros(linear.out_features, dtype=weight.dtype)
+        for linear in linears
+    ]
+    return weight, torch.cat(biases)
+
+
+@torch.no_grad()
+def prepare_for_inference(network: nn.Module, mode: str) -> nn.Module:
+    """Fuse and swap the linears of a loaded CPU `DecoderLM` in place; returns it."""
+    if mode not in MODES:
+        raise ValueError(f"unknown quantization mode '{mode}' (one of {', '.join(MODES)})")
+    for layer in network.model.layers:
+        attn = layer.self_attn
+        weight, bias = _fused([attn.q_proj, attn.k_proj, attn.v_proj])
+        attn.qkv_proj = make_linear(weight, bias, _kind(weight, mode, head=False))
+        attn.q_proj = attn.k_proj = attn.v_proj = None
+        if attn.q_norm is not None and attn.k_norm is not None:
+            attn.qk_norm_weight = attn.expanded_qk_norm_weight().detach().float().contiguous()
+        attn.o_proj = _swap(attn.o_proj, mode)
+        mlp = layer.mlp
+        weight, _ = _fused([mlp.gate_proj, mlp.up_proj])
+        mlp.gate_up_proj = make_linear(weight, None, _kind(weight, mode, head=False))
+        mlp.gate_proj = mlp.up_proj = None
+        mlp.down_proj = _swap(mlp.down_proj, mode)
+    head = network.lm_head.weight.detach()
+    kind = _kind(head, mode, head=True)
+    # search=False: refined anyway, and no fp32 prefill copy (only sampled rows reach it).
+    network.lm_head = make_linear(head, None, kind, search=False)
+    if kind != "fp32":
+        network.lm_head = RefinedHead(network.lm_head, head.float())
+    return network
+
+
+def _swap(linear: nn.Linear, mode: str) -> nn.Module:
+    weight = linear.weight.detach()
+    return make_linear(weight, linear.bias, _kind(weight, mode, head=False))
+
+
+def describe(network: nn.Module) -> dict[str, int]:
+    """How many linears of each kind the network holds (for logs and benchmarks)."""
+    counts: dict[str, int] = {}
+    for module in network.modules():
+        name = type(module).__name__
+        if name in ("DenseLinear", "Int8Linear", "Int4Linear", "Linear"):
+            counts[name] = counts.get(name, 0) + 1
+    return counts
