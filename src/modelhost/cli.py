@@ -8,6 +8,8 @@ import os
 import sys
 import time
 
+from modelhost.cli_bench import add_bench_parser, run_bench_command
+from modelhost.cli_jobs import add_jobs_parser, run_jobs
 from modelhost.cli_ls import add_ls_parser, run_ls
 from modelhost.cli_serve import add_serve_parser, run_serve
 
@@ -18,6 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     serve = add_serve_parser(subparsers)
     generate = _add_generate_parser(subparsers)
     add_ls_parser(subparsers)
+    add_bench_parser(subparsers)
+    add_jobs_parser(subparsers)
     for sub in (serve, generate):
         sub.add_argument(
             "--threads",
@@ -28,6 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "ls":
         return run_ls(args)
+    if args.command == "bench":
+        return run_bench_command(args)
+    if args.command == "jobs":
+        return run_jobs(args)
     _set_threads(args.threads)
     if args.command == "serve":
         return run_serve(args)
