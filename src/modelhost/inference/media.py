@@ -6,13 +6,18 @@ the surface's own error shape, before anything is scheduled. The checks run in t
 video combined with audio, video, audio, images. Files and documents have no tower to ask for;
 they stay the placement refusal (501 `media-batch-unsupported`), as does media on a model whose
 tower the engine cannot run yet.
+
+Inline media is capped by size too (`check_media_sizes`, run on every parsed JSON body): an
+image or audio part over its cap is a 400 in the surface's shape, as OpenAI and Anthropic
+answer an oversized image.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
-from modelhost.inference.contracts import InvalidRequest
+from modelhost.inference.contracts import InvalidRequest, RequestError
 
 IMAGE_PARTS = frozenset({"image_url", "image", "input_image"})
 AUDIO_PARTS = frozenset({"input_audio", "audio", "audio_url"})
@@ -70,3 +75,63 @@ def check_media(
         raise InvalidRequest(no_audio_tower(model_id), param=param)
     if "image" in kinds and not vision:
         raise InvalidRequest(NO_VISION, param=param)
+
+
+# ---------------------------------------------------------------------------------------------
+# Size caps
+
+MiB = 1024 * 1024
+DEFAULT_MAX_IMAGE_BYTES = 20 * MiB  # OpenAI's and most peers' per-image limit
+DEFAULT_MAX_AUDIO_BYTES = 25 * MiB  # OpenAI's audio upload limit
+
+
+def inline_media_bytes(part: Mapping[str, Any]) -> int:
+    """The decoded bytes a media part carries inline: base64 data URLs and base64 `data`
+    fields anywhere inside it (OpenAI's `image_url.url` and `input_audio.data`, Anthropic's
+    `source.data`, Responses' `image_url`). URLs to fetch and file ids count nothing."""
+    total = 0
+    pending: list[tuple[str, Any]] = [("", part)]
+    while pending:
+        key, value = pending.pop()
+        if isinstance(value, dict):
+            pending.extend(value.items())
+        elif isinstance(value, list):
+            pending.extend((key, item) for item in value)
+        elif isinstance(value, str):
+            if value.startswith("data:"):
+                header, _, payload = value.partition(",")
+                total += _base64_bytes(payload) if header.endswith(";base64") else len(payload)
+            elif key == "data":
+                total += _base64_bytes(value)
+    return total
+
+
+def _base64_bytes(text: str) -> int:
+    return len(text) * 3 // 4
+
+
+def check_media_sizes(body: Any, *, max_image_bytes: int, max_audio_bytes: int) -> None:
+    """Raise a 400 (`image_too_large`, `audio_too_large`) for an inline image or audio part
+    over its cap, wherever in `body` it sits; the message names both sizes."""
+    pending = [body]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, list):
+            pending.extend(item for item in value if isinstance(item, list | dict))
+            continue
+        if not isinstance(value, dict):
+            continue
+        kind = value.get("type")
+        if isinstance(kind, str) and (kind in IMAGE_PARTS or kind in AUDIO_PARTS):
+            what = "image" if kind in IMAGE_PARTS else "audio"
+            limit = max_image_bytes if what == "image" else max_audio_bytes
+            size = inline_media_bytes(value)
+            if size > limit:
+                message = (
+                    f"{what} content part is {size / MiB:.1f} MiB; "
+                    f"the limit is {limit / MiB:.1f} MiB"
+                )
+                error = {"type": "invalid_request_error", "code": f"{what}_too_large"}
+                raise RequestError(400, message, error)
+            continue
+        pending.extend(item for item in value.values() if isinstance(item, list | dict))

@@ -24,7 +24,14 @@ from modelhost.server import openai_fields as fields
 
 ROLES = ("user", "assistant", "system")
 PING = 'event: ping\ndata: {"type":"ping"}\n\n'
-_ERROR_TYPES = {404: "not_found_error", 429: "rate_limit_error", 503: "overloaded_error"}
+_ERROR_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
 
 
 def new_message_id() -> str:

@@ -1,0 +1,495 @@
+"""Observability: request ids, the one log line per request, and `GET /metrics` (Prometheus).
+
+`ObservedRequests` is the outermost layer of every app. It gives each request an id (the
+client's own `x-request-id` when it is sane, else a new one), carries it on the response's
+`x-request-id` header (errors and SSE streams included) and into the scope's headers (so a
+worker process that serves the request logs the same id), and counts the request by route and
+status when it ends. The protocol handlers' `RequestLog` finds the request's `RequestContext`
+(a context variable the layer sets) and reports tokens and timings to it; a request no handler
+logged (discovery, /health, refusals at the edge) gets its line from the layer itself.
+
+Each app owns a `Metrics` (its own `CollectorRegistry`: tests build many apps). Request figures
+are observed as requests end; what describes engines, residency and jobs is read when scraped:
+
+| metric                                        | kind      | labels                |
+| --------------------------------------------- | --------- | --------------------- |
+| modelhost_http_requests_total                 | counter   | method, route, status |
+| modelhost_time_to_first_token_seconds         | histogram | route                 |
+| modelhost_inter_token_latency_seconds         | histogram | route                 |
+| modelhost_e2e_request_latency_seconds         | histogram | route                 |
+| modelhost_request_queue_seconds               | histogram | route                 |
+| modelhost_prompt_tokens_total                 | counter   | route                 |
+| modelhost_generation_tokens_total             | counter   | route                 |
+| modelhost_running_rows, _waiting_rows         | gauge     | model                 |
+| modelhost_kv_blocks_used, _free               | gauge     | model                 |
+| modelhost_prefix_cache_hit_ratio              | gauge     | model                 |
+| modelhost_prefix_cache_{query,hit}_tokens     | counter   | model                 |
+| modelhost_resident_bytes, _residency_budget   | gauge     | model / -             |
+| modelhost_model_loads_total, _load_seconds    | counter / histogram | model       |
+| modelhost_model_load_failures_total           | counter   | model                 |
+| modelhost_model_evictions_total               | counter   | reason                |
+| modelhost_worker_restarts_total               | counter   | model                 |
+| modelhost_jobs                                | gauge     | state                 |
+
+The inter-token latency is each request's mean gap between tokens after the first; the queue
+time runs from arrival to the engine taking the row (waiting for a model to load included).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+)
+from prometheus_client import generate_latest as exposition
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+logger = logging.getLogger("modelhost.server")
+disable_created_metrics()  # no `_created` twin for every counter and histogram
+
+REQUEST_ID_HEADER = "x-request-id"
+_SANE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/+=@-]{0,127}")
+QUIET_PATHS = frozenset({"/health", "/metrics"})  # probes and scrapes log at DEBUG
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
+TOKEN_GAP_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5)
+LOAD_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+# ---------------------------------------------------------------------------------------------
+# The request context
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """One request as the edge sees it; the handler's RequestLog reports into it."""
+
+    request_id: str
+    method: str
+    path: str
+    arrived_at: float  # time.monotonic() when the request reached the app
+    metrics: Metrics | None
+    status: int | None = None  # what the request log decided (499: the client left mid-stream)
+    logged: bool = False
+
+
+_CURRENT: ContextVar[RequestContext | None] = ContextVar("modelhost_request", default=None)
+
+
+def current_request() -> RequestContext | None:
+    """The context of the request being served in this task (None outside the edge layer)."""
+    return _CURRENT.get()
+
+
+def request_id_from(scope: Scope) -> str:
+    """The client's `x-request-id` when it is sane (short, printable, no spaces), else a new id."""
+    for key, value in scope.get("headers", []):
+        if key.lower() == REQUEST_ID_HEADER.encode():
+            candidate = value.decode("latin-1")
+            if _SANE_ID.fullmatch(candidate):
+                return candidate
+            break
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutcome:
+    """What a protocol handler's request log knows when its request ends."""
+
+    route: str  # "POST /v1/chat/completions"
+    status: int
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    ttft_s: float | None
+    token_gap_s: float | None
+    queue_s: float | None
+    total_s: float
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics
+
+
+class Metrics:
+    """The app's Prometheus registry: request instruments, plus `ServingCollector` over `state`."""
+
+    def __init__(self, state: Any) -> None:
+        self.registry = registry = CollectorRegistry(auto_describe=False)
+        self.requests = Counter(
+            "modelhost_http_requests",
+            "HTTP requests by route template and final status (499: the client left)",
+            ["method", "route", "status"],
+            registry=registry,
+        )
+        self.ttft = Histogram(
+            "modelhost_time_to_first_token_seconds",
+            "Seconds from arrival to the first generated token",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.token_gap = Histogram(
+            "modelhost_inter_token_latency_seconds",
+            "Each request's mean seconds between generated tokens after the first",
+            ["route"],
+            buckets=TOKEN_GAP_BUCKETS,
+            registry=registry,
+        )
+        self.e2e = Histogram(
+            "modelhost_e2e_request_latency_seconds",
+            "Seconds from arrival to the end of the response, for inference requests",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.queue = Histogram(
+            "modelhost_request_queue_seconds",
+            "Seconds from arrival until the engine took the row (model load waits included)",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.prompt_tokens = Counter(
+            "modelhost_prompt_tokens", "Prompt tokens admitted", ["route"], registry=registry
+        )
+        self.generation_tokens = Counter(
+            "modelhost_generation_tokens", "Tokens generated", ["route"], registry=registry
+        )
+        self.model_loads = Counter(
+            "modelhost_model_loads", "Models loaded into residency", ["model"], registry=registry
+        )
+        self.model_load_failures = Counter(
+            "modelhost_model_load_failures", "Model loads that failed", ["model"], registry=registry
+        )
+        self.model_load_seconds = Histogram(
+            "modelhost_model_load_seconds",
+            "Seconds a model took to load",
+            buckets=LOAD_BUCKETS,
+            registry=registry,
+        )
+        self.model_evictions = Counter(
+            "modelhost_model_evictions",
+            "Models released from residency, by reason (evicted, requested, broken, closing)",
+            ["reason"],
+            registry=registry,
+        )
+        self.serving = ServingCollector(state)
+        registry.register(self.serving)
+
+    def render(self) -> bytes:
+        return exposition(self.registry)
+
+    def observe_request(self, outcome: RequestOutcome) -> None:
+        route = outcome.route.partition(" ")[2] or outcome.route
+        self.e2e.labels(route).observe(outcome.total_s)
+        if outcome.prompt_tokens is not None:
+            self.prompt_tokens.labels(route).inc(outcome.prompt_tokens)
+        if outcome.completion_tokens:
+            self.generation_tokens.labels(route).inc(outcome.completion_tokens)
+        if outcome.ttft_s is not None:
+            self.ttft.labels(route).observe(outcome.ttft_s)
+        if outcome.token_gap_s is not None:
+            self.token_gap.labels(route).observe(outcome.token_gap_s)
+        if outcome.queue_s is not None:
+            self.queue.labels(route).observe(outcome.queue_s)
+
+    def residency_event(self, name: str, payload: Mapping[str, Any]) -> None:
+        """The residency host's `publish` events: loads, failed loads and unloads."""
+        model = str(payload.get("id", ""))
+        if name == "model.load" and payload.get("phase") == "finished":
+            self.model_loads.labels(model).inc()
+            self.model_load_seconds.observe(float(payload.get("ms", 0.0)) / 1000)
+        elif name == "model.load" and payload.get("phase") == "failed":
+            self.model_load_failures.labels(model).inc()
+        elif name == "model.unload":
+            self.model_evictions.labels(str(payload.get("reason", "unknown"))).inc()
+
+    def watch_residency(self, host: Any) -> None:
+        """Count `host`'s load and unload events."""
+        host.subscribe(self.residency_event)
+
+
+class ServingCollector:
+    """Gauges read at scrape time from the app's state: engines, residency, workers and jobs.
+
+    A single-model app has `state.stage`; a routed one has `state.router`, whose resident units
+    with a local `.stage` report their engine (worker-process units report restarts only).
+    A jobs subsystem may leave `state.job_counts`, a callable returning {state: count}.
+    Worker-process units are asked for their `/stats` before each scrape (`refresh`): they
+    report rows and prefix-cache tokens, but not KV blocks.
+    """
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+        self.worker_stats: dict[str, Mapping[str, Any]] = {}
+
+    async def refresh(self, timeout_s: float = 2.0) -> None:
+        """Fetch every worker unit's `/stats` (a unit that does not answer in time is left out)."""
+        router = getattr(self.state, "router", None)
+        workers = [] if router is None else [
+            (model_id, unit) for model_id, unit in self._units(router)
+            if getattr(unit, "stage", None) is None and hasattr(unit, "get_json")
+        ]  # fmt: skip
+
+        async def fetch(unit: Any) -> Any:
+            with contextlib.suppress(Exception):
+                return await asyncio.wait_for(unit.get_json("/stats"), timeout_s)
+            return None
+
+        answers = await asyncio.gather(*(fetch(unit) for _, unit in workers))
+        self.worker_stats = {
+            model_id: answer
+            for (model_id, _), answer in zip(workers, answers, strict=True)
+            if isinstance(answer, dict)
+        }
+
+    def collect(self) -> Iterator[Metric]:
+        families = {
+            "running": GaugeMetricFamily(
+                "modelhost_running_rows", "Rows decoding now", labels=["model"]
+            ),
+            "waiting": GaugeMetricFamily(
+                "modelhost_waiting_rows", "Rows waiting for a batch slot", labels=["model"]
+            ),
+            "kv_used": GaugeMetricFamily(
+                "modelhost_kv_blocks_used", "KV cache blocks held by live rows", labels=["model"]
+            ),
+            "kv_free": GaugeMetricFamily(
+                "modelhost_kv_blocks_free",
+                "KV cache blocks free (including ones that still hold a reusable prefix)",
+                labels=["model"],
+            ),
+            "hit_ratio": GaugeMetricFamily(
+                "modelhost_prefix_cache_hit_ratio",
+                "Prompt tokens served from the prefix cache over prompt tokens looked up",
+                labels=["model"],
+            ),
+            "queried": CounterMetricFamily(
+                "modelhost_prefix_cache_query_tokens",
+                "Prompt tokens looked up in the prefix cache",
+                labels=["model"],
+            ),
+            "hits": CounterMetricFamily(
+                "modelhost_prefix_cache_hit_tokens",
+                "Prompt tokens found in the prefix cache",
+                labels=["model"],
+            ),
+        }
+        for model_id, stats in self._engine_stats():
+            families["running"].add_metric([model_id], stats.active_rows)
+            families["waiting"].add_metric([model_id], stats.pending_rows)
+            families["kv_used"].add_metric([model_id], stats.kv_blocks_used)
+            families["kv_free"].add_metric([model_id], stats.kv_blocks_total - stats.kv_blocks_used)
+            queried, hits = stats.prefix_query_tokens, stats.prefix_hit_tokens
+            families["hit_ratio"].add_metric([model_id], hits / queried if queried else 0.0)
+            families["queried"].add_metric([model_id], queried)
+            families["hits"].add_metric([model_id], hits)
+        for model_id, stats in self.worker_stats.items():
+            batch, cache = stats.get("batch") or {}, stats.get("prompt_cache") or {}
+            families["running"].add_metric([model_id], batch.get("active_rows", 0))
+            families["waiting"].add_metric([model_id], batch.get("pending_rows", 0))
+            queried, hits = cache.get("query_tokens", 0), cache.get("hit_tokens", 0)
+            families["hit_ratio"].add_metric([model_id], hits / queried if queried else 0.0)
+            families["queried"].add_metric([model_id], queried)
+            families["hits"].add_metric([model_id], hits)
+        yield from families.values()
+        yield from self._residency()
+        yield from self._jobs()
+
+    def _engine_stats(self) -> Iterator[tuple[str, Any]]:
+        for model_id, stage in self._stages():
+            read = getattr(getattr(stage, "engine", None), "stats", None)
+            if read is None:
+                continue  # an encoder without a batching engine
+            try:
+                stats = read()
+            except Exception:
+                continue  # a unit closing under the scrape
+            if hasattr(stats, "kv_blocks_total"):
+                yield model_id, stats
+
+    def _stages(self) -> Iterator[tuple[str, Any]]:
+        router = getattr(self.state, "router", None)
+        if router is None:
+            stage = getattr(self.state, "stage", None)
+            if stage is not None:
+                yield stage.model_id, stage
+            return
+        for model_id, unit in self._units(router):
+            stage = getattr(unit, "stage", None)
+            if stage is not None:
+                yield model_id, stage
+
+    @staticmethod
+    def _units(router: Any) -> Iterator[tuple[str, Any]]:
+        for resident in router.host.resident():
+            unit = router.host.peek(resident.id)
+            if unit is not None:
+                yield resident.id, unit
+
+    def _residency(self) -> Iterator[Metric]:
+        router = getattr(self.state, "router", None)
+        if router is None:
+            return
+        resident = GaugeMetricFamily(
+            "modelhost_resident_bytes", "Bytes each resident model holds", labels=["model", "state"]
+        )
+        for model in router.host.resident():
+            resident.add_metric([model.id, model.state], model.bytes)
+        yield resident
+        yield GaugeMetricFamily(
+            "modelhost_residency_budget_bytes",
+            "The residency budget (--model-budget)",
+            value=router.host.budget_bytes,
+        )
+        restarts = CounterMetricFamily(
+            "modelhost_worker_restarts", "Worker process restarts", labels=["model"]
+        )
+        for model_id, unit in self._units(router):
+            worker = getattr(unit, "worker", None)
+            if worker is not None:
+                restarts.add_metric([model_id], getattr(worker, "restarts", 0))
+        yield restarts
+
+    def _jobs(self) -> Iterator[Metric]:
+        counts = getattr(self.state, "job_counts", None)
+        if not callable(counts):
+            return
+        try:
+            by_state = dict(counts())
+        except Exception:
+            return
+        jobs = GaugeMetricFamily("modelhost_jobs", "Jobs by state", labels=["state"])
+        for state, count in sorted(by_state.items()):
+            jobs.add_metric([str(state)], count)
+        yield jobs
+
+
+async def metrics_endpoint(request: Request) -> Response:
+    """`GET /metrics`: the Prometheus text exposition of this app's registry."""
+    metrics: Metrics = request.app.state.metrics
+    await metrics.serving.refresh()
+    return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+# ---------------------------------------------------------------------------------------------
+# The edge layer
+
+
+class ObservedRequests:
+    """Request ids, `x-request-id` on every response, request counts and the fallback log line."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics | None) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = request_id_from(scope)
+        header = (REQUEST_ID_HEADER.encode(), request_id.encode())
+        headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != header[0]]
+        scope = {**scope, "headers": [*headers, header]}  # a worker that serves it logs this id
+        context = RequestContext(
+            request_id, scope["method"], scope["path"], time.monotonic(), self.metrics
+        )
+        status: int | None = None
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                out = [(k, v) for k, v in message.get("headers", []) if k.lower() != header[0]]
+                message = {**message, "headers": [*out, header]}
+            await send(message)
+
+        token = _CURRENT.set(context)
+        try:
+            await self.app(scope, receive, send_with_id)
+        except BaseException:
+            status = status or 500
+            raise
+        finally:
+            _CURRENT.reset(token)
+            self._finish(scope, context, status)
+
+    def _finish(self, scope: Scope, context: RequestContext, sent: int | None) -> None:
+        status = context.status or sent or 499  # nothing sent: the client left first
+        if self.metrics is not None:
+            route = route_label(scope)
+            self.metrics.requests.labels(context.method, route, str(status)).inc()
+        if not context.logged:
+            total_ms = (time.monotonic() - context.arrived_at) * 1000
+            level = logging.DEBUG if context.path in QUIET_PATHS else logging.INFO
+            fields = {"method": context.method, "path": context.path, "status": status}
+            logger.log(
+                level,
+                "- %s %s %d total_ms=%.1f request_id=%s",
+                context.method,
+                context.path,
+                status,
+                total_ms,
+                context.request_id,
+                extra={"request": {"request_id": context.request_id, **fields,
+                                   "total_ms": round(total_ms, 1)}},
+            )  # fmt: skip
+
+
+def route_label(scope: Scope) -> str:
+    """The matched route's path template (bounded label values); `unmatched` otherwise."""
+    app = scope.get("app")
+    for route in getattr(getattr(app, "router", None), "routes", ()):
+        match, _ = route.matches(scope)
+        if match is not Match.NONE:
+            return str(getattr(route, "path", scope["path"]))
+    return "unmatched"
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON logs
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, then a request's fields or the message."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+        }
+        fields = getattr(record, "request", None)
+        if isinstance(fields, dict):
+            line.update(fields)
+        else:
+            line["message"] = record.getMessage()
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False, default=str)
+
+
+def use_json_logs(root: logging.Logger | None = None) -> None:
+    """`--log-format json`: every handler on the root logger writes JSON lines."""
+    for handler in (root or logging.getLogger()).handlers:
+        if not isinstance(handler.formatter, JsonLogFormatter):
+            handler.setFormatter(JsonLogFormatter())

@@ -1,0 +1,165 @@
+"""Load on a real server: 200 streaming requests from 32 concurrent clients over two scripted
+models, with early disconnects and bad bodies mixed in. Nothing answers 500, every good request
+completes or gets 429, and afterwards every lease, row and KV block is back and no socket is
+left open."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+from scripted_engine import ScriptedEngine, scripted_model
+
+from modelhost.inference.stage import InferenceStage
+from modelhost.residency.host import ResidencyHost
+from modelhost.residency.inprocess import InProcessUnit
+from modelhost.residency.registry import ModelEntry
+from modelhost.residency.router import ModelRouter
+from modelhost.server.app import ServeSettings, create_routed_app
+
+REQUESTS = 200
+CLIENTS = 32
+SCRIPT = tuple(f" w{i}" for i in range(24))
+MESSAGES = [{"role": "user", "content": "count"}]
+BAD_BODIES = [
+    b"{not json",
+    b"[]",
+    json.dumps({"messages": "nope"}).encode(),
+    json.dumps({"messages": MESSAGES, "max_tokens": -3}).encode(),
+    json.dumps({"messages": MESSAGES, "temperature": "hot"}).encode(),
+    b'{"messages": ' + b"[" * 1000 + b"]" * 1000 + b"}",
+]
+ENDINGS = {"/v1/chat/completions": "data: [DONE]", "/v1/messages": "event: message_stop",
+           "/v1/responses": "event: response.completed"}  # fmt: skip
+
+
+class World:
+    """Two scripted models behind a routed app; every engine made is kept for the checks."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.engines: list[ScriptedEngine] = []
+        entries = {
+            name: ModelEntry(name, tmp_path / name, "safetensors", "llama", 10, 10, 10)
+            for name in ("a", "b")
+        }
+
+        async def load(entry: Any) -> InProcessUnit:
+            engine = ScriptedEngine(SCRIPT, step_s=0.004, batch=4, max_queue=8)
+            self.engines.append(engine)
+            return InProcessUnit(InferenceStage(engine, scripted_model(entry.id)))
+
+        class Registry:
+            def get(self, model_id: str) -> ModelEntry | None:
+                return entries.get(model_id)
+
+            def entries(self) -> list[ModelEntry]:
+                return list(entries.values())
+
+        self.host: ResidencyHost[Any] = ResidencyHost(
+            budget_bytes=1000, source=entries.get, load=load
+        )
+        self.app = create_routed_app(ModelRouter(self.host, Registry(), "a"), ServeSettings())
+
+
+def body_for(path: str, model: str, stream: bool) -> dict[str, Any]:
+    if path == "/v1/responses":
+        return {"model": model, "input": "count", "stream": stream}
+    body = {"model": model, "messages": MESSAGES, "stream": stream}
+    return {**body, "max_tokens": 64} if path == "/v1/messages" else body
+
+
+async def one_request(
+    client: httpx.AsyncClient, rng: random.Random, outcomes: Counter[str], problems: list[str]
+) -> None:
+    roll = rng.random()
+    path = rng.choice(sorted(ENDINGS))
+    model = rng.choice(["a", "b"])
+    if roll < 0.15:
+        body = rng.choice(BAD_BODIES)
+        response = await client.post(path, content=body)
+        outcomes[f"bad {response.status_code}"] += 1
+        if not 400 <= response.status_code < 500:
+            problems.append(f"bad body {body[:40]!r} got {response.status_code}")
+        return
+    disconnect_after = rng.randint(1, 10) if roll < 0.40 else None
+    payload = body_for(path, model, stream=True)
+    async with client.stream("POST", path, json=payload) as response:
+        if response.status_code == 429:
+            outcomes["429"] += 1
+            return
+        if response.status_code != 200:
+            problems.append(f"{path} answered {response.status_code}: {await response.aread()!r}")
+            return
+        lines: list[str] = []
+        async for line in response.aiter_lines():
+            if line:
+                lines.append(line)
+            if disconnect_after is not None and len(lines) >= disconnect_after:
+                outcomes["left early"] += 1
+                return  # leaving the block closes the connection mid-stream
+    if ENDINGS[path] not in lines or any(is_error_frame(line) for line in lines):
+        problems.append(f"{path} stream did not complete: {lines[-3:]}")
+    outcomes["completed"] += 1
+
+
+def is_error_frame(line: str) -> bool:
+    return line.startswith(("event: error", 'data: {"error"', "event: response.failed"))
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def run_load(base_url: str, seed: int) -> tuple[Counter[str], list[str]]:
+    rng = random.Random(seed)
+    outcomes: Counter[str] = Counter()
+    problems: list[str] = []
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for number in range(REQUESTS):
+        queue.put_nowait(number)
+    limits = httpx.Limits(max_connections=CLIENTS, max_keepalive_connections=0)
+
+    async def client_loop() -> None:
+        async with httpx.AsyncClient(base_url=base_url, timeout=30, limits=limits) as client:
+            while not queue.empty():
+                queue.get_nowait()
+                await one_request(client, rng, outcomes, problems)
+
+    await asyncio.wait_for(asyncio.gather(*(client_loop() for _ in range(CLIENTS))), 120)
+    return outcomes, problems
+
+
+def settled(world: World) -> bool:
+    leases = [m.leases for m in world.host.resident()]
+    stats = [engine.stats() for engine in world.engines]
+    rows = [s.active_rows + s.pending_rows + s.kv_blocks_used for s in stats]
+    return not any(leases) and not any(rows)
+
+
+def test_200_streams_from_32_clients_leave_no_500_no_lease_and_no_used_kv_block(
+    tmp_path: Path, live_server: Any
+) -> None:
+    world = World(tmp_path)
+    server = live_server(world.app)
+    fds_before = open_fds()
+    outcomes, problems = asyncio.run(run_load(server.base_url, seed=7))
+    assert problems == []
+    assert sum(outcomes.values()) == REQUESTS
+    assert outcomes["completed"] > 0 and outcomes["left early"] > 0
+    assert all(key in ("completed", "left early", "429") or key.startswith("bad 4")
+               for key in outcomes), outcomes  # fmt: skip
+    deadline = time.monotonic() + 10
+    while not settled(world) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert settled(world), ([m for m in world.host.resident()], [e.stats() for e in world.engines])
+    stats = httpx.get(f"{server.base_url}/stats").json()
+    assert stats["batch"]["active_rows"] == 0 and stats["batch"]["pending_rows"] == 0
+    assert all(row["leases"] == 0 for row in stats["models"]["resident"])
+    assert open_fds() <= fds_before + 2  # the sockets of 200 requests are all closed
