@@ -29,3 +29,14 @@ def smollm2() -> LoadedModel:
 @pytest.fixture(scope="session")
 def gemma3() -> LoadedModel:
     return load_model("gemma-3-270m")
+
+
+@pytest.fixture(scope="session")
+def models_dir(smollm2: LoadedModel, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two tiny checkpoints of known sizes (SmolLM2's tokenizer, random weights)."""
+    from tiny_models import make_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("models")
+    make_tiny_checkpoint(root / "tiny-a", "llama", smollm2)
+    make_tiny_checkpoint(root / "tiny-b", "qwen2", smollm2)
+    return root

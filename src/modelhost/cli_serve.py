@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sqlite3
 import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from modelhost.inference.admission import BYTES_PER_GB, BudgetTooSmall
@@ -20,7 +22,9 @@ from modelhost.residency.host import ResidencyHost
 from modelhost.residency.inprocess import InProcessUnit, in_process_loader
 from modelhost.residency.registry import ModelEntry, ModelRegistry, ServingShape
 from modelhost.residency.router import ModelRouter
+from modelhost.residency.unit import ResidencyError
 from modelhost.server.app import ServeSettings, admission_policy, create_app, create_routed_app
+from modelhost.server.limits import DEFAULT_MAX_BODY_BYTES, MiB
 from modelhost.server.runner import serve
 
 if TYPE_CHECKING:
@@ -53,12 +57,17 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     )  # fmt: skip
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument(
-        "--in-process", dest="workers", action="store_false", default=False,
-        help="load models in the serving process (the default for now)",
+        "--workers", dest="workers", action="store_true", default=True,
+        help="run each resident model in its own worker process on a private Unix socket "
+        "(the default)",
     )  # fmt: skip
     mode.add_argument(
-        "--workers", dest="workers", action="store_true",
-        help="run each resident model in its own worker process on a private Unix socket",
+        "--in-process", dest="workers", action="store_false",
+        help="load models in the serving process (debugging; tests that need speed)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--whisper-resident", action="store_true",
+        help="load the Whisper companion at start and pin it (never evicted)",
     )  # fmt: skip
     parser.add_argument("--host", default=DEFAULT_HOST, help="bind address (default: loopback)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
@@ -82,6 +91,27 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         help="seconds in-flight requests get to finish on SIGINT/SIGTERM before they are cut",
     )  # fmt: skip
     parser.add_argument("--log-level", default="info")
+    parser.add_argument(
+        "--log-format", choices=("text", "json"), default="text",
+        help="one line per request as text, or every log line as a JSON object",
+    )  # fmt: skip
+    parser.add_argument(
+        "--api-key", default=None, metavar="KEY",
+        help="require `Authorization: Bearer KEY` or `x-api-key: KEY` on every route but "
+        "/health (default: $MODELHOST_API_KEY; none: open)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--api-key-file", default=None, metavar="PATH",
+        help="read the API key from this file (keeps it out of the process list)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--cors-origin", action="append", default=[], metavar="ORIGIN",
+        help="a browser origin allowed to call the API (repeatable; e.g. http://localhost:3000)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-body-mb", type=float, default=DEFAULT_MAX_BODY_BYTES / MiB, metavar="MB",
+        help="largest request body in MiB; bigger ones get 413 (default: 32)",
+    )  # fmt: skip
     return parser
 
 
@@ -94,7 +124,27 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         temperature=args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,
+        host=args.host,
+        api_key=api_key_from(args),
+        cors_origins=tuple(args.cors_origin),
+        max_body_bytes=int(args.max_body_mb * MiB),
+        log_format=args.log_format,
     )
+
+
+def api_key_from(args: argparse.Namespace) -> str | None:
+    """--api-key, else the first line of --api-key-file, else $MODELHOST_API_KEY, else None."""
+    if args.api_key:
+        return str(args.api_key)
+    if args.api_key_file:
+        try:
+            key = Path(args.api_key_file).read_text().strip()
+        except OSError as exc:
+            raise SystemExit(f"modelhost serve: cannot read --api-key-file: {exc}") from None
+        if not key:
+            raise SystemExit(f"modelhost serve: --api-key-file {args.api_key_file} is empty")
+        return key
+    return os.environ.get("MODELHOST_API_KEY") or None
 
 
 def build_stage(
@@ -200,8 +250,12 @@ def _run_workers(
     from modelhost.residency.worker_unit import WorkerUnit, worker_loader
 
     async def load_startup_model(host: ResidencyHost[WorkerUnit]) -> None:
-        async with await host.acquire(startup.id):
-            pass
+        try:
+            async with await host.acquire(startup.id):
+                pass
+        except ResidencyError as exc:  # before listening: a bad model ends the server here
+            print(f"modelhost serve: {exc.message}", file=sys.stderr)
+            raise
 
     load = worker_loader(
         settings, batch=args.batch, max_queue=args.max_queue, log_level=args.log_level
@@ -209,6 +263,13 @@ def _run_workers(
     return _serve_routed(
         args, settings, registry, startup, load, load_startup_model, ", worker processes"
     )
+
+
+async def pin_companion(router: ModelRouter[Any], need: str) -> None:
+    """Load the first local model that does `need` and pin it (`--whisper-resident`)."""
+    model_id = router.route(None, need)
+    async with await router.acquire(model_id):
+        router.host.pin(model_id)
 
 
 def _serve_routed(
@@ -229,15 +290,26 @@ def _serve_routed(
         hold_s=args.hold,
     )
     router = ModelRouter(host, registry, current=startup.id)
-    app = create_routed_app(router, settings, lambda: start(host))
+
+    async def start_all() -> None:
+        try:  # opening the job store marks jobs a previous server left running as zombies
+            app.state.jobs.store  # noqa: B018
+        except (OSError, sqlite3.Error) as exc:  # a read-only home: serve models, not jobs
+            logging.getLogger(__name__).warning("the job store is unavailable: %s", exc)
+        await start(host)
+        if getattr(args, "whisper_resident", False):
+            await pin_companion(router, "transcribe")
+
+    app = create_routed_app(router, settings, start_all)
+    app.state.serving_mode = "workers" if mode else "in-process"
     budget_text = f"{host.budget_bytes / BYTES_PER_GB:.1f} GB model budget{mode}"
     print(f"modelhost: serving {startup.id} on http://{args.host}:{args.port}/v1 ({budget_text})",
           file=sys.stderr)  # fmt: skip
-    serve(
+    started = serve(
         app,
         host=args.host,
         port=args.port,
         shutdown_timeout_s=args.shutdown_timeout,
         log_level=args.log_level,
     )
-    return 0
+    return 0 if started else 2

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +15,6 @@ from modelhost.residency.inprocess import InProcessUnit
 from modelhost.residency.registry import ModelEntry
 from modelhost.residency.router import ModelRouter
 from modelhost.server.app import ServeSettings, create_routed_app
-from modelhost.server.runner import server_for
 
 MB = 1_000_000
 
@@ -92,34 +88,3 @@ class RoutedWorld:
 
     def leases(self) -> dict[str, int]:
         return {m.id: m.leases for m in self.host.resident()}
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class LiveServer:
-    """`app` served on 127.0.0.1 from a background thread until `stop()`."""
-
-    def __init__(self, app: FastAPI) -> None:
-        self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self.server = server_for(
-            app, host="127.0.0.1", port=self.port, shutdown_timeout_s=5.0, log_level="warning"
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> LiveServer:
-        self.thread.start()
-        deadline = time.monotonic() + 60
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the test server did not start")
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)

@@ -25,8 +25,8 @@ def test_serve_makes_the_first_model_current_and_knows_the_others_under_the_budg
     first = make_tiny_checkpoint(tmp_path / "tiny-a", "llama", smollm2)
     second = make_tiny_checkpoint(tmp_path / "tiny-b", "qwen2", smollm2)
     served: dict[str, Any] = {}
-    monkeypatch.setattr(cli_serve, "serve", lambda app, **options: served.update(app=app))
-    args = parse(str(first), str(second), "--model-budget", "0.03")
+    monkeypatch.setattr(cli_serve, "serve", lambda app, **options: served.update(app=app) or True)
+    args = parse(str(first), str(second), "--model-budget", "0.03", "--in-process")
     assert cli_serve.run_serve(args) == 0
     router = served["app"].state.router
     assert router.current == "tiny-a"

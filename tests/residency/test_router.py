@@ -12,7 +12,8 @@ from typing import Any
 
 import httpx
 import pytest
-from routed_world import MB, LiveServer, RoutedWorld
+from live_server import LiveServer
+from routed_world import MB, RoutedWorld
 
 
 @pytest.fixture

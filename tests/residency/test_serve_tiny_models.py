@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from routed_world import LiveServer
+from live_server import LiveServer
 
 from modelhost.cli_serve import build_stage
 from modelhost.models.loader import load_model

@@ -13,21 +13,26 @@ from typing import Any
 
 import httpx
 import pytest
-from routed_world import LiveServer
+from live_server import LiveServer
 
+from modelhost.audio.whisper_files import WHISPER_BASE
+from modelhost.models.embedded import EMBEDDING_MODEL
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.registry import ModelRegistry, ServingShape
 from modelhost.residency.router import ModelRouter
+from modelhost.residency.supervisor import MAX_RESTARTS
 from modelhost.residency.worker_unit import PID_HEADER, WorkerUnit, worker_loader
 from modelhost.server.app import ServeSettings, create_routed_app
 
 pytestmark = pytest.mark.slow
 SHAPE = ServingShape(batch=2)
 WAIT_S = 60.0
+ENGLISH = Path(__file__).resolve().parents[1] / "fixtures" / "audio" / "deliver-umbrellas.en.ogg"
 
 
 @pytest.fixture
-def served(models_dir, tmp_path) -> Iterator[dict[str, Any]]:
+def served(models_dir, tmp_path, request) -> Iterator[dict[str, Any]]:
+    max_restarts = getattr(request, "param", MAX_RESTARTS)
     registry = ModelRegistry(
         [models_dir], home=tmp_path / "home", hf_hub=tmp_path / "hub", embedded=False, shape=SHAPE
     )
@@ -35,7 +40,7 @@ def served(models_dir, tmp_path) -> Iterator[dict[str, Any]]:
     host: ResidencyHost[WorkerUnit] = ResidencyHost(
         budget_bytes=10**12,
         source=registry.get,
-        load=worker_loader(settings, batch=2, start_timeout_s=WAIT_S),
+        load=worker_loader(settings, batch=2, start_timeout_s=WAIT_S, max_restarts=max_restarts),
         hold_s=0.0,
     )
     router = ModelRouter(host, registry, current="tiny-a")
@@ -146,3 +151,108 @@ def test_evicting_a_model_stops_its_worker_and_removes_its_socket(served):
     wait_gone(pid)
     assert not directory.exists()
     assert served["host"].peek("tiny-b") is None
+
+
+def test_a_stored_response_is_retrieved_from_the_worker_that_created_it(served):
+    client = served["client"]
+    created = client.post(
+        "/v1/responses", json={"model": "tiny-a", "input": "hi", "max_output_tokens": 3}
+    )
+    assert created.status_code == 200, created.text
+    unit_of(served, "tiny-a")
+    response_id = created.json()["id"]
+    fetched = client.get(f"/v1/responses/{response_id}")
+    assert fetched.status_code == 200 and fetched.json()["id"] == response_id
+    missing = client.get("/v1/responses/resp_nope")
+    assert missing.status_code == 404 and "error" in missing.json()
+
+
+def test_the_engine_route_lists_each_resident_models_worker(served):
+    client = served["client"]
+    assert chat(client, "tiny-a").status_code == 200
+    pid = unit_of(served, "tiny-a").pid
+    engine = client.get("/engine").json()
+    assert engine["workers"] == [
+        {"id": "tiny-a", "role": "primary", "state": "ready", "pid": pid,
+         "worker_state": "ready", "restarts": 0,
+         "socket": unit_of(served, "tiny-a").worker.socket_path}
+    ]  # fmt: skip
+
+
+def test_the_workers_private_routes_exist_on_its_socket_and_not_on_the_port(served):
+    client = served["client"]
+    assert chat(client, "tiny-a").status_code == 200
+    assert client.post("/admin/drain", json={}).status_code == 404
+    socket_path = unit_of(served, "tiny-a").worker.socket_path
+    transport = httpx.HTTPTransport(uds=socket_path)
+    with httpx.Client(transport=transport, base_url="http://worker", timeout=WAIT_S) as private:
+        memory = {
+            "call": "completeBatch",
+            "requests": [
+                {"input": {"system": "Be brief.", "user": "hi"}, "maxTokens": 2},
+                {"input": {"user": "hello"}, "maxTokens": 3},
+            ],
+        }
+        outputs = private.post("/admin/memory/complete", json=memory).json()["outputs"]
+        assert len(outputs) == 2 and all(isinstance(text, str) for text in outputs)
+        with private.stream("GET", "/admin/events") as events:
+            first = json.loads(next(events.iter_lines()))
+        assert first["type"] == "worker.memory" and first["resident_bytes"] > 0
+        drained = private.post("/admin/drain", json={"timeout_ms": 1000}).json()
+        assert drained == {"drained": True, "in_flight": 0, "pid": unit_of(served, "tiny-a").pid}
+        refused = private.post(
+            "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}
+        )
+        assert refused.status_code == 503  # a drained worker admits nothing new
+
+
+@pytest.mark.parametrize("served", [1], indirect=True)  # one restart allowed in the window
+def test_a_worker_out_of_restarts_is_evicted_and_respawned_on_the_next_request(served):
+    client = served["client"]
+    assert chat(client, "tiny-a").status_code == 200
+    first = unit_of(served, "tiny-a")
+    os.kill(first.pid, signal.SIGKILL)
+    wait_gone(first.pid)
+    assert chat(client, "tiny-a").status_code == 200  # respawned: its one restart
+    assert first.worker.restarts == 1
+    second_pid = unit_of(served, "tiny-a").pid
+    os.kill(second_pid, signal.SIGKILL)
+    deadline = time.monotonic() + 15
+    while first.worker.alive():  # reaped only once all its threads have exited
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert first.broken()  # dead, and out of restarts
+    reply = chat(client, "tiny-a")
+    assert reply.status_code == 200, reply.text
+    fresh = unit_of(served, "tiny-a")
+    assert fresh is not first and fresh.worker.restarts == 0
+    assert int(reply.headers[PID_HEADER]) == fresh.pid
+
+
+def test_companion_models_run_in_worker_processes_too(models_dir, tmp_path):
+    registry = ModelRegistry([models_dir], home=tmp_path / "home", hf_hub=tmp_path / "hub")
+    settings = ServeSettings()
+    host: ResidencyHost[WorkerUnit] = ResidencyHost(
+        budget_bytes=10**12,
+        source=registry.get,
+        load=worker_loader(settings, batch=2, start_timeout_s=WAIT_S),
+    )
+    router = ModelRouter(host, registry, current="tiny-a")
+    with (
+        LiveServer(create_routed_app(router, settings)) as server,
+        httpx.Client(base_url=server.base_url, timeout=WAIT_S) as client,
+    ):
+        embedded = client.post("/v1/embeddings", json={"input": ["a cat", "a dog"]})
+        assert embedded.status_code == 200, embedded.text
+        assert embedded.json()["model"] == EMBEDDING_MODEL
+        with ENGLISH.open("rb") as audio:
+            heard = client.post("/v1/audio/transcriptions", files={"file": audio})
+        assert heard.status_code == 200, heard.text
+        assert "umbrellas" in heard.json()["text"].lower()
+        pids = {int(r.headers[PID_HEADER]) for r in (embedded, heard)}
+        assert len(pids) == 2 and os.getpid() not in pids  # each in its own process
+        workers = {w["id"]: w for w in client.get("/engine").json()["workers"]}
+        assert workers[EMBEDDING_MODEL]["role"] == workers[WHISPER_BASE]["role"] == "companion"
+    assert host.resident() == []
+    for pid in pids:
+        wait_gone(pid)

@@ -3,20 +3,17 @@ real uvicorn server on a free loopback port."""
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
 from fastapi import FastAPI
+from live_server import LiveServer
 from scripted_engine import ScriptedEngine, scripted_model
 
 from modelhost.models.loaded import LoadedModel
 from modelhost.server.app import ServeSettings, build_app
-from modelhost.server.runner import server_for
 
 AppFactory = Callable[..., FastAPI]
 ClientFactory = Callable[[FastAPI], httpx.AsyncClient]
@@ -67,41 +64,6 @@ def app(engine: ScriptedEngine) -> FastAPI:
 @pytest.fixture
 def client(app: FastAPI, client_of: ClientFactory) -> httpx.AsyncClient:
     return client_of(app)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class LiveServer:
-    """modelhost's uvicorn server for `app` on 127.0.0.1 in a background thread, until `stop()`."""
-
-    def __init__(self, app: FastAPI, *, shutdown_timeout_s: float = 5.0) -> None:
-        self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self.server = server_for(
-            app,
-            host="127.0.0.1",
-            port=self.port,
-            shutdown_timeout_s=shutdown_timeout_s,
-            log_level="warning",
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def start(self) -> LiveServer:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the test server did not start")
-            time.sleep(0.02)
-        return self
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
 
 
 @pytest.fixture

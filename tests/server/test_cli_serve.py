@@ -22,6 +22,11 @@ def test_serve_binds_loopback_on_8080_with_batch_8_and_queue_64_by_default() -> 
     assert (args.model_budget, args.hold) == (None, 5.0)
     assert (args.batch, args.max_queue, args.memory_budget) == (8, 64, None)
     assert args.heartbeat == 15.0
+    assert args.workers is True  # each model in its own worker process
+
+
+def test_in_process_serves_models_in_the_serving_process() -> None:
+    assert parse("--in-process").workers is False
 
 
 def test_serve_flags_become_the_servers_settings() -> None:
@@ -44,12 +49,12 @@ def test_serve_flags_become_the_servers_settings() -> None:
     )
 
 
-def test_serve_refuses_a_memory_budget_below_the_weights_before_it_listens(
+def test_serve_in_process_refuses_a_memory_budget_below_the_weights_before_it_listens(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from modelhost.models import loader
 
     monkeypatch.setattr(loader, "load_model", lambda name=None: scripted_model())
     monkeypatch.setattr(cli_serve, "serve", lambda *a, **k: pytest.fail("must not serve"))
-    assert cli_serve.run_serve(parse("--memory-budget", "0.001")) == 2
+    assert cli_serve.run_serve(parse("--in-process", "--memory-budget", "0.001")) == 2
     assert "cannot hold the weights" in capsys.readouterr().err

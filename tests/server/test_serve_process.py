@@ -1,4 +1,5 @@
-"""`run_serve` in its own process over SmolLM2: it serves, and SIGINT/SIGTERM end it in time."""
+"""`run_serve` in its own process over SmolLM2 (in its worker process, the default): it serves,
+and SIGINT/SIGTERM end it in time, leaving no worker process or socket behind."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from live_server import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -23,14 +25,6 @@ add_serve_parser(parser.add_subparsers(dest="command"))
 sys.exit(run_serve(parser.parse_args(["serve", *sys.argv[1:]])))
 """
 SHUTDOWN_TIMEOUT_S = 2.0
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_for_health(base_url: str, process: subprocess.Popen[bytes]) -> None:
@@ -83,6 +77,7 @@ def test_serve_ends_an_endless_stream_and_exits_cleanly_within_the_shutdown_time
         reader = threading.Thread(target=stream_forever, daemon=True)
         reader.start()
         assert streaming.wait(timeout=120)
+        [worker] = httpx.get(f"{base_url}/engine").json()["workers"]
         process.send_signal(stop_signal)
         started = time.monotonic()
         assert process.wait(timeout=60) == 0
@@ -90,6 +85,8 @@ def test_serve_ends_an_endless_stream_and_exits_cleanly_within_the_shutdown_time
         reader.join(timeout=10)
         assert not reader.is_alive()
         assert json.loads(last_lines[0].removeprefix("data: "))["error"]["code"] == "closed"
+        assert not Path(f"/proc/{worker['pid']}").exists()  # the model's worker was joined
+        assert not Path(worker["socket"]).parent.exists()  # and its socket's directory removed
     finally:
         if process.poll() is None:
             process.kill()

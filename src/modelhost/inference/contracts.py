@@ -81,6 +81,7 @@ class InferenceRequest:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False  # generate to max_tokens even past end-of-sequence (benchmarks)
     logprobs: int | None = None  # None: off; N: the chosen token plus N alternatives
+    prompt_logprobs: bool = False  # score the prompt's tokens too (`echo` with logprobs)
     stream: bool = False
     thinking: bool | None = None  # None: the template decides
     # Request shapes the stage may refuse to place (501), decided before any stream opens.
@@ -138,6 +139,8 @@ class CompletionEvent:
     stop_sequence: str | None = None  # the request's stop string that ended it, if one did
     reasoning: str = ""  # thinking text, split from `text` by the family's markers
     tool_calls: tuple[ToolCall, ...] = ()  # parsed calls; only on the terminal event
+    # With prompt_logprobs, on the first event: one per prompt token, the first NaN.
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()
 
     @property
     def is_terminal(self) -> bool:
@@ -154,6 +157,7 @@ class InferenceResult:
     stop_sequence: str | None = None  # the request's stop string that ended it, if one did
     reasoning: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None  # when the request asked for them
 
 
 # ---------------------------------------------------------------------------------------------

@@ -70,6 +70,7 @@ def resolve_sampling(
             stop=request.stop,
             ignore_eos=request.ignore_eos,
             logprobs=request.logprobs,
+            prompt_logprobs=request.prompt_logprobs,
         )
     except InvalidSamplingParams as exc:
         raise InvalidRequest(str(exc)) from exc

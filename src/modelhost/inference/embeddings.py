@@ -56,6 +56,12 @@ class EncoderStage:
     def model_id(self) -> str:
         return self.model.id
 
+    def resident_bytes(self) -> int:
+        return self.model.weights_bytes
+
+    def close(self) -> None:
+        return None  # nothing runs between requests; the weights go with the last reference
+
     async def embed(
         self, inputs: Sequence[EmbeddingInput], dimensions: int | None = None
     ) -> EmbeddingResult:

@@ -108,6 +108,19 @@ class InferenceStage:
     def model_id(self) -> str:
         return self.model.id
 
+    def resident_bytes(self) -> int:
+        """What this stage holds: its weights and its engine's KV pool."""
+        return self.model.weights_bytes + self.engine.stats().kv_budget_bytes
+
+    def stop_admission(self) -> None:
+        """Refuse new requests (503) and let the admitted ones finish (a worker's drain)."""
+        self._closing = True
+
+    def in_flight(self) -> int:
+        """Rows running or waiting in the engine."""
+        batch = self.engine.stats()
+        return batch.active_rows + batch.pending_rows
+
     @property
     def closing(self) -> bool:
         """The stage refuses new work: it is being closed."""
@@ -350,11 +363,13 @@ class AdmittedRequest:
         text: list[str] = []
         reasoning: list[str] = []
         logprobs: list[TokenLogprob] = []
+        prompt_logprobs: tuple[TokenLogprob, ...] | None = None
         terminal: CompletionEvent | None = None
         async for event in self.events():
             text.append(event.text)
             reasoning.append(event.reasoning)
             logprobs.extend(event.logprobs)
+            prompt_logprobs = prompt_logprobs or event.prompt_logprobs or None
             terminal = event
         assert terminal is not None and terminal.finish_reason is not None
         assert terminal.usage is not None
@@ -367,6 +382,7 @@ class AdmittedRequest:
             stop_sequence=terminal.stop_sequence,
             reasoning="".join(reasoning),
             tool_calls=terminal.tool_calls,
+            prompt_logprobs=prompt_logprobs,
         )
 
     def _convert(self, event: EngineEvent) -> CompletionEvent | None:
@@ -375,11 +391,15 @@ class AdmittedRequest:
             if self.first_token_at is None:
                 self.first_token_at = self._clock()
         logprobs = tuple(_logprob(lp) for lp in event.logprobs or ())
+        prompt_logprobs = tuple(_logprob(lp) for lp in event.prompt_logprobs or ())
         if event.finish_reason is None:
             if not event.text and not event.token_ids and not logprobs:
                 return None
             return CompletionEvent(
-                text=event.text, num_tokens=len(event.token_ids), logprobs=logprobs
+                text=event.text,
+                num_tokens=len(event.token_ids),
+                logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
             )
         if event.finish_reason == "abort":
             raise EngineUnavailable("the engine stopped the request (shutting down)")
@@ -393,6 +413,7 @@ class AdmittedRequest:
             text=event.text,
             num_tokens=len(event.token_ids),
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             finish_reason=finish,
             stop_sequence=event.stop_string,
             usage=CompletionUsage(

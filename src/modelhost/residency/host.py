@@ -67,7 +67,8 @@ class ResidencyHost(Generic[U]):
         self.budget_bytes = budget_bytes
         self.hold_s = hold_s
         self._source, self._load, self._measure = source, load, measure
-        self._external, self._publish, self._switch, self._clock = external, publish, switch, clock
+        self._external, self._switch, self._clock = external, switch, clock
+        self._listeners: list[Callable[[str, dict[str, Any]], None]] = [publish]
         self._slots: dict[str, _Slot[U]] = {}
         self._changed = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -355,6 +356,17 @@ class ResidencyHost(Generic[U]):
             raise ResidencyError("not-switchable", "this host serves one model")
         await self._switch(model_id)
 
+    def subscribe(self, listener: Callable[[str, dict[str, Any]], None]) -> None:
+        """Also tell `listener` of every load, unload and memory event (metrics, logs)."""
+        self._listeners.append(listener)
+
+    def _publish(self, name: str, payload: dict[str, Any]) -> None:
+        for listener in self._listeners:
+            try:
+                listener(name, payload)
+            except Exception:  # a listener never breaks residency
+                log.exception("residency event listener failed on %s", name)
+
     # -- views -----------------------------------------------------------------------------
 
     def resident(self) -> list[ResidentModel]:
@@ -367,6 +379,7 @@ class ResidencyHost(Generic[U]):
                 leases=slot.leases,
                 last_used_at=slot.last_used_at,
                 operations=tuple(slot.entry.operations),
+                role="primary" if "generate" in slot.entry.operations else "companion",
             )
             for model_id, slot in self._slots.items()
         ]

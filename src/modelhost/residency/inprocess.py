@@ -1,4 +1,5 @@
-"""A unit that serves its model inside this process: an InferenceStage over its own Engine.
+"""A unit that serves its model inside this process: a generative model's InferenceStage over
+its own Engine, or a companion's stage (a sentence encoder, a Whisper transcriber).
 
 `--in-process` mode: every resident model has its own engine thread and KV pool here. Closing
 the unit ends its requests (none, when the host evicts: a leased model is never evicted), stops
@@ -11,7 +12,9 @@ import asyncio
 import gc
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
+
+from modelhost.residency.companions import open_stage
 
 if TYPE_CHECKING:
     from modelhost.inference.stage import InferenceStage
@@ -19,10 +22,19 @@ if TYPE_CHECKING:
     from modelhost.residency.registry import ModelEntry
 
 
+class Stage(Protocol):
+    """What a unit needs of whatever serves its model."""
+
+    @property
+    def model_id(self) -> str: ...
+    def resident_bytes(self) -> int: ...
+    def close(self) -> None: ...
+
+
 class InProcessUnit:
     resumed = False  # no saved prompt state survives an eviction yet
 
-    def __init__(self, stage: InferenceStage, load_ms: float = 0.0) -> None:
+    def __init__(self, stage: Stage, load_ms: float = 0.0) -> None:
         self.stage = stage
         self.load_ms = load_ms
         self._closed = False
@@ -32,10 +44,10 @@ class InProcessUnit:
         return self.stage.model_id
 
     def measured_bytes(self) -> int | None:
-        """What this unit allocated: its weights and its engine's KV pool."""
+        """What this unit allocated: its weights and, for a generative model, its KV pool."""
         if self._closed:
             return None
-        return self.stage.model.weights_bytes + self.stage.engine.stats().kv_budget_bytes
+        return self.stage.resident_bytes()
 
     async def refresh(self) -> None:
         return None  # the reading above is always current
@@ -57,15 +69,15 @@ class InProcessUnit:
         if not self._closed:
             self._closed = True
             await asyncio.to_thread(self.stage.close)
-            await asyncio.to_thread(_release_memory, self.stage.model)
+            await asyncio.to_thread(_release_memory)
         return True  # nothing to flush: the prompt cache lives and dies with the engine
 
 
-def _release_memory(model: LoadedModel) -> None:
+def _release_memory() -> None:
     gc.collect()  # the engine thread is gone; its tensors go with the last reference
-    if model.device.type == "cuda":
-        import torch
+    import torch
 
+    if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
 
@@ -73,13 +85,12 @@ def in_process_loader(
     load_model: Callable[[str], LoadedModel],
     build_stage: Callable[[LoadedModel], InferenceStage],
 ) -> Callable[[ModelEntry], Awaitable[InProcessUnit]]:
-    """The host's `load`: read the entry's files and start an engine, off the event loop."""
+    """The host's `load`: read the entry's files and start an engine (or open a companion),
+    off the event loop."""
 
     def load_sync(entry: ModelEntry) -> InProcessUnit:
         started = time.perf_counter()
-        model = load_model(str(entry.path))
-        model.id = entry.id  # the registry's stable id, not the file's or snapshot's name
-        stage = build_stage(model)
+        stage = open_stage(entry.path, entry.id, entry.operations, load_model, build_stage)
         return InProcessUnit(stage, (time.perf_counter() - started) * 1000)
 
     async def load(entry: ModelEntry) -> InProcessUnit:

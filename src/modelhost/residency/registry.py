@@ -9,6 +9,8 @@ Places, in order (the first to claim an id keeps it):
   `models--org--name/snapshots/<rev>/`, the revision `refs/main` names (else the newest).
 
 Ids: `org/name` for Hugging Face layouts, the file stem for GGUF, the embedded ids as they are.
+Besides generative models, an entry may be a sentence encoder (a BERT-family Hugging Face
+directory: `operations=("embed",)`) or a faster-whisper model directory (`("transcribe",)`).
 An id is only ever looked up among what a scan found, never turned into a path, and a file that
 resolves outside its root (a symlink out of the models folder) is skipped.
 
@@ -19,19 +21,22 @@ memory of one engine step (or the whole --memory-budget, which the KV pool then 
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import logging
 import math
 import os
 import struct
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from modelhost.inference.admission import working_bytes
 from modelhost.models.config import ModelConfig
-from modelhost.models.embedded import EMBEDDED
+from modelhost.models.embedded import EMBEDDED, EMBEDDED_ENCODERS
 from modelhost.models.load_safetensors import config_from_hf, read_json
 from modelhost.paths import modelhost_home
 
@@ -40,6 +45,11 @@ log = logging.getLogger(__name__)
 _RESCAN_S = 5.0  # an unknown id rescans the disk at most this often (clients send aliases)
 _DEFAULT_KV_BYTES = 1 << 30  # the engine's default KV pool (EngineConfig.num_blocks)
 _BLOCK_TOKENS = 16
+# A companion's working memory beyond its weights: padded encoder batches; Whisper's int8 copy
+# of its weights, beam state and audio features (~400 MB resident for base's 145 MB file).
+_ENCODER_WORK_BYTES = 128 << 20
+_WHISPER_WORK_FACTOR = 2
+_ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "distilbert"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +161,11 @@ class ModelRegistry:
             yield from self._hub(self.hf_hub)
 
     def _embedded(self) -> Iterator[ModelEntry]:
-        for model_id, locate in EMBEDDED.items():
+        for model_id, locate in {
+            **EMBEDDED,
+            **EMBEDDED_ENCODERS,
+            **_embedded_transcribers(),
+        }.items():
             try:
                 path = locate()
             except Exception as exc:  # the package is missing or broken: not a local model
@@ -203,11 +217,15 @@ class ModelRegistry:
         if path.suffix == ".gguf":
             config, architecture, params, size = _read_gguf(path)
             fmt = "gguf"
+        elif _is_whisper_dir(path):
+            return self._transcriber(model_id, path)
         else:
             files = [f for f in sorted(path.glob("*.safetensors")) if _inside(f, root)]
             if not files:
                 return None
             raw = read_json(path / "config.json")
+            if raw.get("model_type") in _ENCODER_TYPES:
+                return self._encoder(model_id, path, files, raw)
             config = config_from_hf(raw)
             architecture = str(raw.get("model_type") or config.architecture)
             params = sum(_safetensors_elements(f) for f in files)
@@ -223,6 +241,51 @@ class ModelRegistry:
             weights_bytes=weights,
             estimate_bytes=estimate_bytes(config, weights, self.shape),
         )
+
+    def _encoder(
+        self, model_id: str, path: Path, files: list[Path], raw: dict[str, Any]
+    ) -> ModelEntry:
+        weights = sum(_safetensors_elements(f) for f in files) * 4  # encoders run in fp32
+        return ModelEntry(
+            id=model_id,
+            path=path,
+            format="safetensors",
+            architecture=str(raw.get("model_type")),
+            size_bytes=sum(f.stat().st_size for f in files),
+            weights_bytes=weights,
+            estimate_bytes=weights + _ENCODER_WORK_BYTES,
+            operations=("embed",),
+        )
+
+    def _transcriber(self, model_id: str, path: Path) -> ModelEntry:
+        size = (path / "model.bin").stat().st_size
+        return ModelEntry(
+            id=model_id,
+            path=path,
+            format="ctranslate2",
+            architecture="whisper",
+            size_bytes=size,
+            weights_bytes=size,
+            estimate_bytes=size * (1 + _WHISPER_WORK_FACTOR),
+            operations=("transcribe",),
+        )
+
+
+def _embedded_transcribers() -> dict[str, Callable[[], Path]]:
+    """Whisper base, joined from its two packages (the transcription module knows how)."""
+    try:
+        from modelhost.audio.whisper_files import WHISPER_BASE, whisper_base_dir
+    except ImportError:  # faster-whisper's side of the install is absent
+        return {}
+    return {WHISPER_BASE: whisper_base_dir}
+
+
+def _is_whisper_dir(path: Path) -> bool:
+    try:
+        from modelhost.audio.whisper_files import is_whisper_dir
+    except ImportError:
+        return False
+    return is_whisper_dir(path)
 
 
 def estimate_bytes(config: ModelConfig, weights: int, shape: ServingShape) -> int:
@@ -242,11 +305,31 @@ def estimate_bytes(config: ModelConfig, weights: int, shape: ServingShape) -> in
 
 
 def _read_gguf(path: Path) -> tuple[ModelConfig, str, int, int]:
+    """What the registry needs of a GGUF file. gguf's reader parses every metadata array (a
+    262k-token vocabulary takes seconds), so the answer is kept in MODELHOST_HOME/cache, keyed
+    by the file's path, size and modification time."""
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    cached = modelhost_home() / "cache" / "gguf-meta" / f"{path.stem}-{key.hexdigest()[:16]}.json"
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        meta = json.loads(cached.read_text())
+        fields = meta["config"]
+        if fields.get("layer_kinds") is not None:
+            fields["layer_kinds"] = tuple(fields["layer_kinds"])
+        return ModelConfig(**fields), meta["architecture"], meta["params"], stat.st_size
+
     from modelhost.models.load_gguf import GGUFFile  # gguf's reader is slow to import
 
     gguf_file = GGUFFile(path)
     params = sum(int(t.n_elements) for t in gguf_file.reader.tensors)
-    return gguf_file.config(), gguf_file.architecture, params, path.stat().st_size
+    config, architecture = gguf_file.config(), gguf_file.architecture
+    meta = {"config": asdict(config), "architecture": architecture, "params": params}
+    with contextlib.suppress(OSError):  # a read-only home only costs the next scan its time
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        partial = cached.with_suffix(f".{os.getpid()}.partial")
+        partial.write_text(json.dumps(meta))
+        partial.replace(cached)
+    return config, architecture, params, stat.st_size
 
 
 def _safetensors_elements(path: Path) -> int:

@@ -2,9 +2,13 @@
 
 An exact local id (one the registry lists) leases that model, loading it when it is not
 resident; anything else (no `model`, an alias such as `gpt-4`, a non-string) is answered by the
-current model. Naming a model never changes the current one. Reads that name no model (`/stats`,
-`/health`) go to the *active* unit: the current model when it is resident, else the most recently
-used ready one. This module knows ids, leases and units; HTTP is `server/routing.py`'s.
+current model. Naming a model never changes the current one. Companion paths need a companion:
+`/v1/embeddings` goes to the named encoder, else the current model when it embeds, else the first
+local encoder; `/v1/audio/*` to the named transcriber, else the first local one (clients send
+`whisper-1`). A local model named for something it cannot do is refused before anything loads.
+Reads that name no model (`/stats`, `/health`) go to the *active* unit: the current model when
+it is resident, else the most recently used ready one. This module knows ids, leases and units;
+HTTP is `server/routing.py`'s.
 """
 
 from __future__ import annotations
@@ -29,8 +33,19 @@ MODEL_ROUTED = frozenset(
         "/v1/embeddings",
         "/v1/decisions",
         "/v1/systemone",
+        "/v1/audio/transcriptions",
+        "/v1/audio/translations",
     }
 )
+
+
+def operation_for(path: str) -> str:
+    """What a routed path needs its model to do."""
+    if path == "/v1/embeddings":
+        return "embed"
+    if path.startswith("/v1/audio/"):
+        return "transcribe"
+    return "generate"
 
 
 class Registry(Protocol):
@@ -71,12 +86,38 @@ class ModelRouter(Generic[U]):
         self.host = host
         self.registry = registry
         self.current = current
+        self._companions: dict[str, str] = {}
 
-    def route(self, named: str | None) -> str:
-        """The id that answers a request naming `named`."""
-        if named is not None and self.registry.get(named) is not None:
-            return named
-        return self.current
+    def route(self, named: str | None, need: str = "generate") -> str:
+        """The id that answers a request naming `named` for `need`.
+
+        Raises ResidencyError("wrong-operation") for a local model that cannot do `need`, or
+        when no local model can."""
+        entry = self.registry.get(named) if named is not None else None
+        if entry is not None:
+            if need not in entry.operations:
+                raise ResidencyError("wrong-operation", cannot_message(entry, need))
+            return entry.id
+        if need == "generate":
+            return self.current
+        current = self.registry.get(self.current)
+        if current is not None and need in current.operations:
+            return current.id
+        default = self._companion(need)
+        if default is None:
+            fallback = current if need == "embed" else None  # the reference names the served one
+            raise ResidencyError("wrong-operation", cannot_message(fallback, need))
+        return default
+
+    def _companion(self, need: str) -> str | None:
+        """The first local model that does `need` (remembered; the disk is scanned once)."""
+        known = self._companions.get(need)
+        if known is not None and self.registry.get(known) is not None:
+            return known
+        found = next((e.id for e in self.registry.entries() if need in e.operations), None)
+        if found is not None:
+            self._companions[need] = found
+        return found
 
     async def acquire(self, model_id: str) -> Lease[U]:
         return await self.host.acquire(model_id)
@@ -86,7 +127,9 @@ class ModelRouter(Generic[U]):
         unit = self.host.peek(self.current)
         if unit is not None:
             return unit
-        ready = [m for m in self.host.resident() if m.state == "ready"]
+        ready = [
+            m for m in self.host.resident() if m.state == "ready" and "generate" in m.operations
+        ]
         if not ready:
             return None
         latest = max(ready, key=lambda m: m.last_used_at)
@@ -130,6 +173,16 @@ class ModelRouter(Generic[U]):
             ],
         }
 
+    async def stored_response(self, path: str) -> dict[str, Any] | None:
+        """A stored Responses object held by a worker process (each worker keeps the responses
+        its model created), or None."""
+        for model in self.host.resident():
+            unit = self.host.peek(model.id)
+            get_json = getattr(unit, "get_json", None)
+            if get_json is not None and (found := await get_json(path)) is not None:
+                return found  # type: ignore[no-any-return]
+        return None
+
     def interrupt_all(self) -> None:
         """End every request on every resident unit now (a forced shutdown; any thread)."""
         for model_id in [m.id for m in self.host.resident()]:
@@ -141,6 +194,21 @@ class ModelRouter(Generic[U]):
         await self.host.close()
 
 
+def cannot_message(entry: ModelEntry | None, need: str) -> str:
+    """The reference's refusal of a model asked for what it does not do."""
+    name = entry.id if entry is not None else "the current model"
+    if need == "embed":
+        return (
+            f'served model "{name}" is not an embedding model; serve an embedding model '
+            "(e.g. Qwen3-Embedding) to use /v1/embeddings"
+        )
+    if need == "transcribe" and entry is None:
+        return "no transcription model is installed: no local Whisper (faster-whisper) model"
+    if need == "transcribe":
+        return f'model "{name}" is not a transcription model'
+    return f'model "{name}" is an embedding model; it serves /v1/embeddings only'
+
+
 def residency_status(error: ResidencyError) -> tuple[int, dict[str, Any]]:
     """(status, neutral body) of a model that could not be leased."""
     if error.code == "load-failed":
@@ -149,4 +217,7 @@ def residency_status(error: ResidencyError) -> tuple[int, dict[str, Any]]:
         status, kind = 503, "server_closing"
     else:
         status, kind = 400, "invalid_request_error"
-    return status, {"message": error.message, "type": kind, "code": error.code}
+    body = {"message": error.message, "type": kind, "code": error.code}
+    if error.code == "wrong-operation":
+        body["param"] = "model"
+    return status, body

@@ -9,7 +9,7 @@ from typing import Protocol
 
 class ResidencyError(Exception):
     """A model that cannot be leased. `code`: does-not-fit, load-failed, closed, in-use,
-    not-switchable, already-resident."""
+    not-switchable, already-resident, wrong-operation."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import socket
@@ -18,6 +19,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from modelhost.server.app import ServeSettings
@@ -27,7 +29,14 @@ SETTING_FIELDS = set(ServeSettings.__dataclass_fields__)
 
 def worker_config(settings: ServeSettings, *, batch: int, max_queue: int) -> str:
     """The `--config` argument: the serving settings and the engine's shape, as JSON."""
-    return json.dumps({"settings": asdict(settings), "batch": batch, "max_queue": max_queue})
+    # A worker's socket is its parent's alone, so it checks no key; one on its command line
+    # would show in `ps` for every user of the machine.
+    shared = {k: v for k, v in asdict(settings).items() if k != "api_key"}
+    import torch
+
+    threads = torch.get_num_threads()  # `--threads` reaches the workers too
+    config = {"settings": shared, "batch": batch, "max_queue": max_queue, "threads": threads}
+    return json.dumps(config)
 
 
 def bind_private_socket(path: str) -> socket.socket:
@@ -62,28 +71,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--socket", required=True)
     parser.add_argument("--model", required=True, help="the model's file or directory")
     parser.add_argument("--id", required=True, help="the registry's stable id")
+    parser.add_argument("--operations", default="generate", help="comma-separated, as listed")
     parser.add_argument("--config", default="{}")
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
     exit_with_parent(args.socket)
+    logging.basicConfig(  # its request lines join the parent's log (they share stderr)
+        level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
+        format=f"%(asctime)s %(levelname)s %(name)s[worker {args.id}]: %(message)s",
+    )
 
     import uvicorn
 
     from modelhost.cli_serve import build_stage
     from modelhost.models.loader import load_model
+    from modelhost.residency.companions import open_stage
     from modelhost.server.app import create_app
     from modelhost.server.runner import Server
 
     config: dict[str, Any] = json.loads(args.config)
     raw = {k: v for k, v in config.get("settings", {}).items() if k in SETTING_FIELDS}
     settings = ServeSettings(**{**raw, "owner": "worker"})
-    model = load_model(args.model)
-    model.id = args.id
-    stage = build_stage(
-        model,
-        settings,
-        batch=int(config.get("batch", 8)),
-        max_queue=int(config.get("max_queue", 64)),
+    batch, max_queue = int(config.get("batch", 8)), int(config.get("max_queue", 64))
+    if config.get("threads"):
+        import torch
+
+        torch.set_num_threads(int(config["threads"]))
+    stage = open_stage(
+        Path(args.model),
+        args.id,
+        args.operations.split(","),
+        load_model,
+        lambda model: build_stage(model, settings, batch=batch, max_queue=max_queue),
     )
     app = create_app(stage, settings)
     sock = bind_private_socket(args.socket)

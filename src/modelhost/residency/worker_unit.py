@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 from starlette.types import Receive, Scope, Send
 
-from modelhost.residency.supervisor import WorkerFailed, WorkerProcess
+from modelhost.residency.supervisor import MAX_RESTARTS, WorkerFailed, WorkerProcess
 from modelhost.residency.worker import worker_config
 from modelhost.server.anthropic_wire import anthropic_error_json, event
 from modelhost.server.http import wait_for_disconnect
@@ -44,6 +44,7 @@ HOP_BY_HOP = frozenset(
     }
 )
 PID_HEADER = "x-modelhost-worker-pid"
+DRAIN_ANSWER_S = 2.0  # a forced drain answers at once; a worker that does not is killed
 
 
 def unavailable_body(model_id: str, why: str) -> dict[str, Any]:
@@ -60,7 +61,7 @@ def stream_error_frame(path: str, status: int, body: Mapping[str, Any]) -> str:
         return event("error", {"error": anthropic_error_json(status, body)["error"]})
     if path.startswith("/v1/responses"):
         error = responses_error_json(status, body)["error"]
-        return event("error", {"type": "error", **error})
+        return event("error", {**error, "type": "error", "param": error.get("param")})
     return sse(openai_error_json(status, body))
 
 
@@ -76,6 +77,7 @@ class WorkerUnit:
         self._closed = False
         self._client: httpx.AsyncClient | None = None
         self._client_socket: str | None = None
+        self.card_row: dict[str, Any] | None = None
 
     @property
     def model_id(self) -> str:
@@ -107,7 +109,18 @@ class WorkerUnit:
         return None
 
     def interrupt(self) -> None:
-        self.worker.kill_now()
+        """End every request now (a forced shutdown; any thread): the worker's own drain ends
+        each with its protocol's `closed` error; a worker that does not answer is killed."""
+        if not self.worker.alive():
+            return
+        try:
+            transport = httpx.HTTPTransport(uds=self.worker.socket_path)
+            with httpx.Client(transport=transport, base_url="http://worker") as client:
+                client.post(
+                    "/admin/drain", json={"timeout_ms": 0, "force": True}, timeout=DRAIN_ANSWER_S
+                ).raise_for_status()
+        except httpx.HTTPError:
+            self.worker.kill_now()
 
     async def close(self) -> bool:
         if not self._closed:
@@ -133,12 +146,13 @@ class WorkerUnit:
         return self._client
 
     async def get_json(self, path: str) -> dict[str, Any] | None:
-        """A GET on the worker (its /stats), or None when it cannot be reached."""
+        """A GET on the worker (its /stats), or None when it cannot be reached or answers
+        anything but 200."""
         if not await self.worker.ensure_alive():
             return None
         try:
             response = await self._http().get(path, timeout=10.0)
-            value = response.json()
+            value = response.json() if response.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
             return None
         return value if isinstance(value, dict) else None
@@ -243,14 +257,21 @@ def worker_loader(
     max_queue: int = 64,
     log_level: str = "warning",
     start_timeout_s: float = 120.0,
+    max_restarts: int = MAX_RESTARTS,
 ) -> Callable[[ModelEntry], Awaitable[WorkerUnit]]:
     """The host's `load`: spawn a worker for the entry and wait until it answers."""
     config = worker_config(settings, batch=batch, max_queue=max_queue)
 
     async def load(entry: ModelEntry) -> WorkerUnit:
         started = time.perf_counter()
-        args = ["--model", str(entry.path), "--id", entry.id, "--config", config]
-        worker = WorkerProcess([*args, "--log-level", log_level], start_timeout_s=start_timeout_s)
+        operations = ",".join(entry.operations)
+        args = ["--model", str(entry.path), "--id", entry.id, "--operations", operations]
+        args += ["--config", config]
+        worker = WorkerProcess(
+            [*args, "--log-level", log_level],
+            start_timeout_s=start_timeout_s,
+            max_restarts=max_restarts,
+        )
         try:
             await worker.start()
         except WorkerFailed as exc:
@@ -260,6 +281,10 @@ def worker_loader(
             raise
         unit = WorkerUnit(entry.id, entry.weights_bytes, worker)
         unit.load_ms = (time.perf_counter() - started) * 1000
+        listed = await unit.get_json("/v1/models")
+        rows = listed.get("data") if listed is not None else None
+        if isinstance(rows, list) and rows and isinstance(rows[0], dict):
+            unit.card_row = rows[0]  # what /v1/models lists for it (fixed for its lifetime)
         return unit
 
     return load

@@ -4,21 +4,24 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import ASGIApp
 
 from modelhost.inference.admission import BYTES_PER_GB, AdmissionPolicy, plan_memory
 from modelhost.inference.defaults import ServingDefaults
+from modelhost.inference.media import DEFAULT_MAX_AUDIO_BYTES, DEFAULT_MAX_IMAGE_BYTES
 from modelhost.inference.stage import InferenceStage
 from modelhost.models.loaded import LoadedModel
 from modelhost.residency.router import ModelRouter
 from modelhost.server import (
     anthropic_messages,
+    audio,
     decisions,
     embeddings,
     models,
@@ -26,10 +29,19 @@ from modelhost.server import (
     openai_completions,
     openai_responses,
 )
+from modelhost.server.access import edge
+from modelhost.server.jobs import install_jobs, with_jobs
+from modelhost.server.limits import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_JSON_DEPTH,
+    DEFAULT_MAX_JSON_VALUES,
+)
+from modelhost.server.metrics import Metrics, metrics_endpoint, use_json_logs
 from modelhost.server.model_admin import ADMIN_ROUTES
 from modelhost.server.openai_wire import openai_error
 from modelhost.server.response_store import ResponseStore
 from modelhost.server.routing import ModelRouting
+from modelhost.server.worker_admin import WORKER_ROUTES
 
 if TYPE_CHECKING:
     from modelhost.engine.engine import Engine
@@ -49,6 +61,17 @@ class ServeSettings:
     chunk_tokens: int = 512  # the engine's max_num_batched_tokens (sizes working memory)
     owner: str = "serve"
     close_engine_on_shutdown: bool = True
+    # The edge (server/access.py): the bind address the Host guard accepts, the API key
+    # (None: open), browser origins allowed through CORS and the guard, and request limits.
+    host: str = "127.0.0.1"
+    api_key: str | None = field(default=None, repr=False)
+    cors_origins: tuple[str, ...] = ()
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
+    max_json_values: int = DEFAULT_MAX_JSON_VALUES
+    max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
+    max_audio_bytes: int = DEFAULT_MAX_AUDIO_BYTES
+    log_format: str = "text"  # or "json": one JSON object per log line
 
     @property
     def defaults(self) -> ServingDefaults:
@@ -70,6 +93,8 @@ ROUTES = (
     ("POST", "/v1/decisions", decisions.create_decision),
     ("POST", "/v1/systemone", decisions.create_systemone),
     ("POST", "/v1/embeddings", embeddings.create_embeddings),
+    ("POST", "/v1/audio/transcriptions", audio.create_transcription),
+    ("POST", "/v1/audio/translations", audio.create_translation),
     ("GET", "/v1/models", models.list_models),
     ("GET", "/v1/models/{model_id:path}", models.retrieve_model),
     ("GET", "/v1", models.index),
@@ -118,6 +143,9 @@ def create_app(stage: InferenceStage, settings: ServeSettings) -> FastAPI:
     app = _new_app(settings, lifespan)
     app.state.stage = stage
     app.state.drain = stage.close  # the runner ends in-flight requests this way at its deadline
+    if settings.owner == "worker":  # served on the worker's private socket only
+        for method, path, endpoint in WORKER_ROUTES:
+            app.router.add_route(path, endpoint, methods=[method])
     return app
 
 
@@ -141,6 +169,7 @@ def create_routed_app(
     app = _new_app(settings, lifespan)
     app.state.stage = None
     app.state.router = router
+    app.state.metrics.watch_residency(router.host)
     app.state.drain = router.interrupt_all
     for method, path, endpoint in ADMIN_ROUTES:
         app.router.add_route(path, endpoint, methods=[method])
@@ -149,15 +178,32 @@ def create_routed_app(
 
 
 def _new_app(settings: ServeSettings, lifespan: Any) -> FastAPI:
-    app = FastAPI(
+    serves_jobs = settings.owner != "worker"  # a worker process serves its model, nothing else
+    if serves_jobs:
+        lifespan = with_jobs(lifespan)
+    app = _ModelhostApp(
         title="modelhost", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
     app.state.settings = settings
+    app.state.metrics = Metrics(app.state)
+    app.router.add_route("/metrics", metrics_endpoint, methods=["GET"])
+    if settings.log_format == "json":
+        use_json_logs()
     app.state.response_store = ResponseStore()
     for method, path, endpoint in ROUTES:
         app.router.add_route(path, endpoint, methods=[method])
+    if serves_jobs:
+        install_jobs(app)
     app.add_exception_handler(HTTPException, _http_error)
     return app
+
+
+class _ModelhostApp(FastAPI):
+    """FastAPI with modelhost's edge (request ids, access guard, API key, body limits) around
+    its whole middleware stack, model routing included: see `server/access.py`."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return edge(super().build_middleware_stack(), self.state.settings, self.state.metrics)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -23,7 +23,13 @@ from modelhost.inference.embeddings import (
     is_encoder,
     not_an_embedding_model,
 )
-from modelhost.server.http import RequestLog, error_response, read_json_object, serving_stage
+from modelhost.server.http import (
+    STAGE_KEY,
+    RequestLog,
+    error_response,
+    read_json_object,
+    serving_stage,
+)
 from modelhost.server.openai_wire import new_id, openai_error
 
 ROUTE = "POST /v1/embeddings"
@@ -54,8 +60,14 @@ async def create_embeddings(request: Request) -> Response:
 
 
 async def encoder_for(request: Request, model: object) -> EncoderStage:
-    """The encoder the body's `model` names; any other model is the 400 of the reference."""
-    if is_encoder(model):
+    """The encoder that answers: the one the routing middleware leased, or (one model served
+    without residency) an embedded encoder the body names; any other model is the 400 of the
+    reference."""
+    leased = request.scope.get(STAGE_KEY)
+    served = leased or getattr(request.app.state, "stage", None)  # a worker serves one model
+    if isinstance(served, EncoderStage):
+        return served
+    if leased is None and is_encoder(model):
         state = request.app.state
         encoders: Encoders | None = getattr(state, "encoders", None)
         if encoders is None:

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from modelhost.inference.contracts import (
     CompletionEvent,
@@ -36,7 +36,9 @@ from modelhost.inference.contracts import (
     RequestError,
 )
 from modelhost.inference.embeddings import embedding_model_only, is_encoder
+from modelhost.inference.media import check_media_sizes
 from modelhost.inference.stage import AdmittedRequest, InferenceStage
+from modelhost.server.metrics import RequestOutcome, current_request
 
 logger = logging.getLogger("modelhost.server")
 
@@ -46,6 +48,9 @@ SSE_HEADERS = {"cache-control": "no-cache", "connection": "keep-alive"}
 ErrorFormatter = Callable[[int, Mapping[str, Any]], Response]
 
 
+STAGE_KEY = "modelhost.stage"  # where the routing middleware leaves the leased unit's stage
+
+
 def serving_stage(request: Request, model: str | None = None) -> InferenceStage:
     """The stage that answers this request. With several models, the routing middleware has
     already leased the one the body's `model` names and left its stage in the scope; a read
@@ -53,7 +58,7 @@ def serving_stage(request: Request, model: str | None = None) -> InferenceStage:
     400: it serves /v1/embeddings only."""
     if is_encoder(model):
         raise embedding_model_only(str(model))
-    leased: InferenceStage | None = request.scope.get("modelhost.stage")
+    leased: InferenceStage | None = request.scope.get(STAGE_KEY)
     if leased is not None:
         return leased
     router = getattr(request.app.state, "router", None)
@@ -67,14 +72,22 @@ def serving_stage(request: Request, model: str | None = None) -> InferenceStage:
 
 
 async def read_json_object(request: Request) -> dict[str, Any]:
-    """The request body as a JSON object; anything else is a 400 `invalid JSON body`."""
+    """The request body as a JSON object; anything else is a 400 `invalid JSON body`. Inline
+    images and audio over the server's caps are 400s too (the body's own size and shape were
+    capped at the edge, `limits.BodyLimits`)."""
     raw = await request.body()
     try:
         body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise InvalidRequest("invalid JSON body") from None
     if not isinstance(body, dict):
         raise InvalidRequest("invalid JSON body")
+    settings = request.app.state.settings
+    check_media_sizes(
+        body,
+        max_image_bytes=settings.max_image_bytes,
+        max_audio_bytes=settings.max_audio_bytes,
+    )
     return body
 
 
@@ -126,39 +139,90 @@ def warning_headers(admitted: AdmittedRequest | None) -> dict[str, str]:
 
 
 class RequestLog:
-    """Collects one request's outcome and writes its single log line."""
+    """Collects one request's outcome and writes its single log line.
+
+    Inside the app's edge layer it reports to the request's context too (metrics, and the
+    `x-request-id` the response carries); its clock then starts when the request arrived."""
 
     def __init__(self, request_id: str, route: str, clock: Callable[[], float] = time.monotonic):
         self.request_id = request_id
         self.route = route
         self.clock = clock
-        self.started_at = clock()
-        self.admitted: AdmittedRequest | None = None
+        self.context = current_request()
+        arrived = self.context is not None and clock is time.monotonic
+        self.started_at = self.context.arrived_at if arrived else clock()  # type: ignore[union-attr]
+        self._admitted: AdmittedRequest | None = None
+        self.admitted_at: float | None = None
         self.status: int | None = None
         self.status_hint = 200  # what a stream that ends on its own reports
+
+    @property
+    def admitted(self) -> AdmittedRequest | None:
+        return self._admitted
+
+    @admitted.setter
+    def admitted(self, admitted: AdmittedRequest | None) -> None:
+        self._admitted = admitted
+        self.admitted_at = self.clock()
 
     def finish(self, status: int) -> None:
         if self.status is not None:
             return
         self.status = status
-        total_ms = (self.clock() - self.started_at) * 1000
-        admitted = self.admitted
-        prompt = completion = "-"
-        ttft = "-"
-        if admitted is not None:
-            prompt, completion = str(admitted.prompt_tokens), str(admitted.completion_tokens)
-            if admitted.first_token_at is not None:
-                ttft = f"{(admitted.first_token_at - self.started_at) * 1000:.1f}"
+        now = self.clock()
+        outcome = self._outcome(status, now)
+        context = self.context
+        if context is not None:
+            context.status, context.logged = status, True
+            if context.metrics is not None:
+                context.metrics.observe_request(outcome)
+        request_id = context.request_id if context is not None else "-"
+        ttft_ms = "-" if outcome.ttft_s is None else f"{outcome.ttft_s * 1000:.1f}"
         logger.info(
-            "%s %s %d prompt_tokens=%s completion_tokens=%s ttft_ms=%s total_ms=%.1f",
+            "%s %s %d prompt_tokens=%s completion_tokens=%s ttft_ms=%s total_ms=%.1f request_id=%s",
             self.request_id,
             self.route,
             status,
-            prompt,
-            completion,
-            ttft,
-            total_ms,
+            "-" if outcome.prompt_tokens is None else outcome.prompt_tokens,
+            "-" if outcome.completion_tokens is None else outcome.completion_tokens,
+            ttft_ms,
+            outcome.total_s * 1000,
+            request_id,
+            extra={"request": self._fields(outcome, request_id)},
         )
+
+    def _outcome(self, status: int, now: float) -> RequestOutcome:
+        admitted = self._admitted
+        prompt = completion = ttft = gap = queue = None
+        if admitted is not None:
+            prompt, completion = admitted.prompt_tokens, admitted.completion_tokens
+            first = admitted.first_token_at
+            if first is not None:
+                ttft = first - self.started_at
+                if completion > 1:
+                    gap = (now - first) / (completion - 1)
+            if self.admitted_at is not None:
+                queue = self.admitted_at - self.started_at
+        return RequestOutcome(self.route, status, prompt, completion, ttft, gap, queue,
+                              now - self.started_at)  # fmt: skip
+
+    def _fields(self, outcome: RequestOutcome, request_id: str) -> dict[str, Any]:
+        method, _, path = self.route.partition(" ")
+        ms = {
+            "ttft_ms": outcome.ttft_s,
+            "queue_ms": outcome.queue_s,
+            "total_ms": outcome.total_s,
+        }
+        return {
+            "request_id": request_id,
+            "id": self.request_id,
+            "method": method,
+            "path": path,
+            "status": outcome.status,
+            "prompt_tokens": outcome.prompt_tokens,
+            "completion_tokens": outcome.completion_tokens,
+            **{key: None if s is None else round(s * 1000, 1) for key, s in ms.items()},
+        }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -348,3 +412,17 @@ def _stream_status(writer: asyncio.Task[None]) -> int | None:
     if isinstance(error, OSError):
         return 499  # the server could not write: the peer is gone
     return None if error is None else 500
+
+
+def replay_body(body: bytes, receive: Receive) -> Receive:
+    """`receive` for an app downstream: the body already read, then the client's own messages."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay

@@ -1,12 +1,14 @@
-"""Operator routes over residency: load, unload, pin and unpin a model, and switch the current one.
+"""Operator routes over residency: load, unload, pin and unpin a model, switch the current one,
+and see the processes that serve them.
 
-`POST /api/models/{id}/load|unload|pin|unpin` and `POST /api/hub/serve {model}`. Refusals use the
-residency mapping (502 model_load_failed, 503 server_closing, 400 otherwise) in OpenAI's shape;
-`unload` refuses a model that is answering a request unless `?force=1`.
+`POST /api/models/{id}/load|unload|pin|unpin`, `POST /api/hub/serve {model}`, `GET /engine`.
+Refusals use the residency mapping (502 model_load_failed, 503 server_closing, 400 otherwise) in
+OpenAI's shape; `unload` refuses a model that is answering a request unless `?force=1`.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from starlette.requests import Request
@@ -65,7 +67,26 @@ async def hub_serve(request: Request) -> Response:
     return JSONResponse({"current": router.current})
 
 
+async def engine(request: Request) -> Response:
+    """How models are served: each resident one's worker process (or this process)."""
+    router: ModelRouter[Any] = request.app.state.router
+    workers = []
+    for model in router.host.resident():
+        unit = router.host.peek(model.id)
+        worker = getattr(unit, "worker", None)
+        row = {"id": model.id, "role": model.role, "state": model.state}
+        if worker is not None:
+            row.update(pid=worker.pid, worker_state=worker.state, restarts=worker.restarts)
+            row["socket"] = worker.socket_path if worker.directory is not None else None
+        else:
+            row.update(pid=os.getpid(), restarts=0)
+        workers.append(row)
+    mode = getattr(request.app.state, "serving_mode", "in-process")  # set by `modelhost serve`
+    return JSONResponse({"mode": mode, "current": router.current, "workers": workers})
+
+
 ADMIN_ROUTES = (
+    ("GET", "/engine", engine),
     ("POST", "/api/models/{model_id:path}/{action}", model_action),
     ("POST", "/api/hub/serve", hub_serve),
 )

@@ -19,6 +19,11 @@ ENDPOINTS = (
     "/v1/messages",
     "/v1/messages/count_tokens",
     "/v1/responses",
+    "/v1/embeddings",
+    "/v1/decisions",
+    "/v1/systemone",
+    "/v1/audio/transcriptions",
+    "/v1/audio/translations",
     "/v1/models",
     "/health",
     "/stats",
@@ -64,19 +69,18 @@ def model_row(card: ModelCard) -> dict[str, Any]:
 async def list_models(request: Request) -> Response:
     router = getattr(request.app.state, "router", None)
     if router is not None:
-        return JSONResponse({"object": "list", "data": [listed_row(m) for m in router.listing()]})
-    card = serving_stage(request).card()
-    return JSONResponse({"object": "list", "data": [model_row(card)]})
+        return JSONResponse({"object": "list", "data": listed_rows(router.listing())})
+    return JSONResponse({"object": "list", "data": [served_row(serving_stage(request))]})
 
 
 async def retrieve_model(request: Request) -> Response:
     model_id = request.path_params["model_id"]
     router = getattr(request.app.state, "router", None)
     if router is not None:
-        rows = [listed_row(m) for m in router.listing() if m.entry.id == model_id]
+        rows = [row for row in listed_rows(router.listing()) if row["id"] == model_id]
     else:
-        card = serving_stage(request).card()
-        rows = [model_row(card)] if card.id == model_id else []
+        row = served_row(serving_stage(request))
+        rows = [row] if row["id"] == model_id else []
     if not rows:
         message = f"The model '{model_id}' does not exist"
         body = {"message": message, "type": "invalid_request_error", "code": "model_not_found"}
@@ -84,11 +88,33 @@ async def retrieve_model(request: Request) -> Response:
     return JSONResponse(rows[0])
 
 
+def served_row(stage: Any) -> dict[str, Any]:
+    """The row of the one model this app serves (a worker's, or `build_app`'s)."""
+    if hasattr(stage, "card"):
+        return model_row(stage.card())
+    operations = ("transcribe",) if hasattr(stage, "transcribe") else ("embed",)
+    return companion_row(stage.model_id, operations)
+
+
+def listed_rows(listing: list[ListedModel]) -> list[dict[str, Any]]:
+    """The router's listing as rows, transcription companions last; the current model's row says
+    whether this server transcribes."""
+    rows = [listed_row(m) for m in listing]
+    rows.sort(key=lambda row: bool(row.get("transcription")))
+    if any(row.get("transcription") for row in rows):
+        for row in rows:
+            if row["current"] and "capabilities" in row:
+                row["capabilities"] = {**row["capabilities"], "transcription": True}
+    return rows
+
+
 def listed_row(listed: ListedModel) -> dict[str, Any]:
     """A resident model answers for itself; the others are listed as the registry knows them."""
     entry = listed.entry
-    if listed.unit is not None:
-        row = {**model_row(listed.unit.stage.card()), "id": entry.id}
+    if "generate" not in entry.operations:
+        row = companion_row(entry.id, entry.operations)
+    elif listed.unit is not None:
+        row = {**resident_row(listed.unit), "id": entry.id}
     else:
         row = {"id": entry.id, "object": "model", "created": 0, "owned_by": "modelhost"}
     return {
@@ -100,6 +126,30 @@ def listed_row(listed: ListedModel) -> dict[str, Any]:
         "size_bytes": entry.size_bytes,
         "estimate_bytes": entry.estimate_bytes,
     }
+
+
+def resident_row(unit: Any) -> dict[str, Any]:
+    """An in-process unit's row from its stage; a worker's is the row it gave when it started."""
+    stage = getattr(unit, "stage", None)
+    if stage is not None:
+        return model_row(stage.card())
+    return dict(getattr(unit, "card_row", None) or {"object": "model", "owned_by": "modelhost"})
+
+
+def companion_row(model_id: str, operations: tuple[str, ...]) -> dict[str, Any]:
+    """An encoder's or a transcriber's row: what it does, and that it does not chat."""
+    embeds, transcribes = "embed" in operations, "transcribe" in operations
+    capabilities: dict[str, bool] = {"chat_completions": False}
+    if embeds:
+        capabilities["embeddings"] = True
+    if transcribes:
+        capabilities.update(transcription=True, translation=True)
+    row: dict[str, Any] = {"id": model_id, "object": "model", "created": 0, "owned_by": "modelhost"}
+    if embeds:
+        row["embeddings"] = True
+    if transcribes:
+        row["transcription"] = True
+    return {**row, "capabilities": capabilities}
 
 
 async def index(request: Request) -> Response:

@@ -4,6 +4,9 @@ The prompt must be a non-empty string (token-array prompts are refused, as mlx_l
 and is tokenized as it is, with no template. Sampling, stop and max-token fields are chat's.
 `logprobs` is the legacy integer (0..5 alternatives; `true` means 0), answered in the legacy
 `{tokens, token_logprobs, top_logprobs, text_offset}` shape OpenAI clients read.
+`echo: true` puts the prompt in front of the text; with `logprobs` its tokens come first in
+the logprobs too, scored by the model (the first has nothing before it: null), which is
+what perplexity tools read.
 
 SSE: text chunks, a terminal chunk with `finish_reason` (and `usage`), then `[DONE]`;
 `stream_options.include_usage` works as in chat.
@@ -12,7 +15,7 @@ SSE: text chunks, a terminal chunk with `finish_reason` (and `usage`), then `[DO
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from starlette.requests import Request
@@ -24,6 +27,7 @@ from modelhost.inference.contracts import (
     InferenceResult,
     InvalidRequest,
     TextPrompt,
+    TokenLogprob,
 )
 from modelhost.server import openai_fields as fields
 from modelhost.server.http import (
@@ -63,11 +67,16 @@ async def create_completion(request: Request) -> Response:
         return error_response(exc, log.request_id, openai_error, log)
     log.admitted = admitted
     meta = {"id": log.request_id, "created": int(time.time()), "model": stage.model_id}
+    echo = body["prompt"] if body.get("echo") is True else None
     if options.stream:
-        protocol = TextStream(meta, options.include_usage, admitted.want_logprobs)
+        protocol = TextStream(meta, options.include_usage, admitted.want_logprobs, echo)
         return respond_stream(request, admitted, protocol, log)
     return await respond_json(
-        request, admitted, lambda result: text_completion_json(meta, result), openai_error, log
+        request,
+        admitted,
+        lambda result: text_completion_json(meta, result, echo),
+        openai_error,
+        log,
     )
 
 
@@ -78,6 +87,8 @@ def parse_completion_request(
     if not isinstance(prompt, str) or not prompt:
         raise InvalidRequest(PROMPT_REQUIRED, param="prompt")
     options = fields.stream_options(body)
+    echo = fields.field(body, "echo", bool) is True
+    logprobs = text_logprobs(body)
     inference = InferenceRequest(
         request_id=request_id,
         method="text",
@@ -86,7 +97,8 @@ def parse_completion_request(
         max_tokens=fields.max_tokens(body),
         stop=fields.stop(body),
         ignore_eos=bool(fields.field(body, "ignore_eos", bool)),
-        logprobs=text_logprobs(body),
+        logprobs=logprobs,
+        prompt_logprobs=echo and logprobs is not None,
         stream=options.stream,
         num_choices=fields.choices(body),
         adapter=fields.adapter(body),
@@ -111,15 +123,31 @@ def text_logprobs(body: dict[str, Any]) -> int | None:
     return value
 
 
-def text_completion_json(meta: Mapping[str, Any], result: InferenceResult) -> dict[str, Any]:
-    logprobs = text_logprobs_json(result.logprobs) if result.logprobs is not None else None
+def echo_logprobs_json(
+    prompt: Sequence[TokenLogprob], generated: Sequence[TokenLogprob], text_offset: int = 0
+) -> dict[str, Any]:
+    """The legacy logprobs of the prompt's tokens, then the generated ones; the prompt's
+    first token has no logprob (null)."""
+    body = text_logprobs_json([*prompt, *generated], text_offset)
+    if prompt:
+        body["token_logprobs"][0] = None
+        body["top_logprobs"][0] = None
+    return body
+
+
+def text_completion_json(
+    meta: Mapping[str, Any], result: InferenceResult, echo: str | None = None
+) -> dict[str, Any]:
+    logprobs = None
+    if result.logprobs is not None:
+        logprobs = echo_logprobs_json(result.prompt_logprobs or (), result.logprobs)
     return {
         **meta,
         "object": "text_completion",
         "choices": [
             {
                 "index": 0,
-                "text": result.text,
+                "text": (echo or "") + result.text,
                 "logprobs": logprobs,
                 "finish_reason": result.finish_reason,
             }
@@ -131,10 +159,17 @@ def text_completion_json(meta: Mapping[str, Any], result: InferenceResult) -> di
 class TextStream:
     """The `text_completion` frames of one streamed answer."""
 
-    def __init__(self, meta: Mapping[str, Any], include_usage: bool, want_logprobs: bool):
+    def __init__(
+        self,
+        meta: Mapping[str, Any],
+        include_usage: bool,
+        want_logprobs: bool,
+        echo: str | None = None,
+    ):
         self.meta = {**meta, "object": "text_completion"}
         self.include_usage = include_usage
         self.want_logprobs = want_logprobs
+        self.echo = echo  # the prompt, until the first chunk has carried it
         self.text_offset = 0
 
     def _chunk(self, text: str, finish_reason: str | None, logprobs: Any = None, **extra: Any):
@@ -145,13 +180,15 @@ class TextStream:
         return []
 
     def delta(self, event: CompletionEvent) -> list[str]:
-        if not event.text and not event.logprobs:
+        prefix, self.echo = self.echo or "", None
+        text = prefix + event.text
+        if not text and not event.logprobs:
             return []
         logprobs = None
-        if self.want_logprobs and event.logprobs:
-            logprobs = text_logprobs_json(event.logprobs, self.text_offset)
-        self.text_offset += len(event.text)
-        return [self._chunk(event.text, None, logprobs)]
+        if self.want_logprobs and (event.logprobs or event.prompt_logprobs):
+            logprobs = echo_logprobs_json(event.prompt_logprobs, event.logprobs, self.text_offset)
+        self.text_offset += len(text)
+        return [self._chunk(text, None, logprobs)]
 
     def finish(self, event: CompletionEvent) -> list[str]:
         assert event.usage is not None

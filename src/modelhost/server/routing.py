@@ -14,20 +14,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import Mapping
 from typing import Any
 
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from modelhost.inference.contracts import RequestCancelled
-from modelhost.residency.router import MODEL_ROUTED, ModelRouter, model_field, residency_status
+from modelhost.residency.router import (
+    MODEL_ROUTED,
+    ModelRouter,
+    model_field,
+    operation_for,
+    residency_status,
+)
 from modelhost.residency.unit import ResidencyError
 from modelhost.server.anthropic_wire import anthropic_error
-from modelhost.server.http import ErrorFormatter, wait_for_disconnect
+from modelhost.server.http import STAGE_KEY, ErrorFormatter, replay_body, wait_for_disconnect
 from modelhost.server.openai_wire import openai_error
 from modelhost.server.responses_wire import responses_error
 
-STAGE_KEY = "modelhost.stage"  # where the leased unit's stage waits for the handler
+RESPONSES = "/v1/responses/"  # GET /v1/responses/{id}: a worker's store may hold it
 
 
 def error_format_for(path: str) -> ErrorFormatter:
@@ -45,6 +53,11 @@ class ModelRouting:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
+        if scope["type"] == "http" and scope["method"] == "GET" and path.startswith(RESPONSES):
+            stored = await self.router.stored_response(path)
+            if stored is not None:
+                await JSONResponse(stored)(scope, receive, send)
+                return
         if scope["type"] != "http" or scope["method"] != "POST" or not path.startswith("/v1/"):
             await self.app(scope, receive, send)
             return
@@ -52,13 +65,19 @@ class ModelRouting:
         if body is None:
             return  # the client left before it finished sending
         if path in MODEL_ROUTED:
-            model_id = self.router.route(model_field(body))
+            try:
+                named = model_field(body) or form_model_field(scope, body)
+                model_id = self.router.route(named, operation_for(path))
+            except ResidencyError as error:
+                status, error_body = residency_status(error)
+                await _send_error(scope, receive, send, status, error_body)
+                return
         else:
             # Anything else model-scoped is the active model's, and never loads one: with
             # nothing resident the path falls through to the app as it is.
             active = self.router.active()
             if active is None:
-                await self.app(scope, _replay(body, receive), send)
+                await self.app(scope, replay_body(body, receive), send)
                 return
             model_id = active.model_id
         acquiring = asyncio.create_task(self.router.acquire(model_id))
@@ -95,23 +114,21 @@ class ModelRouting:
                 await proxy(scope, body, receive, send_then_release, error_format_for(path))
                 return
             scope = {**scope, STAGE_KEY: lease.unit.stage}
-            await self.app(scope, _replay(body, receive), send_then_release)
+            await self.app(scope, replay_body(body, receive), send_then_release)
         finally:
             lease.release()  # cancelled or failed before its body ended
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """`receive` for the handler: the body already read, then the client's own messages."""
-    replayed = False
+_FORM_MODEL = re.compile(rb'name="model"\r\n(?:[^\r\n]*\r\n)*?\r\n([^\r\n]{1,256})\r\n')
 
-    async def replay() -> Message:
-        nonlocal replayed
-        if not replayed:
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
 
-    return replay
+def form_model_field(scope: Scope, body: bytes) -> str | None:
+    """The `model` field of a multipart form (what OpenAI's SDKs send for audio), or None."""
+    headers = dict(scope.get("headers", []))
+    if not headers.get(b"content-type", b"").startswith(b"multipart/form-data"):
+        return None
+    found = _FORM_MODEL.search(body)
+    return found.group(1).decode("utf-8", "replace") if found else None
 
 
 async def _read_body(receive: Receive) -> bytes | None:

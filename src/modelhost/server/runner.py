@@ -18,6 +18,7 @@ import signal
 import socket
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -28,9 +29,16 @@ logger = logging.getLogger("modelhost.server")
 
 
 class Server(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, *, drain: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        *,
+        drain: Callable[[], None] | None = None,
+        jobs: Any = None,
+    ):
         super().__init__(config)
         self.drain = drain
+        self.jobs = jobs  # the app's job host (modelhost.jobs.manager.JobManager), if any
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -46,6 +54,10 @@ class Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.jobs is not None:
+            # Jobs first: a job driving this server's own API would otherwise keep requests
+            # in flight, and the shutdown waiting for them.
+            await self.jobs.stop_all()
         timeout_s = self.config.timeout_graceful_shutdown
         pending = None
         if self.drain is not None and timeout_s is not None:
@@ -87,7 +99,20 @@ def server_for(
         timeout_graceful_shutdown=shutdown_timeout_s,  # type: ignore[arg-type]
         lifespan="on",
     )
-    return Server(config, drain=getattr(app.state, "drain", None))
+    # Jobs that drive this server's own API (bench-serve, eval-serve) call it here.
+    app.state.base_url = f"http://{_connect_host(host)}:{port}"
+    return Server(
+        config, drain=getattr(app.state, "drain", None), jobs=getattr(app.state, "jobs", None)
+    )
+
+
+def _connect_host(host: str) -> str:
+    """Where a local client reaches a server bound to `host` (a wildcard means loopback)."""
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
 
 
 def serve(
@@ -97,8 +122,11 @@ def serve(
     port: int = 8080,
     shutdown_timeout_s: float = 10.0,
     log_level: str = "info",
-) -> None:
-    """Serve until SIGINT/SIGTERM; in-flight requests get `shutdown_timeout_s` to finish."""
-    server_for(
+) -> bool:
+    """Serve until SIGINT/SIGTERM; in-flight requests get `shutdown_timeout_s` to finish.
+    False when the app failed to start (its lifespan raised)."""
+    server = server_for(
         app, host=host, port=port, shutdown_timeout_s=shutdown_timeout_s, log_level=log_level
-    ).run()
+    )
+    server.run()
+    return bool(server.started)

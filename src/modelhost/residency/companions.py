@@ -1,0 +1,39 @@
+"""Opening a model for serving by what its registry entry says it does, the same way in-process
+and in a worker: a generative model gets an engine and its stage; a companion (a sentence encoder
+serving `/v1/embeddings`, a Whisper model serving `/v1/audio/*`) its own stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def open_stage(
+    path: Path,
+    model_id: str,
+    operations: Sequence[str],
+    load_model: Callable[[str], Any],
+    build_stage: Callable[[Any], Any],
+) -> Any:
+    """The stage that serves the model at `path` under the registry's stable `model_id`."""
+    if "generate" not in operations:
+        return open_companion(path, model_id, operations)
+    model = load_model(str(path))
+    model.id = model_id  # the registry's id, not the file's or snapshot's name
+    return build_stage(model)
+
+
+def open_companion(path: Path, model_id: str, operations: Sequence[str]) -> Any:
+    """The stage that serves a companion model from its files."""
+    if "embed" in operations:
+        from modelhost.inference.embeddings import EncoderStage
+        from modelhost.models.bert import load_bert
+
+        return EncoderStage(load_bert(Path(path), model_id))
+    if "transcribe" in operations:
+        from modelhost.audio.stage import load_transcriber
+
+        return load_transcriber(Path(path), model_id)
+    raise ValueError(f"{model_id}: no companion serves {', '.join(operations)}")

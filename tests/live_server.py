@@ -1,0 +1,56 @@
+"""A real modelhost server for tests: uvicorn with modelhost's shutdown rules, on a free loopback
+port, in a background thread of the test process."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+from fastapi import FastAPI
+
+from modelhost.server.runner import server_for
+
+START_TIMEOUT_S = 60.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class LiveServer:
+    """`app` on 127.0.0.1 from `start()` (or `with`) until `stop()`."""
+
+    def __init__(self, app: FastAPI, *, shutdown_timeout_s: float = 5.0) -> None:
+        self.app = app
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.server = server_for(
+            app,
+            host="127.0.0.1",
+            port=self.port,
+            shutdown_timeout_s=shutdown_timeout_s,
+            log_level="warning",
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def start(self) -> LiveServer:
+        self.thread.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+    def __enter__(self) -> LiveServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

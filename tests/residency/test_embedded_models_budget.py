@@ -1,0 +1,64 @@
+"""End to end with the two embedded chat models and a tiny one under a budget that fits two of
+them: each new model drains the least recently used idle one, never the one just used."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+from live_server import LiveServer
+
+from modelhost.cli_serve import build_stage
+from modelhost.models.loader import load_model
+from modelhost.residency.host import ResidencyHost
+from modelhost.residency.inprocess import InProcessUnit, in_process_loader
+from modelhost.residency.registry import ModelRegistry, ServingShape
+from modelhost.residency.router import ModelRouter
+from modelhost.server.app import ServeSettings, create_routed_app
+
+pytestmark = pytest.mark.slow
+SMOLLM2, GEMMA = "smollm2-135m-instruct", "gemma-3-270m"
+
+
+def test_new_models_drain_the_least_recently_used_under_a_budget_for_two(
+    smollm2, gemma3, models_dir, tmp_path
+):
+    registry = ModelRegistry(
+        [models_dir], home=tmp_path / "home", hf_hub=tmp_path / "hub", shape=ServingShape(batch=2)
+    )
+    smollm2_bytes = registry.get(SMOLLM2).estimate_bytes
+    # Room for Gemma beside a tiny model, never for Gemma beside SmolLM2.
+    budget = registry.get(GEMMA).estimate_bytes + smollm2_bytes // 2
+    settings = ServeSettings()
+    unloads: list[str] = []  # in the order their drains finished
+    host: ResidencyHost[InProcessUnit] = ResidencyHost(
+        budget_bytes=budget,
+        source=registry.get,
+        load=in_process_loader(load_model, lambda m: build_stage(m, settings, batch=2)),
+        hold_s=0.0,
+        publish=lambda name, payload: (
+            unloads.append(payload["id"]) if name == "model.unload" else None
+        ),
+    )
+    router = ModelRouter(host, registry, current=SMOLLM2)
+
+    def resident() -> set[str]:
+        return {m.id for m in host.resident()}
+
+    with LiveServer(create_routed_app(router, settings)) as server:
+        client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+
+        def ask(model: str) -> str:
+            reply = client.completions.create(model=model, prompt="The sky is", max_tokens=2)
+            return reply.model
+
+        assert ask(SMOLLM2) == SMOLLM2 and resident() == {SMOLLM2}
+        assert ask(GEMMA) == GEMMA and resident() == {GEMMA}  # SmolLM2 drained for Gemma
+        assert ask("tiny-a") == "tiny-a" and resident() == {GEMMA, "tiny-a"}  # two fit
+        assert ask(GEMMA) == GEMMA  # Gemma is now the most recently used
+        plan = host.plan(SMOLLM2)
+        assert plan.evict[0] == "tiny-a"  # the least recently used goes first
+        assert ask(SMOLLM2) == SMOLLM2
+        assert resident() == {SMOLLM2, GEMMA} - set(plan.evict)
+        assert unloads[1:] and set(unloads[1:]) == set(plan.evict)
+        client.close()
+    assert host.resident() == []

@@ -1,0 +1,110 @@
+"""The parent's side of a worker: the relay of its stream (a worker that dies after the stream
+opened leaves the client one error frame in the calling protocol's own SSE shape, then a clean
+end) and what the parent tells a worker when it starts."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from modelhost.residency.supervisor import WorkerProcess
+from modelhost.residency.worker import worker_config
+from modelhost.residency.worker_unit import WorkerUnit
+from modelhost.server.app import ServeSettings
+
+
+class DyingStream(httpx.AsyncByteStream):
+    """One frame, then the connection breaks (the worker was killed)."""
+
+    def __init__(self, first: bytes) -> None:
+        self.first = first
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self.first
+        raise httpx.RemoteProtocolError("peer closed connection without sending complete body")
+
+
+async def relayed(path: str, first: bytes) -> tuple[list[dict[str, Any]], bytes]:
+    unit = WorkerUnit("tiny-a", 1, WorkerProcess([]))
+    upstream = httpx.Response(
+        200, headers={"content-type": "text/event-stream"}, stream=DyingStream(first)
+    )
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        await asyncio_forever()
+        return {"type": "http.disconnect"}
+
+    scope = {"type": "http", "method": "POST", "path": path}
+    await unit._relay(upstream, scope, receive, send)
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return sent, body
+
+
+async def asyncio_forever() -> None:
+    import asyncio
+
+    await asyncio.Event().wait()
+
+
+def frames(body: bytes) -> list[str]:
+    return [line for line in body.decode().splitlines() if line]
+
+
+async def test_a_chat_stream_ends_with_one_openai_error_frame():
+    sent, body = await relayed("/v1/chat/completions", b'data: {"choices":[]}\n\n')
+    lines = frames(body)
+    assert lines[0] == 'data: {"choices":[]}'
+    error = json.loads(lines[-1].removeprefix("data: "))["error"]
+    assert error["code"] == "engine_unavailable" and len(lines) == 2
+    assert sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+
+
+async def test_an_anthropic_stream_ends_with_one_anthropic_error_event():
+    _, body = await relayed("/v1/messages", b"event: ping\ndata: {}\n\n")
+    lines = frames(body)
+    assert lines[-2] == "event: error" and lines.count("event: error") == 1
+    frame = json.loads(lines[-1].removeprefix("data: "))
+    assert frame["type"] == "error" and frame["error"]["type"] == "api_error"
+    assert "unavailable" in frame["error"]["message"]
+
+
+async def test_a_responses_stream_ends_with_one_responses_error_event():
+    _, body = await relayed("/v1/responses", b"event: response.created\ndata: {}\n\n")
+    lines = frames(body)
+    assert lines[-2] == "event: error" and lines.count("event: error") == 1
+    frame = json.loads(lines[-1].removeprefix("data: "))
+    assert frame["type"] == "error" and frame["code"] == "engine_unavailable"
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+async def test_a_json_answer_cut_short_gets_no_sse_frame(path):
+    unit = WorkerUnit("tiny-a", 1, WorkerProcess([]))
+    upstream = httpx.Response(
+        200, headers={"content-type": "application/json"}, stream=DyingStream(b'{"id":')
+    )
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        await asyncio_forever()
+        return {"type": "http.disconnect"}
+
+    await unit._relay(upstream, {"type": "http", "method": "POST", "path": path}, receive, send)
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    assert body == b'{"id":'  # the client sees a truncated body, never a stream frame in JSON
+
+
+def test_a_worker_is_never_given_the_api_key_on_its_command_line():
+    config = worker_config(ServeSettings(api_key="s3cret-key"), batch=2, max_queue=4)
+    assert "s3cret-key" not in config
+    assert json.loads(config)["batch"] == 2
