@@ -12,32 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from prompt_logits import prompt_logits
 from tiny_models import ARCHITECTURES, make_tiny_checkpoint, reference_model
 
 from modelhost.engine.engine import Engine, EngineConfig
 from modelhost.engine.sampling_params import SamplingParams
-from modelhost.engine.scheduler import ScheduledRow, SchedulerOutput
-from modelhost.engine.sequence import Sequence
 from modelhost.models.loaded import LoadedModel
 from modelhost.models.loader import load_model
 
 LOGIT_TOLERANCE = 1e-3
 EMBEDDED = {"smollm2": "smollm2-135m-instruct", "gemma3": "gemma-3-270m"}
-
-
-def our_prompt_logits(model: LoadedModel, prompt_ids: list[int]) -> torch.Tensor:
-    """Next-token logits at every prompt position, from one prefill through the paged cache."""
-    engine = Engine(model, EngineConfig(batch=1))
-    try:
-        seq = Sequence.from_prompt(0, prompt_ids, SamplingParams())
-        engine.block_manager.append_slots(seq, len(prompt_ids))
-        batch = engine.runner.build_batch(
-            SchedulerOutput(rows=[ScheduledRow(seq, 0, len(prompt_ids), True)])
-        )
-        batch.logits_index = torch.arange(len(prompt_ids))
-        return model.network(batch, engine.runner.kv)
-    finally:
-        engine.close()
 
 
 def our_greedy(model: LoadedModel, prompt_ids: list[int], num_tokens: int) -> list[int]:
@@ -75,7 +59,7 @@ def test_tiny_checkpoint_prompt_logits_match_transformers(tiny, smollm2):
     prompt = smollm2.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 3)
     with torch.no_grad():
         expected = reference(torch.tensor([prompt])).logits[0]
-    got = our_prompt_logits(ours, prompt)
+    got = prompt_logits(ours, prompt)
     assert torch.allclose(got, expected, atol=LOGIT_TOLERANCE, rtol=0)
 
 
@@ -105,5 +89,5 @@ def test_embedded_model_matches_transformers_on_the_same_gguf(name):
     assert len(long_prompt) > 520
     with torch.no_grad():
         expected = reference(torch.tensor([long_prompt])).logits[0]
-    got = our_prompt_logits(model, long_prompt)
+    got = prompt_logits(model, long_prompt)
     assert torch.allclose(got, expected, atol=LOGIT_TOLERANCE, rtol=0)

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from prompt_logits import prompt_logits
 
-from modelhost.engine.engine import Engine, EngineConfig
-from modelhost.engine.sampling_params import SamplingParams
-from modelhost.engine.scheduler import ScheduledRow, SchedulerOutput
-from modelhost.engine.sequence import Sequence
 from modelhost.models.loaded import LoadedModel
 from modelhost.models.loader import load_model
 from modelhost.models.quant import (
@@ -77,20 +74,6 @@ def test_refined_head_gives_exact_logits_for_the_best_tokens():
     best = expected.topk(3, dim=-1).indices
     assert torch.allclose(got.gather(1, best), expected.gather(1, best), atol=1e-4)
     assert torch.equal(got.argmax(-1), expected.argmax(-1))
-
-
-def prompt_logits(model: LoadedModel, prompt_ids: list[int]) -> torch.Tensor:
-    engine = Engine(model, EngineConfig(batch=1))
-    try:
-        seq = Sequence.from_prompt(0, prompt_ids, SamplingParams())
-        engine.block_manager.append_slots(seq, len(prompt_ids))
-        batch = engine.runner.build_batch(
-            SchedulerOutput(rows=[ScheduledRow(seq, 0, len(prompt_ids), True)])
-        )
-        batch.logits_index = torch.arange(len(prompt_ids))
-        return model.network(batch, engine.runner.kv)
-    finally:
-        engine.close()
 
 
 @pytest.fixture(scope="module")
