@@ -4,6 +4,7 @@ end) and what the parent tells a worker when it starts."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -28,10 +29,13 @@ class DyingStream(httpx.AsyncByteStream):
         raise httpx.RemoteProtocolError("peer closed connection without sending complete body")
 
 
-async def relayed(path: str, first: bytes) -> tuple[list[dict[str, Any]], bytes]:
+async def relayed(
+    path: str, first: bytes, content_type: str = "text/event-stream"
+) -> tuple[list[dict[str, Any]], bytes]:
+    """What the client is sent when the worker's answer breaks after `first`."""
     unit = WorkerUnit("tiny-a", 1, WorkerProcess([]))
     upstream = httpx.Response(
-        200, headers={"content-type": "text/event-stream"}, stream=DyingStream(first)
+        200, headers={"content-type": content_type}, stream=DyingStream(first)
     )
     sent: list[dict[str, Any]] = []
 
@@ -39,19 +43,13 @@ async def relayed(path: str, first: bytes) -> tuple[list[dict[str, Any]], bytes]
         sent.append(message)
 
     async def receive() -> dict[str, Any]:
-        await asyncio_forever()
+        await asyncio.Event().wait()  # the client stays
         return {"type": "http.disconnect"}
 
     scope = {"type": "http", "method": "POST", "path": path}
     await unit._relay(upstream, scope, receive, send)
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     return sent, body
-
-
-async def asyncio_forever() -> None:
-    import asyncio
-
-    await asyncio.Event().wait()
 
 
 def frames(body: bytes) -> list[str]:
@@ -86,21 +84,7 @@ async def test_a_responses_stream_ends_with_one_responses_error_event():
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
 async def test_a_json_answer_cut_short_gets_no_sse_frame(path):
-    unit = WorkerUnit("tiny-a", 1, WorkerProcess([]))
-    upstream = httpx.Response(
-        200, headers={"content-type": "application/json"}, stream=DyingStream(b'{"id":')
-    )
-    sent: list[dict[str, Any]] = []
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    async def receive() -> dict[str, Any]:
-        await asyncio_forever()
-        return {"type": "http.disconnect"}
-
-    await unit._relay(upstream, {"type": "http", "method": "POST", "path": path}, receive, send)
-    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    _, body = await relayed(path, b'{"id":', content_type="application/json")
     assert body == b'{"id":'  # the client sees a truncated body, never a stream frame in JSON
 
 

@@ -22,20 +22,19 @@ from modelhost.residency.lease import Lease
 from modelhost.residency.registry import ModelEntry
 from modelhost.residency.unit import ResidencyError, Unit
 
-# The inference endpoints whose JSON body carries the routing `model` field.
-MODEL_ROUTED = frozenset(
-    {
-        "/v1/chat/completions",
-        "/v1/completions",
-        "/v1/messages",
-        "/v1/messages/count_tokens",
-        "/v1/responses",
-        "/v1/embeddings",
-        "/v1/decisions",
-        "/v1/systemone",
-        "/v1/audio/transcriptions",
-        "/v1/audio/translations",
-    }
+# The inference endpoints whose body carries the routing `model` field (in this order, `GET /v1`
+# lists them).
+MODEL_ROUTED = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1/responses",
+    "/v1/embeddings",
+    "/v1/decisions",
+    "/v1/systemone",
+    "/v1/audio/transcriptions",
+    "/v1/audio/translations",
 )
 
 

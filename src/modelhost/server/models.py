@@ -9,25 +9,11 @@ from starlette.responses import JSONResponse, Response
 
 from modelhost import __version__
 from modelhost.inference.contracts import ModelCard, StageStats
-from modelhost.residency.router import ListedModel
+from modelhost.residency.router import MODEL_ROUTED, ListedModel
 from modelhost.server.http import serving_stage
 from modelhost.server.openai_wire import openai_error
 
-ENDPOINTS = (
-    "/v1/chat/completions",
-    "/v1/completions",
-    "/v1/messages",
-    "/v1/messages/count_tokens",
-    "/v1/responses",
-    "/v1/embeddings",
-    "/v1/decisions",
-    "/v1/systemone",
-    "/v1/audio/transcriptions",
-    "/v1/audio/translations",
-    "/v1/models",
-    "/health",
-    "/stats",
-)
+ENDPOINTS = (*MODEL_ROUTED, "/v1/models", "/health", "/stats")
 GEN_DEFAULT_KEYS = ("temperature", "top_p", "top_k")
 
 
