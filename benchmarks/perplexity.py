@@ -2,10 +2,11 @@
 
     .venv/bin/python benchmarks/perplexity.py [--models ...] [--modes none int8 auto int4]
 
-For each model and mode: perplexity of a fixed public-domain text (one prefill through the
-model's own forward and paged cache), and greedy continuations of the engine's correctness
-prompts compared token by token with mode `none` (fp32, the reference maths). Prints a table
-and writes JSON (default benchmarks/results/perplexity-<time>.json).
+For each model and mode: perplexity of a fixed public-domain text (one pass through the
+model's own forward and paged cache, every position computed as generated tokens are), and
+greedy continuations of the engine's correctness prompts compared token by token with mode
+`none` (fp32, the reference maths). Prints a table and writes JSON (default
+benchmarks/results/perplexity-<time>.json).
 """
 
 from __future__ import annotations
@@ -85,6 +86,9 @@ def prompt_logits(model: LoadedModel, ids: list[int]) -> torch.Tensor:
             SchedulerOutput(rows=[ScheduledRow(seq, 0, len(ids), True)])
         )
         batch.logits_index = torch.arange(len(ids))
+        # Every position as a generated token (the quantized kernels): the engine computes
+        # prompt tokens with fp32 weights, so a prompt's perplexity would hide the quantization.
+        batch.prompt_index, batch.generated_index = None, torch.arange(len(ids))
         return model.network(batch, engine.runner.kv)
     finally:
         engine.close()

@@ -15,6 +15,7 @@ from modelhost.models.quant import (
     RefinedHead,
     exact_int4,
     quantize_int4,
+    token_roles,
 )
 
 
@@ -48,6 +49,23 @@ def test_int4_linear_matches_fp32_within_bf16_rounding():
     x = torch.randn(5, 128)
     expected = x @ weight.t()
     assert relative_error(Int4Linear(weight, None)(x), expected) < 1e-2
+
+
+def test_prompt_tokens_take_the_fp32_weight_and_generated_tokens_the_int4_kernel():
+    weight = four_bit_weight(96, 128)
+    linear = Int4Linear(weight, None)
+    assert linear.prompt_weight_t is not None  # the int4 weight, dequantized (bf16 scales)
+    assert relative_error(linear.prompt_weight_t.t(), weight) < 1e-2
+    x = torch.randn(5, 128)
+    fp32, kernel = x @ linear.prompt_weight_t, linear(x).float()  # outside a step: the kernel
+    assert relative_error(kernel, fp32) > 1e-4  # bf16 activations: not the fp32 product
+    with token_roles(torch.arange(5), None):
+        assert torch.equal(linear(x), fp32)
+    prompt, generated = torch.tensor([0, 3]), torch.tensor([1, 2, 4])
+    with token_roles(prompt, generated):
+        mixed = linear(x)
+    assert torch.equal(mixed[prompt], fp32[prompt])
+    assert torch.equal(mixed[generated], linear(x[generated]).float())
 
 
 def test_int8_linear_matches_fp32_within_tolerance():
@@ -103,7 +121,7 @@ def test_auto_mode_keeps_perplexity_within_five_percent(smollm2_modes):
     target = torch.tensor(prompt[1:])
 
     def perplexity(model: LoadedModel) -> float:
-        logits = prompt_logits(model, prompt)[:-1]
+        logits = prompt_logits(model, prompt, as_generated=True)[:-1]
         return torch.nn.functional.cross_entropy(logits, target).exp().item()
 
     reference = perplexity(raw)

@@ -6,7 +6,7 @@ import torch
 
 from modelhost.engine.block_manager import cdiv
 from modelhost.engine.prompt_logprobs import prompt_logits_index
-from modelhost.engine.scheduler import SchedulerOutput
+from modelhost.engine.scheduler import ScheduledRow, SchedulerOutput
 from modelhost.models.batch import ForwardBatch, KVCache
 from modelhost.models.loaded import LoadedModel
 
@@ -95,6 +95,7 @@ class ModelRunner:
         ]
         # Rows that want prompt logprobs get logits at their prompt positions too, after these.
         sample_last += prompt_logits_index(rows)
+        prompt_index, generated_index = _token_roles(rows)
         device = self.model.device
         return ForwardBatch(
             input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
@@ -107,4 +108,25 @@ class ModelRunner:
             sliding_mask=None if sliding_mask is None else sliding_mask.to(device),
             logits_index=torch.tensor(sample_last, dtype=torch.long, device=device),
             dense=len(rows) == 1 or max_q == 1,
+            prompt_index=None if prompt_index is None else prompt_index.to(device),
+            generated_index=None if generated_index is None else generated_index.to(device),
         )
+
+
+def _token_roles(rows: list[ScheduledRow]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Flat indices of the step's prompt tokens and of its generated tokens (None where there
+    are none): a token is a prompt token by its position, whichever step computes it."""
+    prompt_counts = [
+        min(max(row.seq.num_prompt_tokens - row.start, 0), row.num_tokens) for row in rows
+    ]
+    num_prompt = sum(prompt_counts)
+    total = sum(row.num_tokens for row in rows)
+    if num_prompt == 0:
+        return None, torch.arange(total)
+    if num_prompt == total:
+        return torch.arange(total), None
+    is_prompt: list[bool] = []
+    for row, count in zip(rows, prompt_counts, strict=True):
+        is_prompt += [True] * count + [False] * (row.num_tokens - count)
+    mask = torch.tensor(is_prompt)
+    return mask.nonzero().flatten(), (~mask).nonzero().flatten()

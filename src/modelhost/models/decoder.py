@@ -8,6 +8,7 @@ from torch import nn
 from modelhost.models.batch import ForwardBatch, KVCache
 from modelhost.models.config import ModelConfig
 from modelhost.models.layers import RMSNorm, Rotary
+from modelhost.models.quant import token_roles
 
 
 class DecoderLM(nn.Module):
@@ -40,8 +41,9 @@ class DecoderLM(nn.Module):
         ropes = {"global": self.rotary_global.cos_sin(batch.positions, hidden.dtype)}
         if self.config.sliding_window is not None:
             ropes["local"] = self.rotary_local.cos_sin(batch.positions, hidden.dtype)
-        for index, layer in enumerate(self.model.layers):
-            hidden = layer(hidden, ropes[self.rope_for(index)], batch, kv)
+        with token_roles(batch.prompt_index, batch.generated_index):
+            for index, layer in enumerate(self.model.layers):
+                hidden = layer(hidden, ropes[self.rope_for(index)], batch, kv)
         hidden = self.model.norm(hidden[batch.logits_index])
         logits = self.lm_head(hidden)
         cap = self.config.final_logit_softcapping

@@ -15,7 +15,9 @@ of three implementations:
 Both quantized kernels are vectorised only for bf16 activations here (fp32 activations take a
 scalar path 20-100x slower), so a quantized linear rounds its input to bf16 and returns bf16;
 the residual stream, norms, attention and softmax stay fp32 (adds promote, norms convert). The
-quantized LM head is a `RefinedHead`: its best candidates are recomputed in fp32.
+quantized LM head is a `RefinedHead`: its best candidates are recomputed in fp32. Prompt
+tokens skip the kernels: each layer linear also holds its dequantized weight in fp32 for them
+(`token_roles`).
 
 Modes (`MODELHOST_QUANTIZE` or `load_model(quantize=...)`):
   none   fp32 everywhere (bit-for-bit the reference maths; the parity tests use it)
@@ -27,6 +29,10 @@ Modes (`MODELHOST_QUANTIZE` or `load_model(quantize=...)`):
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 
@@ -35,21 +41,53 @@ GROUP = 32
 _BF16 = torch.bfloat16
 
 
-# From this many rows (prefill chunks) MKL's fp32 sgemm beats both quantized kernels, which are
-# tuned for a few rows (SmolLM2 prefill: 342 tok/s fp32 against 177 int4). With PREFILL_FP32 the
-# quantized linears keep their dequantized weight in fp32, transposed, for those steps (memory
-# traded for prefill speed). Off: a row's greedy output then depends on whether its prefill
-# shared a step with others (fp32 sgemm and the int4 kernel sum in different orders), which
-# tests/engine/test_engine.py forbids. Left for a batch-invariant follow-up.
-PREFILL_FP32 = False
-PREFILL_ROWS = 16
+# MKL's fp32 sgemm computes prompt tokens (hundreds of rows a step) about twice as fast as
+# either quantized kernel, which is tuned for a few rows (SmolLM2 prefill, 1 thread: 408 tok/s
+# against 203). So every layer linear also keeps its dequantized weight in fp32, transposed
+# (memory traded for prefill speed), and a step's prompt tokens go through it while generated
+# tokens take the quantized kernel. The choice is by a token's role, never by how many tokens
+# share its step, so a row's greedy output does not depend on its neighbours (batch invariance:
+# tests/engine/test_engine.py).
+_roles = threading.local()
 
 
-def _prefill(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """The quantized kernels' maths in fp32 sgemm: the dequantized weight, bf16 in and out, so a
-    row's result does not depend on how many rows share its step (greedy batch invariance)."""
-    y = torch.matmul(x.to(_BF16).float(), weight_t).to(_BF16)
-    return y if bias is None else y + bias
+@contextmanager
+def token_roles(prompt: torch.Tensor | None, generated: torch.Tensor | None) -> Iterator[None]:
+    """Within this block, layer linears see a step whose tokens at `prompt` are prompt tokens
+    and those at `generated` generated ones (None: no token of that role)."""
+    _roles.current = (prompt, generated)
+    try:
+        yield
+    finally:
+        _roles.current = None
+
+
+def _prompt_matmul(
+    x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    y = torch.matmul(x.float(), weight_t)
+    return y if bias is None else y.add_(bias)
+
+
+class _QuantizedLinear(nn.Module):
+    """A quantized kernel for generated tokens, fp32 sgemm for prompt tokens (see above)."""
+
+    prompt_weight_t: torch.Tensor | None
+    bias: torch.Tensor | None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        prompt, generated = getattr(_roles, "current", None) or (None, None)
+        if prompt is None or self.prompt_weight_t is None:
+            return self.quantized(x)
+        if generated is None:
+            return _prompt_matmul(x, self.prompt_weight_t, self.bias)
+        from_prompt = _prompt_matmul(x[prompt], self.prompt_weight_t, self.bias)
+        y = x.new_empty((x.shape[0], from_prompt.shape[-1]), dtype=from_prompt.dtype)
+        y.index_copy_(0, prompt, from_prompt)
+        return y.index_copy_(0, generated, self.quantized(x[generated]).to(y.dtype))
+
+    def quantized(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
 
 
 class DenseLinear(nn.Module):
@@ -65,9 +103,9 @@ class DenseLinear(nn.Module):
         return torch.addmm(self.bias, x, self.weight_t)
 
 
-class Int8Linear(nn.Module):
+class Int8Linear(_QuantizedLinear):
     def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, *, prefill: bool = True
+        self, weight: torch.Tensor, bias: torch.Tensor | None, *, prompt_fp32: bool = True
     ) -> None:
         super().__init__()
         weight = weight.float()
@@ -77,13 +115,11 @@ class Int8Linear(nn.Module):
         self.register_buffer("scales", scales.to(_BF16))
         self.register_buffer("bias", bias)
         restored = q.float() * self.scales.float()[:, None]
-        prefill_weight_t = restored.t().contiguous() if prefill else None
-        self.register_buffer("prefill_weight_t", prefill_weight_t)
+        prompt_weight_t = restored.t().contiguous() if prompt_fp32 else None
+        self.register_buffer("prompt_weight_t", prompt_weight_t)
         self.out_features = weight.shape[0]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.prefill_weight_t is not None and x.numel() >= PREFILL_ROWS * x.shape[-1]:
-            return _prefill(x, self.prefill_weight_t, self.bias)
+    def quantized(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1]).to(_BF16)
         y = torch.ops.aten._weight_int8pack_mm(x, self.qweight, self.scales)
@@ -91,14 +127,14 @@ class Int8Linear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-class Int4Linear(nn.Module):
+class Int4Linear(_QuantizedLinear):
     def __init__(
         self,
         weight: torch.Tensor,
         bias: torch.Tensor | None,
         *,
         search: bool = True,
-        prefill: bool = True,
+        prompt_fp32: bool = True,
     ) -> None:
         super().__init__()
         q, scales, mins = quantize_int4(weight, search=search)
@@ -110,17 +146,15 @@ class Int4Linear(nn.Module):
         self.register_buffer("packed", packed)
         self.register_buffer("scales_zeros", scales_zeros.to(_BF16))  # [in / 32, out, 2]
         self.register_buffer("bias", bias)
-        prefill_weight_t = None
-        if prefill:
+        prompt_weight_t = None
+        if prompt_fp32:
             scale, zero = self.scales_zeros.float().unbind(-1)  # [in / 32, out] each
             restored = (q.float() - 8) * scale.t()[..., None] + zero.t()[..., None]
-            prefill_weight_t = restored.reshape(out_features, in_features).t().contiguous()
-        self.register_buffer("prefill_weight_t", prefill_weight_t)
+            prompt_weight_t = restored.reshape(out_features, in_features).t().contiguous()
+        self.register_buffer("prompt_weight_t", prompt_weight_t)
         self.out_features = out_features
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.prefill_weight_t is not None and x.numel() >= PREFILL_ROWS * x.shape[-1]:
-            return _prefill(x, self.prefill_weight_t, self.bias)
+    def quantized(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(
             x.reshape(-1, shape[-1]).to(_BF16), self.packed, GROUP, self.scales_zeros
@@ -213,9 +247,9 @@ def make_linear(
     weight = weight.detach()
     bias = None if bias is None else bias.detach().float().clone()
     if kind == "int4" and weight.shape[1] % GROUP == 0 and weight.shape[0] % 16 == 0:
-        return Int4Linear(weight, bias, search=search, prefill=search and PREFILL_FP32)
+        return Int4Linear(weight, bias, search=search, prompt_fp32=search)
     if kind in ("int4", "int8"):
-        return Int8Linear(weight, bias, prefill=search and PREFILL_FP32)
+        return Int8Linear(weight, bias, prompt_fp32=search)
     return DenseLinear(weight.float(), bias)
 
 
@@ -265,7 +299,7 @@ def prepare_for_inference(network: nn.Module, mode: str) -> nn.Module:
         mlp.down_proj = _swap(mlp.down_proj, mode)
     head = network.lm_head.weight.detach()
     kind = _kind(head, mode, head=True)
-    # search=False: refined anyway, and no fp32 prefill copy (only sampled rows reach it).
+    # search=False: refined anyway, and no fp32 prompt copy (only sampled rows reach it).
     network.lm_head = make_linear(head, None, kind, search=False)
     if kind != "fp32":
         network.lm_head = RefinedHead(network.lm_head, head.float())
