@@ -112,6 +112,12 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         "--max-body-mb", type=float, default=DEFAULT_MAX_BODY_BYTES / MiB, metavar="MB",
         help="largest request body in MiB; bigger ones get 413 (default: 32)",
     )  # fmt: skip
+    # Prompt-heavy steps are large matmuls with nothing else to do in their process: two
+    # threads prefilled Gemma 3 at 501 tok/s against 363 with one (SmolLM2 382 against 359).
+    parser.add_argument(
+        "--prompt-threads", type=int, default=os.cpu_count() or 1,
+        help="CPU threads for engine steps that compute many prompt tokens (default: all cores)",
+    )  # fmt: skip
     return parser
 
 
@@ -129,6 +135,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         cors_origins=tuple(args.cors_origin),
         max_body_bytes=int(args.max_body_mb * MiB),
         log_format=args.log_format,
+        prompt_threads=args.prompt_threads,
     )
 
 
@@ -163,6 +170,7 @@ def build_stage(
         kv_cache_bytes=policy.memory.kv_bytes if policy.memory is not None else None,
         max_num_batched_tokens=settings.chunk_tokens,
         context_length=settings.context_length,
+        prompt_threads=settings.prompt_threads,
     )
     return InferenceStage(Engine(model, config), model, policy=policy, defaults=settings.defaults)
 

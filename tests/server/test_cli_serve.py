@@ -34,12 +34,14 @@ def test_serve_flags_become_the_servers_settings() -> None:
         "my-model",
         *("--memory-budget", "1.5", "--max-tokens", "64", "--temp", "0.2"),
         *("--top-p", "0.9", "--top-k", "5", "--context-length", "512", "--heartbeat", "3"),
+        *("--prompt-threads", "3"),
     )
     settings = cli_serve.settings_from_args(args)
     assert args.models == ["my-model"]
     assert settings.memory_budget_gb == 1.5
     assert settings.context_length == 512
     assert settings.heartbeat_s == 3.0
+    assert settings.prompt_threads == 3
     defaults = settings.defaults
     assert (defaults.max_tokens, defaults.temperature, defaults.top_p, defaults.top_k) == (
         64,

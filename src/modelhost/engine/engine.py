@@ -59,6 +59,9 @@ class EngineConfig:
     block_size: int = 16
     max_num_batched_tokens: int = 512  # tokens per step: the prefill chunk size
     context_length: int | None = None  # None: the model's own window
+    # Intra-op threads for steps that compute at least PROMPT_THREADS_MIN_TOKENS prompt tokens
+    # (big matmuls); None: every step on the thread count already set.
+    prompt_threads: int | None = None
 
     def num_blocks(self, model: LoadedModel, context_length: int) -> int:
         token_bytes = model.config.kv_bytes_per_token(model.dtype.itemsize)
@@ -126,7 +129,12 @@ class Engine:
             ),
             self.block_manager,
         )
-        self.runner = ModelRunner(model, num_blocks=num_blocks, block_size=config.block_size)
+        self.runner = ModelRunner(
+            model,
+            num_blocks=num_blocks,
+            block_size=config.block_size,
+            prompt_threads=config.prompt_threads,
+        )
         self._block_bytes = config.block_size * model.config.kv_bytes_per_token(
             model.dtype.itemsize
         )

@@ -10,10 +10,20 @@ from modelhost.engine.scheduler import ScheduledRow, SchedulerOutput
 from modelhost.models.batch import ForwardBatch, KVCache
 from modelhost.models.loaded import LoadedModel
 
+PROMPT_THREADS_MIN_TOKENS = 64
+
 
 class ModelRunner:
-    def __init__(self, model: LoadedModel, *, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self,
+        model: LoadedModel,
+        *,
+        num_blocks: int,
+        block_size: int,
+        prompt_threads: int | None = None,
+    ) -> None:
         self.model = model
+        self.prompt_threads = prompt_threads
         self.block_size = block_size
         config = model.config
         # One extra block, zeroed, pads every row's block table. Unwritten pool memory may hold
@@ -43,7 +53,21 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> torch.Tensor:
         """Logits [S, vocab] for the rows that sample this step, in row order."""
         batch = self.build_batch(out)
-        return self.model.network(batch, self.kv)
+        prompt = batch.prompt_index
+        if (
+            self.prompt_threads is None
+            or prompt is None
+            or prompt.numel() < PROMPT_THREADS_MIN_TOKENS
+        ):
+            return self.model.network(batch, self.kv)
+        # Decode steps stay on the serving thread count: on a shared machine a second intra-op
+        # thread slows small matmuls down (a step waits for a preempted thread).
+        threads = torch.get_num_threads()
+        torch.set_num_threads(self.prompt_threads)
+        try:
+            return self.model.network(batch, self.kv)
+        finally:
+            torch.set_num_threads(threads)
 
     def build_batch(self, out: SchedulerOutput) -> ForwardBatch:
         block_size = self.block_size
