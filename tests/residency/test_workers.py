@@ -94,6 +94,8 @@ def test_a_worker_process_answers_on_a_private_socket(served):
     assert reply.json()["model"] == "tiny-a"
     pid = int(reply.headers[PID_HEADER])
     assert pid != os.getpid()
+    for singleton in ("date", "server", "content-type"):  # the worker's are not relayed again
+        assert len(reply.headers.get_list(singleton)) == 1, singleton
     unit = unit_of(served, "tiny-a")
     assert unit.pid == pid
     socket_path = Path(unit.worker.socket_path)

@@ -43,6 +43,8 @@ HOP_BY_HOP = frozenset(
         "content-length",
     }
 )
+# Set again by the front server on every response: relayed too, a client would see two of each.
+FRONT_RESPONSE_HEADERS = frozenset({"date", "server"})
 PID_HEADER = "x-modelhost-worker-pid"
 DRAIN_ANSWER_S = 2.0  # a forced drain answers at once; a worker that does not is killed
 
@@ -209,7 +211,7 @@ class WorkerUnit:
         out_headers = [
             (k.lower(), v)
             for k, v in upstream.headers.raw
-            if k.decode("latin-1").lower() not in HOP_BY_HOP
+            if k.decode("latin-1").lower() not in HOP_BY_HOP | FRONT_RESPONSE_HEADERS
         ]
         out_headers.append((PID_HEADER.encode(), str(self.worker.pid).encode()))
         is_stream = upstream.headers.get("content-type", "").startswith("text/event-stream")
