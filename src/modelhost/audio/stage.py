@@ -16,9 +16,9 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 import numpy as np
 
@@ -49,6 +49,17 @@ DEFAULT_BEAM_SIZE = 5
 WORKING_BYTES = 128 << 20
 
 Audio = bytes | np.ndarray
+
+
+class TranscriptionFields(TypedDict, total=False):
+    """A request's fields, those of `TranscriptionOptions` (whose defaults apply)."""
+
+    task: str
+    language: str | None
+    prompt: str | None
+    temperature: float | None
+    word_timestamps: bool
+    beam_size: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,17 +103,11 @@ class TranscriptionStage:
     async def transcribe(
         self,
         audio: Audio,
-        *,
-        task: str = "transcribe",
-        language: str | None = None,
-        prompt: str | None = None,
-        temperature: float | None = None,
-        word_timestamps: bool = False,
-        beam_size: int = DEFAULT_BEAM_SIZE,
+        **fields: Unpack[TranscriptionFields],
     ) -> Transcript:
         """The whole transcript of `audio` (encoded bytes, or 16 kHz mono float32 samples).
-        `task="translate"` gives the English translation."""
-        options = self.options(task, language, prompt, temperature, word_timestamps, beam_size)
+        `task="translate"` gives the English translation; `fields` as `options` takes them."""
+        options = self.options(**fields)
         samples = await _samples(audio)
         stop = threading.Event()
         job = self._submit(samples, options, stop, None)
@@ -114,18 +119,12 @@ class TranscriptionStage:
     async def stream(
         self,
         audio: Audio,
-        *,
-        task: str = "transcribe",
-        language: str | None = None,
-        prompt: str | None = None,
-        temperature: float | None = None,
-        word_timestamps: bool = False,
-        beam_size: int = DEFAULT_BEAM_SIZE,
+        **fields: Unpack[TranscriptionFields],
     ) -> AsyncIterator[str]:
         """Awaited, the transcript as an iterator of text deltas, one per segment as Whisper
         decodes it; together they are the transcript's text. A bad field or undecodable audio
         raises here, before any delta; closing the iterator early stops the decoding."""
-        options = self.options(task, language, prompt, temperature, word_timestamps, beam_size)
+        options = self.options(**fields)
         samples = await _samples(audio)
         loop = asyncio.get_running_loop()
         segments: asyncio.Queue[Segment | None] = asyncio.Queue()
@@ -157,36 +156,22 @@ class TranscriptionStage:
                 job.cancel()
             self._forget(stop)
 
-    def options(
-        self,
-        task: str = "transcribe",
-        language: str | None = None,
-        prompt: str | None = None,
-        temperature: float | None = None,
-        word_timestamps: bool = False,
-        beam_size: int = DEFAULT_BEAM_SIZE,
-    ) -> TranscriptionOptions:
+    def options(self, **fields: Unpack[TranscriptionFields]) -> TranscriptionOptions:
         """Checked options; a value the model cannot take is a 400 naming its field."""
-        if task not in TASKS:
+        asked = TranscriptionOptions(**fields)
+        if asked.task not in TASKS:
             raise InvalidRequest(f"task must be one of {', '.join(TASKS)}", param="task")
         code = None
-        if language is not None and language.strip():
-            code = language_code(language)
+        if asked.language is not None and asked.language.strip():
+            code = language_code(asked.language)
             if code is None or code not in self.languages:
-                message = f"language {language!r} is not one {self.model_id} knows"
+                message = f"language {asked.language!r} is not one {self.model_id} knows"
                 raise InvalidRequest(message, param="language")
-        if temperature is not None and not 0.0 <= temperature <= 1.0:
+        if asked.temperature is not None and not 0.0 <= asked.temperature <= 1.0:
             raise InvalidRequest("temperature must be between 0 and 1", param="temperature")
-        if not 1 <= beam_size <= 16:
+        if not 1 <= asked.beam_size <= 16:
             raise InvalidRequest("beam_size must be between 1 and 16", param="beam_size")
-        return TranscriptionOptions(
-            task=task,
-            language=code,
-            prompt=prompt or None,
-            temperature=temperature,
-            word_timestamps=word_timestamps,
-            beam_size=beam_size,
-        )
+        return replace(asked, language=code, prompt=asked.prompt or None)
 
     def resident_bytes(self) -> int:
         """The weights (as `model.bin` holds them) plus one request's working memory."""

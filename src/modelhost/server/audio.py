@@ -31,7 +31,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from modelhost.audio.decode import decode_audio
 from modelhost.audio.formats import GRANULARITIES, RESPONSE_FORMATS, render
-from modelhost.audio.stage import DEFAULT_BEAM_SIZE, TranscriptionStage
+from modelhost.audio.stage import DEFAULT_BEAM_SIZE, TranscriptionFields, TranscriptionStage
 from modelhost.inference.contracts import InvalidRequest, RequestCancelled, RequestError
 from modelhost.server.http import (
     SSE_HEADERS,
@@ -117,18 +117,16 @@ async def _respond(request: Request, task: str, route: str) -> Response | EventS
         upload = await read_audio_request(request)
         params = parse_params(upload.fields, task)
         stage = transcriber(request)
-        options = stage.options(
-            task, params.language, params.prompt, params.temperature, False, params.beam_size
-        )
-        samples = await asyncio.to_thread(decode_audio, upload.data)
-        arguments = {
-            "task": options.task,
-            "language": options.language,
-            "prompt": options.prompt,
-            "temperature": options.temperature,
+        arguments: TranscriptionFields = {
+            "task": task,
+            "language": params.language,
+            "prompt": params.prompt,
+            "temperature": params.temperature,
             "word_timestamps": "word" in params.granularities,
-            "beam_size": options.beam_size,
+            "beam_size": params.beam_size,
         }
+        stage.options(**arguments)  # a bad field is a 400 before the audio is decoded
+        samples = await asyncio.to_thread(decode_audio, upload.data)
         if params.stream:
             deltas = await stage.stream(samples, **arguments)
             return _event_stream(request, deltas, log)
