@@ -44,7 +44,7 @@ def test_random_weights_are_not_exact_int4():
     assert not exact_int4(torch.randn(32, 64))
 
 
-def test_int4_linear_matches_fp32_within_bf16_rounding():
+def test_int4_linear_matches_fp32_within_activation_rounding():
     weight = four_bit_weight(96, 128)
     x = torch.randn(5, 128)
     expected = x @ weight.t()
@@ -54,11 +54,11 @@ def test_int4_linear_matches_fp32_within_bf16_rounding():
 def test_prompt_tokens_take_the_fp32_weight_and_generated_tokens_the_int4_kernel():
     weight = four_bit_weight(96, 128)
     linear = Int4Linear(weight, None)
-    assert linear.prompt_weight_t is not None  # the int4 weight, dequantized (bf16 scales)
+    assert linear.prompt_weight_t is not None  # the int4 weight, dequantized
     assert relative_error(linear.prompt_weight_t.t(), weight) < 1e-2
     x = torch.randn(5, 128)
     fp32, kernel = x @ linear.prompt_weight_t, linear(x).float()  # outside a step: the kernel
-    assert relative_error(kernel, fp32) > 1e-4  # bf16 activations: not the fp32 product
+    assert not torch.equal(kernel, fp32)  # rounded activations: not the fp32 product
     with token_roles(torch.arange(5), None):
         assert torch.equal(linear(x), fp32)
     prompt, generated = torch.tensor([0, 3]), torch.tensor([1, 2, 4])
@@ -125,6 +125,6 @@ def test_auto_mode_keeps_perplexity_within_five_percent(smollm2_modes):
         return torch.nn.functional.cross_entropy(logits, target).exp().item()
 
     reference = perplexity(raw)
-    # bf16 activations: +0.5% on the 700-token text of benchmarks/perplexity.py, ~3% here.
+    # Rounded activations: well under 1% on the 700-token text of benchmarks/perplexity.py.
     assert abs(perplexity(smollm2_modes["auto"]) / reference - 1) < 0.05
     assert "Int4Linear" in {type(m).__name__ for m in smollm2_modes["auto"].network.modules()}

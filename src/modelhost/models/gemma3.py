@@ -26,7 +26,7 @@ class Gemma3Block(nn.Module):
             bias=False,
             qk_norm_eps=config.rms_norm_eps,
             scale=scalar**-0.5,
-            sliding=config.is_sliding_layer(layer),
+            window=config.sliding_window if config.is_sliding_layer(layer) else None,
         )
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, gelu_tanh)
         eps = config.rms_norm_eps

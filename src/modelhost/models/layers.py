@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from modelhost.models import native
 from modelhost.models.batch import ForwardBatch, KVCache
 
 
@@ -23,7 +24,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # torch.rms_norm, not F.rms_norm: the functional wrapper costs ~20 us a call on CPU.
         if x.dtype != self.weight.dtype:
-            x = x.to(self.weight.dtype)  # a quantized linear's bf16 output
+            x = x.to(self.weight.dtype)  # a PyTorch quantized kernel's bf16 output
         return torch.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
@@ -86,7 +87,7 @@ class Attention(nn.Module):
         bias: bool,
         qk_norm_eps: float | None,
         scale: float | None = None,
-        sliding: bool = False,
+        window: int | None = None,
     ) -> None:
         super().__init__()
         self.layer = layer
@@ -94,7 +95,7 @@ class Attention(nn.Module):
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
-        self.sliding = sliding
+        self.window = window  # sliding-window attention over this many positions (Gemma 3)
         self.q_proj = nn.Linear(hidden, num_heads * head_dim, bias=bias)
         self.k_proj = nn.Linear(hidden, num_kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(hidden, num_kv_heads * head_dim, bias=bias)
@@ -120,9 +121,27 @@ class Attention(nn.Module):
             qkv = self.qkv_proj(x)
         else:
             qkv = torch.cat((self.q_proj(x), self.k_proj(x), self.v_proj(x)), dim=-1)
-        # The pool's dtype (a quantized linear returns bf16 on CPUs, where the pool is fp32);
+        # The pool's dtype (PyTorch's quantized kernels return bf16; the CPU pool is fp32);
         # a fresh tensor either way: normed and rotated in place below.
         qkv = qkv.to(kv.pools[self.layer].dtype)
+        rows, max_q = batch.query_index.shape
+        kernels = native.kernels()
+        if kernels is not None and batch.dense and max_q == 1 and self.native_ready(kv):
+            out = kernels.decode_attention(
+                qkv.contiguous(),
+                heads,
+                kv_heads,
+                None if self.q_norm is None else (self.qk_norm_weight, self.q_norm.eps),
+                rope,
+                kv.pools[self.layer],
+                batch.slot_mapping,
+                batch.kv_blocks,
+                kv.block_size,
+                batch.positions,
+                self.window or 0,
+                self.scale,
+            )
+            return self.o_proj(out)
         qk = qkv[:, : q_size + kv_heads * head_dim].view(num_tokens, heads + kv_heads, head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             weight = self.qk_norm_weight
@@ -134,12 +153,11 @@ class Attention(nn.Module):
         # Rotated keys and the values sit side by side in qkv: one write into the pool.
         new_kv = qkv[:, q_size:].view(num_tokens, 2, kv_heads, head_dim)
         kv.pools[self.layer].index_copy_(0, batch.slot_mapping, new_kv)
-        rows, max_q = batch.query_index.shape
         context = kv.blocks(self.layer).index_select(0, batch.kv_blocks.view(-1))
         context = context.view(rows, -1, 2, kv_heads, head_dim)
         keys = context[:, :, 0].transpose(1, 2)  # [R, Hkv, max_kv, D]
         values = context[:, :, 1].transpose(1, 2)
-        mask = batch.sliding_mask if self.sliding else batch.attn_mask
+        mask = batch.sliding_mask if self.window is not None else batch.attn_mask
 
         q = qkv[:, :q_size]
         if batch.dense and max_q == 1:
@@ -159,6 +177,17 @@ class Attention(nn.Module):
         )
         out = out.transpose(1, 2).reshape(rows * max_q, q_size)
         return self.o_proj(out if batch.dense else out[batch.output_index])
+
+    def native_ready(self, kv: KVCache) -> bool:
+        """Whether the native decode attention can run this layer: fp32 on the CPU, head
+        dimensions in whole vectors, q/k norm weights prepared."""
+        pool = kv.pools[self.layer]
+        return (
+            pool.dtype == torch.float32
+            and pool.device.type == "cpu"
+            and self.head_dim % 16 == 0
+            and (self.q_norm is None or self.qk_norm_weight is not None)
+        )
 
     def expanded_qk_norm_weight(self) -> torch.Tensor:
         assert self.q_norm is not None and self.k_norm is not None

@@ -6,18 +6,19 @@ of three implementations:
 
 - `DenseLinear`: fp32, the weight stored transposed ([in, out]). MKL's small-M sgemm reads a
   row-major [out, in] weight much slower than its transpose (2-3x at 8 rows on these CPUs).
-- `Int8Linear`: per-output-channel symmetric int8 (`aten._weight_int8pack_mm`).
-- `Int4Linear`: asymmetric int4 in groups of 32 along the input
-  (`aten._weight_int4pack_mm_for_cpu`). GGUF's Q4_0/Q4_1/Q4_K tensors already hold at most
-  16 levels per 32 weights, so for those the int4 form reproduces the dequantized weights
-  exactly (up to bf16 scales); `exact_int4` finds each group's grid.
+- `Int8Linear`: per-output-channel symmetric int8.
+- `Int4Linear`: asymmetric int4 in groups of 32 along the input. GGUF's Q4_0/Q4_1/Q4_K
+  tensors already hold at most 16 levels per 32 weights, so for those the int4 form
+  reproduces the dequantized weights exactly; `exact_int4` finds each group's grid.
 
-Both quantized kernels are vectorised only for bf16 activations here (fp32 activations take a
-scalar path 20-100x slower), so a quantized linear rounds its input to bf16 and returns bf16;
-the residual stream, norms, attention and softmax stay fp32 (adds promote, norms convert). The
-quantized LM head is a `RefinedHead`: its best candidates are recomputed in fp32. Prompt
-tokens skip the kernels: each layer linear also holds its dequantized weight in fp32 for them
-(`token_roles`).
+The quantized linears run the native kernels (models/native.py: weights dequantized in
+registers, fp32 activations and products). Where those cannot run
+they fall back to PyTorch's (`aten._weight_int4pack_mm_for_cpu`, `aten._weight_int8pack_mm`),
+which are vectorised only for bf16 activations here, so the linear then rounds its input to
+bf16 and returns bf16 (and keeps bf16 scales); the residual stream, norms, attention and
+softmax stay fp32 either way. The quantized LM head is a `RefinedHead`: its best candidates
+are recomputed in fp32. Prompt tokens skip the kernels: each layer linear also holds its
+dequantized weight in fp32 for them (`token_roles`).
 
 Modes (`MODELHOST_QUANTIZE` or `load_model(quantize=...)`):
   none   fp32 everywhere (bit-for-bit the reference maths; the parity tests use it)
@@ -35,6 +36,8 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
+
+from modelhost.models import native
 
 MODES = ("none", "int8", "auto", "int4")
 GROUP = 32
@@ -111,18 +114,26 @@ class Int8Linear(_QuantizedLinear):
         weight = weight.float()
         scales = (weight.abs().amax(dim=1) / 127.0).clamp_(min=1e-12)
         q = torch.round(weight / scales[:, None]).clamp_(-127, 127).to(torch.int8)
-        self.register_buffer("qweight", q)
-        self.register_buffer("scales", scales.to(_BF16))
+        self.native = native.kernels()
+        if self.native is None:
+            scales = scales.to(_BF16).float()  # PyTorch's kernel takes bf16 scales
+            self.register_buffer("qweight", q)
+        else:
+            self.register_buffer("qweight", native.pad_inputs(q))
+        self.register_buffer("scales", scales if self.native else scales.to(_BF16))
         self.register_buffer("bias", bias)
-        restored = q.float() * self.scales.float()[:, None]
+        restored = q.float() * scales[:, None]
         prompt_weight_t = restored.t().contiguous() if prompt_fp32 else None
         self.register_buffer("prompt_weight_t", prompt_weight_t)
         self.out_features = weight.shape[0]
 
     def quantized(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        x = x.reshape(-1, shape[-1]).to(_BF16)
-        y = torch.ops.aten._weight_int8pack_mm(x, self.qweight, self.scales)
+        x = x.reshape(-1, shape[-1])
+        if self.native is not None:
+            y = self.native.int8_matmul(x, self.qweight, self.scales)
+        else:
+            y = torch.ops.aten._weight_int8pack_mm(x.to(_BF16), self.qweight, self.scales)
         y = y.view(*shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
@@ -139,33 +150,44 @@ class Int4Linear(_QuantizedLinear):
         super().__init__()
         q, scales, mins = quantize_int4(weight, search=search)
         out_features, in_features = weight.shape
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.view(out_features, -1), 1)
-        # The kernel computes (q - 8) * scale + zero; store zero = min + 8 * scale.
-        zeros = mins + 8 * scales
-        scales_zeros = torch.stack((scales, zeros), dim=-1).transpose(0, 1).contiguous()
-        self.register_buffer("packed", packed)
-        self.register_buffer("scales_zeros", scales_zeros.to(_BF16))  # [in / 32, out, 2]
+        self.native = native.kernels()
+        if self.native is None:
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.view(out_features, -1), 1)
+            # The kernel computes (q - 8) * scale + zero; store zero = min + 8 * scale.
+            zeros = mins + 8 * scales
+            scales_zeros = torch.stack((scales, zeros), dim=-1).transpose(0, 1).to(_BF16)
+            self.register_buffer("packed", packed)
+            self.register_buffer("scales_zeros", scales_zeros.contiguous())  # [in/32, out, 2]
+            scale, zero = scales_zeros.float().unbind(-1)
+            scales, mins = scale.t(), zero.t() - 8 * scale.t()
+        else:
+            self.register_buffer("nibbles", native.pack_int4(native.pad_groups(q, in_features)))
+            self.register_buffer("group_scales", native.pad_groups(scales, in_features))
+            self.register_buffer("group_mins", native.pad_groups(mins, in_features))
         self.register_buffer("bias", bias)
         prompt_weight_t = None
         if prompt_fp32:
-            scale, zero = self.scales_zeros.float().unbind(-1)  # [in / 32, out] each
-            restored = (q.float() - 8) * scale.t()[..., None] + zero.t()[..., None]
+            restored = q.float() * scales[..., None] + mins[..., None]
             prompt_weight_t = restored.reshape(out_features, in_features).t().contiguous()
         self.register_buffer("prompt_weight_t", prompt_weight_t)
         self.out_features = out_features
 
     def quantized(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x.reshape(-1, shape[-1]).to(_BF16), self.packed, GROUP, self.scales_zeros
-        )
+        x = x.reshape(-1, shape[-1])
+        if self.native is not None:
+            y = self.native.int4_matmul(x, self.nibbles, self.group_scales, self.group_mins)
+        else:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x.to(_BF16), self.packed, GROUP, self.scales_zeros
+            )
         y = y.view(*shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
 
 class RefinedHead(nn.Module):
-    """An LM head whose approximate logits (a quantized kernel, rounded to bf16: steps of 1/8
-    at logit 20) are recomputed exactly in fp32 for the `top` best tokens of each row.
+    """An LM head whose approximate logits (a quantized kernel, with rounded activations) are
+    recomputed exactly in fp32 for the `top` best tokens of each row.
 
     Greedy picks, top-k/top-p cut-offs and logprobs of the likely tokens are then those of
     the fp32 weight; the tail keeps the approximation. `weight` is the fp32 [vocab, hidden]

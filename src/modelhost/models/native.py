@@ -1,0 +1,194 @@
+"""The native int4/int8 kernels (native_kernels.cpp): compiled once per machine, then loaded.
+
+PyTorch's CPU kernels for weight-only int4/int8 matmuls want bf16 activations, which these
+CPUs multiply without bf16 instructions. The native ones take fp32 activations and give fp32
+out: each weight is dequantized in registers and multiplied in fp32 (the same products the
+prompt path's fp32 weights give), read once for up to 8 rows, with the outputs split among
+all cores (one core alone cannot read memory at full speed). `decode_attention` does a decode
+step's attention in one call. The library is built with the system's g++ into
+MODELHOST_HOME/cache/native/<hash of source and compiler>/ on first use (about a second) and
+loaded with ctypes, which releases the GIL for each call.
+
+Where there is no g++, the CPU lacks AVX-512, or `MODELHOST_NATIVE=0`, `kernels()` is
+None and the quantized linears use PyTorch's kernels instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+
+from modelhost.paths import modelhost_home
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("native_kernels.cpp")
+FLAGS = ["-O3", "-shared", "-fPIC", "-std=c++17", "-fopenmp"]
+PAD = 64  # the kernels read inputs in runs of 64
+
+
+class Kernels:
+    """Typed entry points of the loaded library; arguments are contiguous CPU tensors."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        p, i64 = ctypes.c_void_p, ctypes.c_int64
+        self._int4 = library.mh_int4_matmul
+        self._int4.argtypes = [p, i64, p, p, p, i64, i64, p, ctypes.c_int]
+        self._int4.restype = None
+        self._int8 = library.mh_int8_matmul
+        self._int8.argtypes = [p, i64, p, p, i64, i64, p, ctypes.c_int]
+        self._int8.restype = None
+        self._attention = library.mh_decode_attention
+        self._attention.argtypes = [p, i64, i64, i64, i64, p, ctypes.c_float, p, p, p, p, p]
+        self._attention.argtypes += [i64, i64, p, i64, ctypes.c_float, p, ctypes.c_int]
+        self._attention.restype = None
+        # Threads per call: weights stream from memory, and one core alone cannot saturate it.
+        self.threads = os.cpu_count() or 1
+
+    def int4_matmul(
+        self,
+        x: torch.Tensor,
+        nibbles: torch.Tensor,
+        scales: torch.Tensor,
+        mins: torch.Tensor,
+    ) -> torch.Tensor:
+        """x [rows, in] fp32 times the int4 weight (`pack_int4`): [rows, out] fp32."""
+        x = _padded_rows(x, nibbles.shape[1] * 2)
+        out = nibbles.shape[0]
+        y = torch.empty((x.shape[0], out), dtype=torch.float32)
+        self._int4(
+            x.data_ptr(), x.shape[0], nibbles.data_ptr(), scales.data_ptr(), mins.data_ptr(),
+            out, x.shape[1], y.data_ptr(), self.threads,
+        )  # fmt: skip
+        return y
+
+    def int8_matmul(
+        self, x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor
+    ) -> torch.Tensor:
+        """x [rows, in] fp32 times the int8 weight (`pad_inputs`) and its per-output scales."""
+        out, padded = weight.shape
+        x = _padded_rows(x, padded)
+        y = torch.empty((x.shape[0], out), dtype=torch.float32)
+        self._int8(
+            x.data_ptr(), x.shape[0], weight.data_ptr(), scales.data_ptr(), out, padded,
+            y.data_ptr(), self.threads,
+        )  # fmt: skip
+        return y
+
+    def decode_attention(
+        self,
+        qkv: torch.Tensor,
+        heads: int,
+        kv_heads: int,
+        qk_norm: tuple[torch.Tensor, float] | None,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        pool: torch.Tensor,
+        slots: torch.Tensor,
+        blocks: torch.Tensor,
+        block_size: int,
+        positions: torch.Tensor,
+        window: int,
+        scale: float,
+    ) -> torch.Tensor:
+        """Attention for rows of one query each (see mh_decode_attention): [rows, heads * D].
+        qkv [rows, (heads + 2 kv_heads) D] fp32 contiguous is normed and rotated in place."""
+        rows, width = qkv.shape
+        dim = width // (heads + 2 * kv_heads)
+        out = torch.empty((rows, heads * dim), dtype=torch.float32)
+        norm_weight, eps = qk_norm if qk_norm is not None else (None, 0.0)
+        cos, sin = rope
+        self._attention(
+            qkv.data_ptr(), rows, heads, kv_heads, dim,
+            None if norm_weight is None else norm_weight.data_ptr(), eps,
+            cos.data_ptr(), sin.data_ptr(), pool.data_ptr(), slots.data_ptr(),
+            blocks.data_ptr(), blocks.shape[1], block_size, positions.data_ptr(), window,
+            scale, out.data_ptr(), self.threads,
+        )  # fmt: skip
+        return out
+
+
+def _padded_rows(x: torch.Tensor, padded: int) -> torch.Tensor:
+    """x as contiguous fp32 rows of `padded` columns (zeros beyond its own)."""
+    x = x.float().contiguous()
+    if x.shape[1] == padded:
+        return x
+    return torch.nn.functional.pad(x, (0, padded - x.shape[1]))
+
+
+def padded_width(width: int) -> int:
+    return -(-width // PAD) * PAD
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """q [out, in/32, 32] levels 0..15 (in padded to 64s) -> nibbles [out, in/2] uint8, the
+    kernel's layout: byte j of each run of 64 inputs holds inputs j (low) and 32 + j (high)."""
+    out = q.shape[0]
+    runs = q.reshape(out, -1, 2, 32).to(torch.uint8)
+    return (runs[:, :, 0] | (runs[:, :, 1] << 4)).reshape(out, -1).contiguous()
+
+
+def pad_groups(values: torch.Tensor, width: int) -> torch.Tensor:
+    """[out, groups] or [out, groups, 32] padded with zeros along groups to `width` inputs."""
+    missing = padded_width(width) // 32 - values.shape[1]
+    if missing == 0:
+        return values.contiguous()
+    shape = (values.shape[0], missing, *values.shape[2:])
+    return torch.cat((values, values.new_zeros(shape)), dim=1).contiguous()
+
+
+def pad_inputs(weight: torch.Tensor) -> torch.Tensor:
+    """[out, in] padded with zero columns to a multiple of 64 inputs."""
+    missing = padded_width(weight.shape[1]) - weight.shape[1]
+    return torch.nn.functional.pad(weight, (0, missing)).contiguous()
+
+
+@functools.cache
+def kernels() -> Kernels | None:
+    """The native kernels, or None where they cannot run here (see the module's docstring)."""
+    if os.environ.get("MODELHOST_NATIVE", "1") == "0":
+        return None
+    try:
+        library = ctypes.CDLL(str(_build()))
+    except subprocess.CalledProcessError as error:
+        log.warning("native kernels failed to build, using PyTorch's:\n%s", error.stderr[-2000:])
+        return None
+    except OSError as error:  # no compiler, or the library does not load
+        log.warning("native kernels unavailable (%s): using PyTorch's", error)
+        return None
+    if not library.mh_cpu_supported():
+        log.info("this CPU has no AVX-512: using PyTorch's int4/int8 kernels")
+        return None
+    return Kernels(library)
+
+
+def _build() -> Path:
+    compiler = shutil.which(os.environ.get("CXX", "g++"))
+    if compiler is None:
+        raise FileNotFoundError("no C++ compiler (g++) on PATH")
+    version = subprocess.run(
+        [compiler, "--version"], capture_output=True, text=True, check=True
+    ).stdout
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + version.encode())
+    target = modelhost_home() / "cache" / "native" / key.hexdigest()[:16] / "libmodelhost.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Built beside the target and renamed into place: processes starting together (workers)
+    # never load a half-written library.
+    partial = target.with_suffix(f".{os.getpid()}.partial")
+    subprocess.run(
+        [compiler, *FLAGS, "-o", str(partial), str(SOURCE)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    partial.replace(target)
+    return target

@@ -1,0 +1,292 @@
+// Weight-only int4 and int8 matmuls for a few rows of fp32 activations, on AVX-512, and the
+// attention of a decode step over the paged KV cache.
+//
+// Built and loaded by models/native.py (g++, ctypes); the torch kernels stay the fallback.
+// A weight byte is read from memory once for up to 8 rows, and the outputs are split among
+// threads. Each row is computed with the same instructions in the same order whatever the
+// other rows and the thread count are: outputs do not depend on the batch.
+//
+// Layouts (packed by models/quant.py, the input padded to a multiple of 64 with zeros):
+//   int4: nibbles [out, in/2]: byte j of the k-th 64 inputs holds input 64k+j (low nibble)
+//         and 64k+32+j (high); scale and min [out, in/32]: w = q * scale + min.
+//   int8: int8 [out, in], symmetric, one scale per output.
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+extern "C" int mh_cpu_supported() {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+}
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")
+
+namespace {
+
+constexpr int64_t kGroup = 32;
+constexpr int64_t kPair = 64;  // two groups: 32 bytes of int4 weights
+constexpr int kTile = 8;       // rows computed together per weight read
+
+// The first count lanes (none for count <= 0, all 16 for count >= 16).
+inline __mmask16 tail_mask(int64_t count) {
+    if (count <= 0) return 0;
+    return count >= 16 ? static_cast<__mmask16>(0xFFFF)
+                       : static_cast<__mmask16>((1u << count) - 1u);
+}
+
+// Each tile dequantizes 64 inputs of one output's weights to fp32 once, in registers, and
+// multiplies them into R rows of fp32 activations: the per-group work is shared by the rows,
+// and every product is the fp32 product the prompt path computes with the same weights.
+// Two accumulators per row (inputs 64p..64p+31 and 64p+32..64p+63) halve the FMA chains.
+template <int R>
+void int4_tile(const float* x, int64_t row0, const uint8_t* nibbles, const float* scales,
+               const float* mins, int64_t begin, int64_t end, int64_t padded, int64_t out,
+               float* y) {
+    const int64_t pairs = padded / kPair, groups = padded / kGroup;
+    const __m512i low4 = _mm512_set1_epi32(0x0F);
+    for (int64_t o = begin; o < end; ++o) {
+        const uint8_t* w = nibbles + o * (padded / 2);
+        const float* scale = scales + o * groups;
+        const float* min = mins + o * groups;
+        __m512 first[R], second[R];
+        for (int r = 0; r < R; ++r) first[r] = second[r] = _mm512_setzero_ps();
+        for (int64_t p = 0; p < pairs; ++p) {
+            const __m512 scale_a = _mm512_set1_ps(scale[2 * p]), min_a = _mm512_set1_ps(min[2 * p]);
+            const __m512 scale_b = _mm512_set1_ps(scale[2 * p + 1]);
+            const __m512 min_b = _mm512_set1_ps(min[2 * p + 1]);
+            const __m128i* bytes = reinterpret_cast<const __m128i*>(w + p * 32);
+            const __m512i lo = _mm512_cvtepu8_epi32(_mm_loadu_si128(bytes));
+            const __m512i hi = _mm512_cvtepu8_epi32(_mm_loadu_si128(bytes + 1));
+            // Byte j holds input j (low nibble) and input 32 + j (high).
+            const __m512 w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(lo, low4)),
+                                              scale_a, min_a);
+            const __m512 w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(hi, low4)),
+                                              scale_a, min_a);
+            const __m512 w2 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(lo, 4)),
+                                              scale_b, min_b);
+            const __m512 w3 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(hi, 4)),
+                                              scale_b, min_b);
+            for (int r = 0; r < R; ++r) {
+                const float* in = x + (row0 + r) * padded + p * kPair;
+                first[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(in), first[r]);
+                second[r] = _mm512_fmadd_ps(w2, _mm512_loadu_ps(in + 32), second[r]);
+                first[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(in + 16), first[r]);
+                second[r] = _mm512_fmadd_ps(w3, _mm512_loadu_ps(in + 48), second[r]);
+            }
+        }
+        for (int r = 0; r < R; ++r)
+            y[(row0 + r) * out + o] = _mm512_reduce_add_ps(_mm512_add_ps(first[r], second[r]));
+    }
+}
+
+template <int R>
+void int8_tile(const float* x, int64_t row0, const int8_t* weights, const float* scales,
+               int64_t begin, int64_t end, int64_t padded, int64_t out, float* y) {
+    const int64_t pairs = padded / kPair;
+    for (int64_t o = begin; o < end; ++o) {
+        const __m128i* w = reinterpret_cast<const __m128i*>(weights + o * padded);
+        __m512 first[R], second[R];
+        for (int r = 0; r < R; ++r) first[r] = second[r] = _mm512_setzero_ps();
+        for (int64_t p = 0; p < pairs; ++p) {
+            __m512 q[4];
+            for (int k = 0; k < 4; ++k)
+                q[k] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(w + 4 * p + k)));
+            for (int r = 0; r < R; ++r) {
+                const float* in = x + (row0 + r) * padded + p * kPair;
+                first[r] = _mm512_fmadd_ps(q[0], _mm512_loadu_ps(in), first[r]);
+                second[r] = _mm512_fmadd_ps(q[2], _mm512_loadu_ps(in + 32), second[r]);
+                first[r] = _mm512_fmadd_ps(q[1], _mm512_loadu_ps(in + 16), first[r]);
+                second[r] = _mm512_fmadd_ps(q[3], _mm512_loadu_ps(in + 48), second[r]);
+            }
+        }
+        for (int r = 0; r < R; ++r)
+            y[(row0 + r) * out + o] =
+                scales[o] * _mm512_reduce_add_ps(_mm512_add_ps(first[r], second[r]));
+    }
+}
+
+// Calls tile(row0, rows-in-tile, first output, end output) over all rows and outputs, the
+// outputs split among `threads` (weights stream from memory: one core alone cannot saturate
+// it). Which thread computes an output never changes its value.
+template <typename Tile>
+void by_tiles(int64_t rows, int64_t out, int threads, Tile tile) {
+    const int64_t chunk = ((out + threads - 1) / threads + 15) / 16 * 16;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t begin = 0; begin < out; begin += chunk) {
+        const int64_t end = begin + chunk < out ? begin + chunk : out;
+        int64_t r = 0;
+        for (; r + kTile <= rows; r += kTile)
+            tile(r, std::integral_constant<int, kTile>(), begin, end);
+        switch (rows - r) {
+            case 7: tile(r, std::integral_constant<int, 7>(), begin, end); break;
+            case 6: tile(r, std::integral_constant<int, 6>(), begin, end); break;
+            case 5: tile(r, std::integral_constant<int, 5>(), begin, end); break;
+            case 4: tile(r, std::integral_constant<int, 4>(), begin, end); break;
+            case 3: tile(r, std::integral_constant<int, 3>(), begin, end); break;
+            case 2: tile(r, std::integral_constant<int, 2>(), begin, end); break;
+            case 1: tile(r, std::integral_constant<int, 1>(), begin, end); break;
+            default: break;
+        }
+    }
+}
+
+}  // namespace
+
+// y[rows, out] = x[rows, padded] @ dequantized(w).T
+extern "C" void mh_int4_matmul(const float* x, int64_t rows, const uint8_t* nibbles,
+                               const float* scales, const float* mins, int64_t out,
+                               int64_t padded, float* y, int threads) {
+    by_tiles(rows, out, threads, [&](int64_t row0, auto r, int64_t begin, int64_t end) {
+        int4_tile<decltype(r)::value>(x, row0, nibbles, scales, mins, begin, end, padded, out, y);
+    });
+}
+
+extern "C" void mh_int8_matmul(const float* x, int64_t rows, const int8_t* weights,
+                               const float* scales, int64_t out, int64_t padded, float* y,
+                               int threads) {
+    by_tiles(rows, out, threads, [&](int64_t row0, auto r, int64_t begin, int64_t end) {
+        int8_tile<decltype(r)::value>(x, row0, weights, scales, begin, end, padded, out, y);
+    });
+}
+
+namespace {
+
+// exp on 16 lanes: 2^(x log2 e) as 2^n * 2^f, |f| <= 1/2, 2^f by its Taylor series to
+// degree 7 (relative error below 1e-8), 2^n applied with vscalefps (no overflow games).
+inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+    __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_mul_ps(_mm512_sub_ps(t, n), _mm512_set1_ps(0.69314718055994531f));
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+inline float dot(const float* a, const float* b, int64_t n) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16)
+        acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+    return _mm512_reduce_add_ps(acc);
+}
+
+// x * rsqrt(mean(x^2) + eps) * weight, in place (torch.rms_norm).
+inline void rms_norm(float* x, const float* weight, int64_t n, float eps) {
+    const float inverse = 1.0f / std::sqrt(dot(x, x, n) / static_cast<float>(n) + eps);
+    const __m512 factor = _mm512_set1_ps(inverse);
+    for (int64_t i = 0; i < n; i += 16)
+        _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), factor),
+                                              _mm512_loadu_ps(weight + i)));
+}
+
+// NEOX rotary in place: x * cos + (x2, x1) * (-sin, sin) (cos and the signed sin: [dim]).
+inline void rotate(float* x, const float* cos, const float* sin, int64_t dim) {
+    const int64_t half = dim / 2;
+    for (int64_t i = 0; i < half; i += 16) {
+        const __mmask16 live = tail_mask(half - i);
+        __m512 a = _mm512_maskz_loadu_ps(live, x + i);
+        __m512 b = _mm512_maskz_loadu_ps(live, x + half + i);
+        __m512 ra = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(live, cos + i),
+                                    _mm512_mul_ps(b, _mm512_maskz_loadu_ps(live, sin + i)));
+        __m512 rb = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(live, cos + half + i),
+                                    _mm512_mul_ps(a, _mm512_maskz_loadu_ps(live, sin + half + i)));
+        _mm512_mask_storeu_ps(x + i, live, ra);
+        _mm512_mask_storeu_ps(x + half + i, live, rb);
+    }
+}
+
+thread_local std::vector<float> score_buffer;
+
+}  // namespace
+
+// One decode step's attention for `rows` rows of one query each, over the paged KV pool
+// (models/batch.py): q/k norms (optional), rotary, the new key and value written at each
+// row's slot, then softmax attention of every query head over its row's visible keys
+// (all positions <= its own, within `window` of it when window > 0). qkv [rows, (H + 2 Hkv) D]
+// is modified in place; out is [rows, H D]. Rows and KV heads are independent tasks.
+extern "C" void mh_decode_attention(float* qkv, int64_t rows, int64_t heads, int64_t kv_heads,
+                                    int64_t dim, const float* qk_norm_weight, float eps,
+                                    const float* cos, const float* sin, float* pool,
+                                    const int64_t* slots, const int64_t* blocks,
+                                    int64_t blocks_per_row, int64_t block_size,
+                                    const int64_t* positions, int64_t window, float scale,
+                                    float* out, int threads) {
+    const int64_t width = (heads + 2 * kv_heads) * dim;
+    const int64_t slot_width = 2 * kv_heads * dim;  // a key and a value for every KV head
+    for (int64_t r = 0; r < rows; ++r) {
+        float* row = qkv + r * width;
+        for (int64_t h = 0; h < heads + kv_heads; ++h) {
+            if (qk_norm_weight != nullptr)
+                rms_norm(row + h * dim, qk_norm_weight + h * dim, dim, eps);
+            rotate(row + h * dim, cos + r * dim, sin + r * dim, dim);
+        }
+        std::memcpy(pool + slots[r] * slot_width, row + heads * dim, slot_width * sizeof(float));
+    }
+    const int64_t group = heads / kv_heads;  // query heads sharing one KV head
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t task = 0; task < rows * kv_heads; ++task) {
+        const int64_t r = task / kv_heads, h = task % kv_heads;
+        const int64_t position = positions[r];
+        const int64_t first = window > 0 && position >= window ? position - window + 1 : 0;
+        const int64_t length = position - first + 1;
+        const int64_t* table = blocks + r * blocks_per_row;
+        auto key_of = [&](int64_t p) {
+            const int64_t slot = table[p / block_size] * block_size + p % block_size;
+            return pool + slot * slot_width + h * dim;
+        };
+        std::vector<float>& scores = score_buffer;  // [group, length]
+        if (static_cast<int64_t>(scores.size()) < group * length)
+            scores.resize(group * length);
+        const float* queries = qkv + r * width + h * group * dim;
+        for (int64_t i = 0; i < length; ++i) {
+            const float* key = key_of(first + i);
+            for (int64_t g = 0; g < group; ++g)
+                scores[g * length + i] = dot(queries + g * dim, key, dim) * scale;
+        }
+        for (int64_t g = 0; g < group; ++g) {
+            float* s = scores.data() + g * length;
+            float top = s[0];
+            for (int64_t i = 1; i < length; ++i) top = s[i] > top ? s[i] : top;
+            const __m512 shift = _mm512_set1_ps(top);
+            __m512 total = _mm512_setzero_ps();
+            for (int64_t i = 0; i < length; i += 16) {
+                const __mmask16 live = tail_mask(length - i);
+                __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, s + i), shift));
+                e = _mm512_maskz_mov_ps(live, e);
+                _mm512_mask_storeu_ps(s + i, live, e);
+                total = _mm512_add_ps(total, e);
+            }
+            const float inverse = 1.0f / _mm512_reduce_add_ps(total);
+            for (int64_t i = 0; i < length; ++i) s[i] *= inverse;
+        }
+        float* head_out = out + r * heads * dim + h * group * dim;
+        std::memset(head_out, 0, group * dim * sizeof(float));
+        for (int64_t i = 0; i < length; ++i) {
+            const float* value = key_of(first + i) + kv_heads * dim;
+            for (int64_t g = 0; g < group; ++g) {
+                float* o = head_out + g * dim;
+                const __m512 weight = _mm512_set1_ps(scores[g * length + i]);
+                for (int64_t d = 0; d < dim; d += 16) {
+                    __m512 sum = _mm512_fmadd_ps(weight, _mm512_loadu_ps(value + d),
+                                                 _mm512_loadu_ps(o + d));
+                    _mm512_storeu_ps(o + d, sum);
+                }
+            }
+        }
+    }
+}
+
+#pragma GCC pop_options

@@ -1,0 +1,128 @@
+"""The native kernels (models/native.py): int4/int8 matmuls and decode attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from modelhost.models import native, quant
+from modelhost.models.layers import Rotary, apply_rotary_
+
+kernels = native.kernels()
+pytestmark = pytest.mark.skipif(kernels is None, reason="no g++ or no AVX-512 here")
+
+
+def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((got - expected).abs().max() / expected.abs().max()).item()
+
+
+def int4_operands(out: int, width: int) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """A random weight's int4 form, dequantized, and the kernel's packed operands."""
+    q, scales, mins = quant.quantize_int4(torch.randn(out, width), search=False)
+    dequantized = (q.float() * scales[..., None] + mins[..., None]).reshape(out, width)
+    packed = native.pack_int4(native.pad_groups(q, width))
+    return dequantized, (packed, native.pad_groups(scales, width), native.pad_groups(mins, width))
+
+
+@pytest.mark.parametrize("width", [128, 96, 576])  # 96: a run of 64 inputs half padding
+def test_int4_matmul_is_the_fp32_product_of_the_dequantized_weight(width):
+    torch.manual_seed(0)
+    dequantized, operands = int4_operands(80, width)
+    x = torch.randn(6, width)
+    assert relative_error(kernels.int4_matmul(x, *operands), x @ dequantized.t()) < 1e-5
+
+
+def test_int8_matmul_is_the_fp32_product_of_the_dequantized_weight():
+    torch.manual_seed(0)
+    weight = torch.randn(80, 96)
+    scales = weight.abs().amax(dim=1) / 127
+    q = torch.round(weight / scales[:, None]).to(torch.int8)
+    x = torch.randn(6, 96)
+    expected = x @ (q.float() * scales[:, None]).t()
+    got = kernels.int8_matmul(x, native.pad_inputs(q), scales)
+    assert relative_error(got, expected) < 1e-5
+
+
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it():
+    torch.manual_seed(0)
+    _, operands = int4_operands(64, 128)
+    x = torch.randn(11, 128)  # a tile of 8, then 3
+    together = kernels.int4_matmul(x, *operands)
+    for row in range(11):
+        assert torch.equal(kernels.int4_matmul(x[row : row + 1], *operands)[0], together[row])
+
+
+def test_results_do_not_depend_on_the_thread_count(monkeypatch):
+    torch.manual_seed(0)
+    _, operands = int4_operands(200, 128)
+    x = torch.randn(3, 128)
+    monkeypatch.setattr(kernels, "threads", 1)
+    alone = kernels.int4_matmul(x, *operands)
+    monkeypatch.setattr(kernels, "threads", 2)
+    assert torch.equal(kernels.int4_matmul(x, *operands), alone)
+
+
+def test_linears_fall_back_to_pytorch_kernels_without_the_native_ones(monkeypatch):
+    torch.manual_seed(0)
+    weight = torch.randn(64, 128)
+    x = torch.randn(3, 128)
+    monkeypatch.setattr(native, "kernels", lambda: None)
+    for linear in (quant.Int4Linear(weight, None), quant.Int8Linear(weight, None)):
+        assert linear.native is None
+        got = linear(x)
+        assert got.dtype == torch.bfloat16  # PyTorch's kernels compute in bf16
+        assert relative_error(got.float(), x @ linear.prompt_weight_t) < 2e-2
+
+
+def reference_attention(qkv, heads, kv_heads, norm, rope, keys, values, positions, window, scale):
+    """The same step the unfused way: q/k norms, rotary, softmax over each row's keys."""
+    rows, dim = qkv.shape[0], keys.shape[-1]
+    qk = qkv[:, : (heads + kv_heads) * dim].reshape(rows, heads + kv_heads, dim).clone()
+    if norm is not None:
+        qk = torch.rms_norm(qk, (dim,), None, norm[1]) * norm[0]
+    apply_rotary_(qk, *rope)
+    out = []
+    for r in range(rows):
+        position = int(positions[r])
+        first = max(0, position - window + 1) if window else 0
+        k = torch.cat((keys[r, :position], qk[r, heads:][None]))[first:]  # [L, Hkv, D]
+        v = torch.cat((values[r, :position], qkv[r, (heads + kv_heads) * dim :].view(1, -1, dim)))
+        v = v[first:]
+        q = qk[r, :heads].view(kv_heads, heads // kv_heads, dim)
+        scores = torch.einsum("hgd,lhd->hgl", q, k) * scale
+        out.append(torch.einsum("hgl,lhd->hgd", scores.softmax(-1), v).reshape(-1))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("window", [0, 5])
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_decode_attention_matches_the_unfused_computation_over_a_paged_pool(window, qk_norm):
+    torch.manual_seed(0)
+    heads, kv_heads, dim, block_size = 6, 2, 32, 4
+    positions = torch.tensor([0, 9, 3])  # each row's new token
+    rows, blocks_per_row = len(positions), 3
+    pool = torch.zeros((1 + rows * blocks_per_row) * block_size, 2, kv_heads, dim)
+    # Row r owns blocks scattered through the pool (block 0 is the padding block).
+    tables = torch.tensor([[1 + r + rows * j for j in range(blocks_per_row)] for r in range(rows)])
+    keys = torch.randn(rows, 12, kv_heads, dim)
+    values = torch.randn(rows, 12, kv_heads, dim)
+    slot = tables[:, torch.arange(12) // block_size] * block_size + torch.arange(12) % block_size
+    for r in range(rows):
+        pool[slot[r], 0], pool[slot[r], 1] = keys[r], values[r]
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim)
+    norm = (torch.rand(heads + kv_heads, dim) + 0.5, 1e-6) if qk_norm else None
+    cos, sin = Rotary(dim, 10_000.0).cos_sin(positions, torch.float32)
+    expected = reference_attention(
+        qkv, heads, kv_heads, norm, (cos, sin), keys, values, positions, window, 0.2
+    )
+    slots = slot[torch.arange(rows), positions]
+    work = qkv.clone()  # normed and rotated in place
+    got = kernels.decode_attention(
+        work, heads, kv_heads, norm, (cos, sin), pool, slots, tables, block_size, positions,
+        window, 0.2,
+    )  # fmt: skip
+    assert torch.allclose(got, expected, atol=1e-5)
+    # The new key (rotated) and value are in the pool, at each row's slot.
+    key_part = slice(heads * dim, (heads + kv_heads) * dim)
+    assert torch.equal(pool[slots, 0].reshape(rows, -1), work[:, key_part])
+    assert torch.equal(pool[slots, 1].reshape(rows, -1), qkv[:, key_part.stop :])
