@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from modelhost.models import native, quant
+from modelhost.models import layers, native, quant
 from modelhost.models.layers import Rotary, apply_rotary_
 
 kernels = native.kernels()
@@ -126,3 +126,20 @@ def test_decode_attention_matches_the_unfused_computation_over_a_paged_pool(wind
     key_part = slice(heads * dim, (heads + kv_heads) * dim)
     assert torch.equal(pool[slots, 0].reshape(rows, -1), work[:, key_part])
     assert torch.equal(pool[slots, 1].reshape(rows, -1), qkv[:, key_part.stop :])
+
+
+def test_rms_norm_is_torchs():
+    torch.manual_seed(0)
+    x, weight = torch.randn(3, 72), torch.rand(72)  # 72: a partial vector at the end
+    expected = torch.rms_norm(x, (72,), weight, 1e-6)
+    assert torch.allclose(kernels.rms_norm(x, weight, 1e-6), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["silu", "gelu_tanh"])
+def test_gated_activation_is_the_activated_gate_times_up(name):
+    torch.manual_seed(0)
+    gate_up = torch.randn(3, 2 * 40) * 4
+    gate, up = gate_up.split(40, dim=-1)
+    act = torch.nn.functional.silu if name == "silu" else layers.gelu_tanh
+    got = kernels.gated_activation(gate_up, native.ACTIVATIONS[name])
+    assert torch.allclose(got, act(gate) * up, atol=1e-5)

@@ -60,7 +60,8 @@ class EngineConfig:
     max_num_batched_tokens: int = 512  # tokens per step: the prefill chunk size
     context_length: int | None = None  # None: the model's own window
     # Intra-op threads for steps that compute at least PROMPT_THREADS_MIN_TOKENS prompt tokens
-    # (big matmuls); None: every step on the thread count already set.
+    # (big matmuls), and the native weight kernels' threads in every step; None: every step on
+    # the thread count already set, the native kernels on all cores.
     prompt_threads: int | None = None
 
     def num_blocks(self, model: LoadedModel, context_length: int) -> int:

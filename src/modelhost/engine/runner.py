@@ -7,6 +7,7 @@ import torch
 from modelhost.engine.block_manager import cdiv
 from modelhost.engine.prompt_logprobs import prompt_logits_index
 from modelhost.engine.scheduler import ScheduledRow, SchedulerOutput
+from modelhost.models import native
 from modelhost.models.batch import ForwardBatch, KVCache
 from modelhost.models.loaded import LoadedModel
 
@@ -24,6 +25,11 @@ class ModelRunner:
     ) -> None:
         self.model = model
         self.prompt_threads = prompt_threads
+        kernels = native.kernels()
+        if kernels is not None and prompt_threads is not None:
+            # The native weight kernels stream weights from memory in every step, decode
+            # included: they run on the prompt-step thread count (models/native.py).
+            kernels.threads = prompt_threads
         self.block_size = block_size
         config = model.config
         # One extra block, zeroed, pads every row's block table. Unwritten pool memory may hold

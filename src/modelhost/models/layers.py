@@ -22,10 +22,18 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # torch.rms_norm, not F.rms_norm: the functional wrapper costs ~20 us a call on CPU.
         if x.dtype != self.weight.dtype:
             x = x.to(self.weight.dtype)  # a PyTorch quantized kernel's bf16 output
+        kernels = native.kernels()
+        if kernels is not None and _native_fp32(x) and not torch.is_grad_enabled():
+            return kernels.rms_norm(x, self.weight, self.eps)  # ~25 us less than torch's
+        # torch.rms_norm, not F.rms_norm: the functional wrapper costs ~20 us a call on CPU.
         return torch.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def _native_fp32(x: torch.Tensor) -> bool:
+    """Whether a native kernel can read x: contiguous fp32 on the CPU."""
+    return x.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous()
 
 
 class Rotary:
@@ -61,10 +69,15 @@ class GatedMLP(nn.Module):
         self.gate_up_proj: nn.Module | None = None  # gate and up fused (models/quant.py)
         self.intermediate = intermediate
         self.act = act
+        self.native_act = native.ACTIVATIONS.get(act.__name__)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is not None:
-            gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+            gate_up = self.gate_up_proj(x)
+            kernels = native.kernels()
+            if kernels is not None and self.native_act is not None and _native_fp32(gate_up):
+                return self.down_proj(kernels.gated_activation(gate_up, self.native_act))
+            gate, up = gate_up.split(self.intermediate, dim=-1)
             return self.down_proj(self.act(gate).mul_(up))
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 

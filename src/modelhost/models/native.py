@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("native_kernels.cpp")
 FLAGS = ["-O3", "-shared", "-fPIC", "-std=c++17", "-fopenmp"]
 PAD = 64  # the kernels read inputs in runs of 64
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # mh_gated_activation's `act`
 
 
 class Kernels:
@@ -50,6 +51,12 @@ class Kernels:
         self._attention.argtypes = [p, i64, i64, i64, i64, p, ctypes.c_float, p, p, p, p, p]
         self._attention.argtypes += [i64, i64, p, i64, ctypes.c_float, p, ctypes.c_int]
         self._attention.restype = None
+        self._rms_norm = library.mh_rms_norm
+        self._rms_norm.argtypes = [p, p, i64, i64, ctypes.c_float, p]
+        self._rms_norm.restype = None
+        self._gated = library.mh_gated_activation
+        self._gated.argtypes = [p, i64, i64, ctypes.c_int, p]
+        self._gated.restype = None
         # Threads per call: weights stream from memory, and one core alone cannot saturate it.
         self.threads = os.cpu_count() or 1
 
@@ -112,6 +119,20 @@ class Kernels:
             blocks.data_ptr(), blocks.shape[1], block_size, positions.data_ptr(), window,
             scale, out.data_ptr(), self.threads,
         )  # fmt: skip
+        return out
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """torch.rms_norm over the last dimension of a contiguous fp32 x, in one call."""
+        out = torch.empty_like(x)
+        dim = x.shape[-1]
+        self._rms_norm(x.data_ptr(), weight.data_ptr(), x.numel() // dim, dim, eps, out.data_ptr())
+        return out
+
+    def gated_activation(self, gate_up: torch.Tensor, act: int) -> torch.Tensor:
+        """act(gate) * up for contiguous fp32 rows of (gate, up); act: one of `ACTIVATIONS`."""
+        width = gate_up.shape[-1] // 2
+        out = gate_up.new_empty((*gate_up.shape[:-1], width))
+        self._gated(gate_up.data_ptr(), gate_up.numel() // (2 * width), width, act, out.data_ptr())
         return out
 
 

@@ -178,18 +178,23 @@ inline __m512 exp16(__m512 x) {
 
 inline float dot(const float* a, const float* b, int64_t n) {
     __m512 acc = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n; i += 16)
-        acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 live = tail_mask(n - i);
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(live, a + i), _mm512_maskz_loadu_ps(live, b + i),
+                              acc);
+    }
     return _mm512_reduce_add_ps(acc);
 }
 
-// x * rsqrt(mean(x^2) + eps) * weight, in place (torch.rms_norm).
-inline void rms_norm(float* x, const float* weight, int64_t n, float eps) {
-    const float inverse = 1.0f / std::sqrt(dot(x, x, n) / static_cast<float>(n) + eps);
-    const __m512 factor = _mm512_set1_ps(inverse);
-    for (int64_t i = 0; i < n; i += 16)
-        _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), factor),
-                                              _mm512_loadu_ps(weight + i)));
+// out = x * rsqrt(mean(x^2) + eps) * weight (torch.rms_norm); out may be x.
+inline void rms_norm(const float* x, const float* weight, int64_t n, float eps, float* out) {
+    const __m512 factor = _mm512_set1_ps(1.0f / std::sqrt(dot(x, x, n) / n + eps));
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 live = tail_mask(n - i);
+        const __m512 normed = _mm512_mul_ps(_mm512_maskz_loadu_ps(live, x + i), factor);
+        _mm512_mask_storeu_ps(out + i, live,
+                              _mm512_mul_ps(normed, _mm512_maskz_loadu_ps(live, weight + i)));
+    }
 }
 
 // NEOX rotary in place: x * cos + (x2, x1) * (-sin, sin) (cos and the signed sin: [dim]).
@@ -230,7 +235,7 @@ extern "C" void mh_decode_attention(float* qkv, int64_t rows, int64_t heads, int
         float* row = qkv + r * width;
         for (int64_t h = 0; h < heads + kv_heads; ++h) {
             if (qk_norm_weight != nullptr)
-                rms_norm(row + h * dim, qk_norm_weight + h * dim, dim, eps);
+                rms_norm(row + h * dim, qk_norm_weight + h * dim, dim, eps, row + h * dim);
             rotate(row + h * dim, cos + r * dim, sin + r * dim, dim);
         }
         std::memcpy(pool + slots[r] * slot_width, row + heads * dim, slot_width * sizeof(float));
@@ -285,6 +290,41 @@ extern "C" void mh_decode_attention(float* qkv, int64_t rows, int64_t heads, int
                     _mm512_storeu_ps(o + d, sum);
                 }
             }
+        }
+    }
+}
+
+// out[r] = rms_norm(x[r]) * weight for rows of `dim` (torch.rms_norm).
+extern "C" void mh_rms_norm(const float* x, const float* weight, int64_t rows, int64_t dim,
+                            float eps, float* out) {
+    for (int64_t r = 0; r < rows; ++r) rms_norm(x + r * dim, weight, dim, eps, out + r * dim);
+}
+
+// out[r] = act(gate[r]) * up[r], where gate_up[r] = (gate, up), each of `width`:
+// act 0 is SiLU, x / (1 + e^-x); act 1 is GELU's tanh form, x / (1 + e^(-2u)) with
+// u = sqrt(2 / pi) (x + 0.044715 x^3) (the same function: 0.5 (1 + tanh u) = 1 / (1 + e^-2u)).
+extern "C" void mh_gated_activation(const float* gate_up, int64_t rows, int64_t width, int act,
+                                    float* out) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* gate = gate_up + r * 2 * width;
+        const float* up = gate + width;
+        for (int64_t i = 0; i < width; i += 16) {
+            const __mmask16 live = tail_mask(width - i);
+            const __m512 x = _mm512_maskz_loadu_ps(live, gate + i);
+            __m512 exponent = x;  // SiLU: e^-x
+            if (act == 1) {
+                const __m512 cube = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
+                const __m512 u = _mm512_mul_ps(
+                    _mm512_set1_ps(0.7978845608028654f),
+                    _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), cube, x));
+                exponent = _mm512_add_ps(u, u);
+            }
+            const __m512 denominator = _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(),
+                                                                              exponent)));
+            const __m512 activated = _mm512_div_ps(x, denominator);
+            _mm512_mask_storeu_ps(out + r * width + i, live,
+                                  _mm512_mul_ps(activated, _mm512_maskz_loadu_ps(live, up + i)));
         }
     }
 }
