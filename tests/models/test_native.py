@@ -19,9 +19,9 @@ def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
 def int4_operands(out: int, width: int) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """A random weight's int4 form, dequantized, and the kernel's packed operands."""
     q, scales, mins = quant.quantize_int4(torch.randn(out, width), search=False)
+    scales, mins = native.int4_params(scales, mins)
     dequantized = (q.float() * scales[..., None] + mins[..., None]).reshape(out, width)
-    packed = native.pack_int4(native.pad_groups(q, width))
-    return dequantized, (packed, native.pad_groups(scales, width), native.pad_groups(mins, width))
+    return dequantized, native.pack_int4(q, scales, mins)
 
 
 @pytest.mark.parametrize("width", [128, 96, 576])  # 96: a run of 64 inputs half padding

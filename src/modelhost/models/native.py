@@ -42,7 +42,7 @@ class Kernels:
     def __init__(self, library: ctypes.CDLL) -> None:
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         self._int4 = library.mh_int4_matmul
-        self._int4.argtypes = [p, i64, p, p, p, i64, i64, p, ctypes.c_int]
+        self._int4.argtypes = [p, i64, p, p, i64, i64, p, ctypes.c_int]
         self._int4.restype = None
         self._int8 = library.mh_int8_matmul
         self._int8.argtypes = [p, i64, p, p, i64, i64, p, ctypes.c_int]
@@ -61,19 +61,15 @@ class Kernels:
         self.threads = os.cpu_count() or 1
 
     def int4_matmul(
-        self,
-        x: torch.Tensor,
-        nibbles: torch.Tensor,
-        scales: torch.Tensor,
-        mins: torch.Tensor,
+        self, x: torch.Tensor, nibbles: torch.Tensor, params: torch.Tensor
     ) -> torch.Tensor:
         """x [rows, in] fp32 times the int4 weight (`pack_int4`): [rows, out] fp32."""
         x = _padded_rows(x, nibbles.shape[1] * 2)
         out = nibbles.shape[0]
         y = torch.empty((x.shape[0], out), dtype=torch.float32)
         self._int4(
-            x.data_ptr(), x.shape[0], nibbles.data_ptr(), scales.data_ptr(), mins.data_ptr(),
-            out, x.shape[1], y.data_ptr(), self.threads,
+            x.data_ptr(), x.shape[0], nibbles.data_ptr(), params.data_ptr(), out, x.shape[1],
+            y.data_ptr(), self.threads,
         )  # fmt: skip
         return y
 
@@ -148,21 +144,28 @@ def padded_width(width: int) -> int:
     return -(-width // PAD) * PAD
 
 
-def pack_int4(q: torch.Tensor) -> torch.Tensor:
-    """q [out, in/32, 32] levels 0..15 (in padded to 64s) -> nibbles [out, in/2] uint8, the
-    kernel's layout: byte j of each run of 64 inputs holds inputs j (low) and 32 + j (high)."""
-    out = q.shape[0]
+def int4_params(scales: torch.Tensor, mins: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Group scales and mins [out, in/32] as the kernel reads them (fp16: GGUF's own precision
+    for Q4_0/Q4_1), returned as fp32 so that other paths can use the same values."""
+    return scales.half().float(), mins.half().float()
+
+
+def pack_int4(
+    q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [out, in/32, 32] levels 0..15 with their (`int4_params`) scales and mins [out, in/32]
+    -> the kernel's operands, the input padded to a multiple of 64: nibbles [out, in/2] uint8
+    (byte j of each run of 64 inputs holds inputs j, low, and 32 + j, high) and params
+    [out, in/32, 2] fp16 (scale, min)."""
+    out, groups = scales.shape
+    missing = padded_width(groups * 32) // 32 - groups
+    params = torch.stack((scales, mins), dim=-1).half()
+    if missing:
+        q = torch.cat((q, q.new_zeros((out, missing, 32))), dim=1)
+        params = torch.cat((params, params.new_zeros((out, missing, 2))), dim=1)
     runs = q.reshape(out, -1, 2, 32).to(torch.uint8)
-    return (runs[:, :, 0] | (runs[:, :, 1] << 4)).reshape(out, -1).contiguous()
-
-
-def pad_groups(values: torch.Tensor, width: int) -> torch.Tensor:
-    """[out, groups] or [out, groups, 32] padded with zeros along groups to `width` inputs."""
-    missing = padded_width(width) // 32 - values.shape[1]
-    if missing == 0:
-        return values.contiguous()
-    shape = (values.shape[0], missing, *values.shape[2:])
-    return torch.cat((values, values.new_zeros(shape)), dim=1).contiguous()
+    nibbles = (runs[:, :, 0] | (runs[:, :, 1] << 4)).reshape(out, -1).contiguous()
+    return nibbles, params.contiguous()
 
 
 def pad_inputs(weight: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@
 //
 // Layouts (packed by models/quant.py, the input padded to a multiple of 64 with zeros):
 //   int4: nibbles [out, in/2]: byte j of the k-th 64 inputs holds input 64k+j (low nibble)
-//         and 64k+32+j (high); scale and min [out, in/32]: w = q * scale + min.
+//         and 64k+32+j (high); params [out, in/32, 2]: fp16 scale and min, w = q * scale + min.
 //   int8: int8 [out, in], symmetric, one scale per output.
 
 #include <immintrin.h>
@@ -22,11 +22,12 @@
 extern "C" int mh_cpu_supported() {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("f16c");
 }
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")
 
 namespace {
 
@@ -46,21 +47,20 @@ inline __mmask16 tail_mask(int64_t count) {
 // and every product is the fp32 product the prompt path computes with the same weights.
 // Two accumulators per row (inputs 64p..64p+31 and 64p+32..64p+63) halve the FMA chains.
 template <int R>
-void int4_tile(const float* x, int64_t row0, const uint8_t* nibbles, const float* scales,
-               const float* mins, int64_t begin, int64_t end, int64_t padded, int64_t out,
-               float* y) {
+void int4_tile(const float* x, int64_t row0, const uint8_t* nibbles, const uint16_t* params,
+               int64_t begin, int64_t end, int64_t padded, int64_t out, float* y) {
     const int64_t pairs = padded / kPair, groups = padded / kGroup;
     const __m512i low4 = _mm512_set1_epi32(0x0F);
     for (int64_t o = begin; o < end; ++o) {
         const uint8_t* w = nibbles + o * (padded / 2);
-        const float* scale = scales + o * groups;
-        const float* min = mins + o * groups;
+        const uint16_t* param = params + o * groups * 2;  // (scale, min) per group, fp16
         __m512 first[R], second[R];
         for (int r = 0; r < R; ++r) first[r] = second[r] = _mm512_setzero_ps();
         for (int64_t p = 0; p < pairs; ++p) {
-            const __m512 scale_a = _mm512_set1_ps(scale[2 * p]), min_a = _mm512_set1_ps(min[2 * p]);
-            const __m512 scale_b = _mm512_set1_ps(scale[2 * p + 1]);
-            const __m512 min_b = _mm512_set1_ps(min[2 * p + 1]);
+            const __m512 scale_a = _mm512_set1_ps(_cvtsh_ss(param[4 * p]));
+            const __m512 min_a = _mm512_set1_ps(_cvtsh_ss(param[4 * p + 1]));
+            const __m512 scale_b = _mm512_set1_ps(_cvtsh_ss(param[4 * p + 2]));
+            const __m512 min_b = _mm512_set1_ps(_cvtsh_ss(param[4 * p + 3]));
             const __m128i* bytes = reinterpret_cast<const __m128i*>(w + p * 32);
             const __m512i lo = _mm512_cvtepu8_epi32(_mm_loadu_si128(bytes));
             const __m512i hi = _mm512_cvtepu8_epi32(_mm_loadu_si128(bytes + 1));
@@ -141,10 +141,10 @@ void by_tiles(int64_t rows, int64_t out, int threads, Tile tile) {
 
 // y[rows, out] = x[rows, padded] @ dequantized(w).T
 extern "C" void mh_int4_matmul(const float* x, int64_t rows, const uint8_t* nibbles,
-                               const float* scales, const float* mins, int64_t out,
-                               int64_t padded, float* y, int threads) {
+                               const uint16_t* params, int64_t out, int64_t padded, float* y,
+                               int threads) {
     by_tiles(rows, out, threads, [&](int64_t row0, auto r, int64_t begin, int64_t end) {
-        int4_tile<decltype(r)::value>(x, row0, nibbles, scales, mins, begin, end, padded, out, y);
+        int4_tile<decltype(r)::value>(x, row0, nibbles, params, begin, end, padded, out, y);
     });
 }
 

@@ -161,9 +161,10 @@ class Int4Linear(_QuantizedLinear):
             scale, zero = scales_zeros.float().unbind(-1)
             scales, mins = scale.t(), zero.t() - 8 * scale.t()
         else:
-            self.register_buffer("nibbles", native.pack_int4(native.pad_groups(q, in_features)))
-            self.register_buffer("group_scales", native.pad_groups(scales, in_features))
-            self.register_buffer("group_mins", native.pad_groups(mins, in_features))
+            scales, mins = native.int4_params(scales, mins)
+            nibbles, params = native.pack_int4(q, scales, mins)
+            self.register_buffer("nibbles", nibbles)
+            self.register_buffer("group_params", params)
         self.register_buffer("bias", bias)
         prompt_weight_t = None
         if prompt_fp32:
@@ -176,7 +177,7 @@ class Int4Linear(_QuantizedLinear):
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         if self.native is not None:
-            y = self.native.int4_matmul(x, self.nibbles, self.group_scales, self.group_mins)
+            y = self.native.int4_matmul(x, self.nibbles, self.group_params)
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(
                 x.to(_BF16), self.packed, GROUP, self.scales_zeros
