@@ -7,8 +7,11 @@ from torch import nn
 
 from modelhost.models.batch import ForwardBatch, KVCache
 from modelhost.models.config import ModelConfig
+from modelhost.models.fused_decode import FusedDecode
 from modelhost.models.layers import RMSNorm, Rotary
 from modelhost.models.quant import token_roles
+
+_UNBUILT = object()
 
 
 class DecoderLM(nn.Module):
@@ -28,6 +31,17 @@ class DecoderLM(nn.Module):
         self.embed_scale = embed_scale
         self.rotary_global = Rotary(config.head_dim, config.rope_theta, config.rope_scaling_factor)
         self.rotary_local = Rotary(config.head_dim, config.rope_local_theta)
+        self.fuse_decode = True  # tests compare against the module-by-module path
+        self._fused: FusedDecode | None | object = _UNBUILT
+
+    def fused_decode(self) -> FusedDecode | None:
+        """The one-call decode path, described on first use (after `prepare_for_inference`);
+        None where some layer cannot take it."""
+        if not self.fuse_decode:
+            return None
+        if self._fused is _UNBUILT:
+            self._fused = FusedDecode.for_network(self)
+        return self._fused
 
     def rope_for(self, layer: int) -> str:
         return "local" if self.config.is_sliding_layer(layer) else "global"
@@ -41,9 +55,13 @@ class DecoderLM(nn.Module):
         ropes = {"global": self.rotary_global.cos_sin(batch.positions, hidden.dtype)}
         if self.config.sliding_window is not None:
             ropes["local"] = self.rotary_local.cos_sin(batch.positions, hidden.dtype)
-        with token_roles(batch.prompt_index, batch.generated_index):
-            for index, layer in enumerate(self.model.layers):
-                hidden = layer(hidden, ropes[self.rope_for(index)], batch, kv)
+        fused = self.fused_decode()
+        if fused is not None and fused.can_run(batch, kv):
+            hidden = fused.run(hidden, ropes, batch, kv)
+        else:
+            with token_roles(batch.prompt_index, batch.generated_index):
+                for index, layer in enumerate(self.model.layers):
+                    hidden = layer(hidden, ropes[self.rope_for(index)], batch, kv)
         hidden = self.model.norm(hidden[batch.logits_index])
         logits = self.lm_head(hidden)
         cap = self.config.final_logit_softcapping

@@ -47,6 +47,15 @@ class Gemma3Block(nn.Module):
         mlp = self.mlp(self.pre_feedforward_layernorm(x))
         return x + self.post_feedforward_layernorm(mlp)
 
+    def native_norms(self) -> tuple[RMSNorm | None, ...]:
+        """Norms at (input, attention output, MLP input, MLP output) for models/fused_decode.py."""
+        return (
+            self.input_layernorm,
+            self.post_attention_layernorm,
+            self.pre_feedforward_layernorm,
+            self.post_feedforward_layernorm,
+        )
+
 
 def build_gemma3(config: ModelConfig) -> DecoderLM:
     layers = [Gemma3Block(config, i) for i in range(config.num_layers)]

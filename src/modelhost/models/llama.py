@@ -38,6 +38,10 @@ class LlamaBlock(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), rope, batch, kv)
         return x + self.mlp(self.post_attention_layernorm(x))
 
+    def native_norms(self) -> tuple[RMSNorm | None, ...]:
+        """Norms at (input, attention output, MLP input, MLP output) for models/fused_decode.py."""
+        return self.input_layernorm, None, self.post_attention_layernorm, None
+
 
 def build_llama(config: ModelConfig) -> DecoderLM:
     return DecoderLM(config, [LlamaBlock(config, i) for i in range(config.num_layers)])

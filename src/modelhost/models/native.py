@@ -40,6 +40,7 @@ class Kernels:
     """Typed entry points of the loaded library; arguments are contiguous CPU tensors."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
+        self.library = library
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         self._int4 = library.mh_int4_matmul
         self._int4.argtypes = [p, i64, p, p, i64, i64, p, ctypes.c_int]

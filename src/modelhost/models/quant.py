@@ -125,7 +125,7 @@ class Int8Linear(_QuantizedLinear):
         restored = q.float() * scales[:, None]
         prompt_weight_t = restored.t().contiguous() if prompt_fp32 else None
         self.register_buffer("prompt_weight_t", prompt_weight_t)
-        self.out_features = weight.shape[0]
+        self.out_features, self.in_features = weight.shape
 
     def quantized(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -171,7 +171,7 @@ class Int4Linear(_QuantizedLinear):
             restored = q.float() * scales[..., None] + mins[..., None]
             prompt_weight_t = restored.reshape(out_features, in_features).t().contiguous()
         self.register_buffer("prompt_weight_t", prompt_weight_t)
-        self.out_features = out_features
+        self.out_features, self.in_features = out_features, in_features
 
     def quantized(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape

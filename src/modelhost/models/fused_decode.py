@@ -1,0 +1,216 @@
+"""A decode step through every decoder layer in one native call (`mh_decode_layers`).
+
+A step of generated tokens only (one query per row) spends most of its Python time calling
+~15 modules a layer: SmolLM2 has 30 layers of width 576, where each call costs more than its
+arithmetic. When every layer of a prepared network runs on the native kernels (quantized
+linears, fp32 norms, a gated MLP the kernels know), `FusedDecode` describes the layers once
+(pointers into the modules' own tensors, no copies) and runs such steps in C++; the same
+kernels, in the same order, as the module-by-module path, so results do not change.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+from torch import nn
+
+from modelhost.models import native
+from modelhost.models.batch import ForwardBatch, KVCache
+from modelhost.models.quant import Int4Linear, Int8Linear
+
+_i64, _ptr, _f32, _i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int32
+
+
+class NativeLinear(ctypes.Structure):
+    _fields_ = [
+        ("bits", _i64),
+        ("data", _ptr),
+        ("params", _ptr),
+        ("bias", _ptr),
+        ("out", _i64),
+        ("padded", _i64),
+    ]
+
+
+class NativeLayer(ctypes.Structure):
+    _fields_ = [
+        ("qkv", NativeLinear),
+        ("o", NativeLinear),
+        ("gate_up", NativeLinear),
+        ("down", NativeLinear),
+        ("input_norm", _ptr),
+        ("attention_out_norm", _ptr),
+        ("mlp_in_norm", _ptr),
+        ("mlp_out_norm", _ptr),
+        ("qk_norm", _ptr),
+        ("eps", _f32),
+        ("qk_eps", _f32),
+        ("scale", _f32),
+        ("act", _i32),
+        ("heads", _i64),
+        ("kv_heads", _i64),
+        ("dim", _i64),
+        ("window", _i64),
+    ]
+
+
+class NativeStep(ctypes.Structure):
+    _fields_ = [
+        ("rows", _i64),
+        ("width", _i64),
+        ("cos", _ptr),
+        ("sin", _ptr),
+        ("local_cos", _ptr),
+        ("local_sin", _ptr),
+        ("pools", _ptr),
+        ("slots", _ptr),
+        ("blocks", _ptr),
+        ("positions", _ptr),
+        ("blocks_per_row", _i64),
+        ("block_size", _i64),
+        ("threads", _i32),
+    ]
+
+
+class FusedDecode:
+    """The native description of a network's layers, built by `for_network`."""
+
+    def __init__(self, library: ctypes.CDLL, layers: ctypes.Array, width: int) -> None:
+        self._run = library.mh_decode_layers
+        self._run.argtypes = [_ptr, _ptr, _i64, _ptr]
+        self._run.restype = None
+        self.layers = layers
+        self.width = width
+        self._pools: tuple[KVCache, ctypes.Array] | None = None
+
+    @classmethod
+    def for_network(cls, network: nn.Module) -> FusedDecode | None:
+        """None unless every layer can run natively (see the module's docstring)."""
+        kernels = native.kernels()
+        if kernels is None:
+            return None
+        specs = [_layer(block) for block in network.model.layers]
+        if any(spec is None for spec in specs):
+            return None
+        layers = (NativeLayer * len(specs))(*specs)
+        return cls(kernels.library, layers, network.config.hidden_size)
+
+    def can_run(self, batch: ForwardBatch, kv: KVCache) -> bool:
+        """Whether this step is one the fused path computes: generated tokens only, one a row,
+        over an fp32 CPU pool."""
+        pool = kv.pools[0]
+        return (
+            batch.dense
+            and batch.query_index.shape[1] == 1
+            and batch.prompt_index is None
+            and pool.dtype == torch.float32
+            and pool.device.type == "cpu"
+        )
+
+    def run(
+        self,
+        hidden: torch.Tensor,
+        ropes: dict[str, tuple[torch.Tensor, torch.Tensor]],
+        batch: ForwardBatch,
+        kv: KVCache,
+    ) -> torch.Tensor:
+        """The layers' output for hidden [rows, width] (updated in place)."""
+        hidden = hidden.contiguous()
+        cos, sin = ropes["global"]
+        local_cos, local_sin = ropes.get("local", ropes["global"])
+        step = NativeStep(
+            rows=hidden.shape[0],
+            width=self.width,
+            cos=cos.data_ptr(),
+            sin=sin.data_ptr(),
+            local_cos=local_cos.data_ptr(),
+            local_sin=local_sin.data_ptr(),
+            pools=ctypes.addressof(self._pool_pointers(kv)),
+            slots=batch.slot_mapping.data_ptr(),
+            blocks=batch.kv_blocks.data_ptr(),
+            positions=batch.positions.data_ptr(),
+            blocks_per_row=batch.kv_blocks.shape[1],
+            block_size=kv.block_size,
+            threads=native.kernels().threads,
+        )
+        self._run(hidden.data_ptr(), ctypes.addressof(self.layers), len(self.layers),
+                  ctypes.byref(step))  # fmt: skip
+        return hidden
+
+    def _pool_pointers(self, kv: KVCache) -> ctypes.Array:
+        if self._pools is None or self._pools[0] is not kv:
+            pointers = (_ptr * len(kv.pools))(*[pool.data_ptr() for pool in kv.pools])
+            self._pools = (kv, pointers)
+        return self._pools[1]
+
+
+def _linear(module: nn.Module | None) -> NativeLinear | None:
+    if isinstance(module, Int4Linear) and module.native is not None:
+        bits, data, params = 4, module.nibbles, module.group_params
+    elif isinstance(module, Int8Linear) and module.native is not None:
+        bits, data, params = 8, module.qweight, module.scales
+    else:
+        return None
+    padded = data.shape[1] * (2 if bits == 4 else 1)
+    if module.in_features != padded:
+        return None
+    try:
+        bias = _fp32(module.bias)
+    except ValueError:
+        return None
+    return NativeLinear(
+        bits=bits,
+        data=data.data_ptr(),
+        params=params.data_ptr(),
+        bias=bias,
+        out=module.out_features,
+        padded=padded,
+    )
+
+
+def _fp32(tensor: torch.Tensor | None) -> int | None:
+    if tensor is None:
+        return None
+    if tensor.dtype != torch.float32 or not tensor.is_contiguous():
+        raise ValueError
+    return tensor.data_ptr()
+
+
+def _layer(block: nn.Module) -> NativeLayer | None:
+    norms = getattr(block, "native_norms", None)
+    attn, mlp = block.self_attn, block.mlp
+    linears = [_linear(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+    if norms is None or any(spec is None for spec in linears) or mlp.native_act is None:
+        return None
+    if attn.head_dim % 16 or (attn.q_norm is not None and attn.qk_norm_weight is None):
+        return None
+    modules = norms()  # input, attention-out, MLP-in, MLP-out (models/llama.py)
+    eps = modules[0].eps
+    if any(n is not None and n.eps != eps for n in modules):
+        return None
+    try:
+        pointers = [_fp32(n.weight if n is not None else None) for n in modules]
+        qk_norm = _fp32(attn.qk_norm_weight)
+    except ValueError:
+        return None
+    qkv, o, gate_up, down = linears
+    return NativeLayer(
+        qkv=qkv,
+        o=o,
+        gate_up=gate_up,
+        down=down,
+        input_norm=pointers[0],
+        attention_out_norm=pointers[1],
+        mlp_in_norm=pointers[2],
+        mlp_out_norm=pointers[3],
+        qk_norm=qk_norm,
+        eps=eps,
+        qk_eps=attn.q_norm.eps if attn.q_norm is not None else 0.0,
+        scale=attn.scale,
+        act=mlp.native_act,
+        heads=attn.num_heads,
+        kv_heads=attn.num_kv_heads,
+        dim=attn.head_dim,
+        window=attn.window or 0,
+    )
