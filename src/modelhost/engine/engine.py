@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import itertools
 import logging
+import sys
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -45,6 +46,11 @@ from modelhost.models.loaded import LoadedModel
 log = logging.getLogger(__name__)
 
 _DEFAULT_KV_BYTES = 1 << 30
+# The engine thread and the event loop that streams its tokens share the GIL: each step the
+# engine waits for it once the forward pass returns from native code. Python's default 5 ms
+# switch interval made that wait most of the gap between a step and the next token on the
+# wire (SmolLM2, 8 streams: 118 -> 155 tok/s at 0.5 ms).
+GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 class EngineFailure(EngineError):
@@ -148,6 +154,7 @@ class Engine:
         self._closed = False
         self._live: dict[int, Sequence] = {}  # touched only by the engine thread
         self._prompt_scores = PromptScores(model.tokenizer)  # engine thread only
+        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
         self._thread = threading.Thread(target=self._loop, name=f"engine-{model.id}", daemon=True)
         self._thread.start()
 

@@ -118,8 +118,11 @@ void int8_tile(const float* x, int64_t row0, const int8_t* weights, const float*
 // it). Which thread computes an output never changes its value.
 template <typename Tile>
 void by_tiles(int64_t rows, int64_t out, int threads, Tile tile) {
-    const int64_t chunk = ((out + threads - 1) / threads + 15) / 16 * 16;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    // Eight chunks a thread, handed out as threads come free: on a shared machine a thread
+    // that is preempted mid-call leaves its chunks to the others instead of stalling the call.
+    const int64_t share = (out + 8 * threads - 1) / (8 * threads);
+    const int64_t chunk = std::max<int64_t>(16, (share + 15) / 16 * 16);
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
     for (int64_t begin = 0; begin < out; begin += chunk) {
         const int64_t end = begin + chunk < out ? begin + chunk : out;
         int64_t r = 0;
@@ -242,7 +245,7 @@ extern "C" void mh_decode_attention(float* qkv, int64_t rows, int64_t heads, int
         std::memcpy(pool + slots[r] * slot_width, row + heads * dim, slot_width * sizeof(float));
     }
     const int64_t group = heads / kv_heads;  // query heads sharing one KV head
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
     for (int64_t task = 0; task < rows * kv_heads; ++task) {
         const int64_t r = task / kv_heads, h = task % kv_heads;
         const int64_t position = positions[r];
