@@ -5,7 +5,9 @@ A step of generated tokens only (one query per row) spends most of its Python ti
 arithmetic. When every layer of a prepared network runs on the native kernels (quantized
 linears, fp32 norms, a gated MLP the kernels know), `FusedDecode` describes the layers once
 (pointers into the modules' own tensors, no copies) and runs such steps in C++; the same
-kernels, in the same order, as the module-by-module path, so results do not change.
+kernels, in the same order, as the module-by-module path, so results do not change. The
+descriptions point into the network's tensors: they must not move (`.to()`) after the first
+decode step.
 """
 
 from __future__ import annotations

@@ -1,16 +1,17 @@
-"""The native int4/int8 kernels (native_kernels.cpp): compiled once per machine, then loaded.
+"""The native CPU kernels (native_kernels.cpp): compiled once per machine, then loaded.
 
 PyTorch's CPU kernels for weight-only int4/int8 matmuls want bf16 activations, which these
 CPUs multiply without bf16 instructions. The native ones take fp32 activations and give fp32
 out: each weight is dequantized in registers and multiplied in fp32 (the same products the
 prompt path's fp32 weights give), read once for up to 8 rows, with the outputs split among
-all cores (one core alone cannot read memory at full speed). `decode_attention` does a decode
-step's attention in one call. The library is built with the system's g++ into
-MODELHOST_HOME/cache/native/<hash of source and compiler>/ on first use (about a second) and
-loaded with ctypes, which releases the GIL for each call.
+all cores (one core alone cannot read memory at full speed). `decode_attention`, `rms_norm`
+and `gated_activation` replace a handful of small PyTorch ops each, and models/fused_decode.py
+runs a whole decode step through them. The library is built with the system's g++ into
+MODELHOST_HOME/cache/native/<hash of source and compiler>/ on first use (about three seconds)
+and loaded with ctypes, which releases the GIL for each call.
 
-Where there is no g++, the CPU lacks AVX-512, or `MODELHOST_NATIVE=0`, `kernels()` is
-None and the quantized linears use PyTorch's kernels instead.
+Where there is no g++, the CPU lacks AVX-512, or `MODELHOST_NATIVE=0`, `kernels()` is None
+and the models run on PyTorch's ops and kernels instead.
 """
 
 from __future__ import annotations
