@@ -12,13 +12,13 @@ of three implementations:
   reproduces the dequantized weights exactly; `exact_int4` finds each group's grid.
 
 The quantized linears run the native kernels (models/native.py: weights dequantized in
-registers, fp32 activations and products). Where those cannot run
-they fall back to PyTorch's (`aten._weight_int4pack_mm_for_cpu`, `aten._weight_int8pack_mm`),
-which are vectorised only for bf16 activations here, so the linear then rounds its input to
-bf16 and returns bf16 (and keeps bf16 scales); the residual stream, norms, attention and
-softmax stay fp32 either way. The quantized LM head is a `RefinedHead`: its best candidates
-are recomputed in fp32. Prompt tokens skip the kernels: each layer linear also holds its
-dequantized weight in fp32 for them (`token_roles`).
+registers, fp32 activations and products). Where those cannot run they fall back to PyTorch's
+(`aten._weight_int4pack_mm_for_cpu`, `aten._weight_int8pack_mm`), which are vectorised only
+for bf16 activations here, so the linear then rounds its input to bf16 and returns bf16 (and
+keeps bf16 scales); the residual stream, norms, attention and softmax stay fp32 either way.
+The quantized LM head is a `RefinedHead`: its best candidates are recomputed in fp32. Prompt
+tokens skip the kernels: each layer linear also holds its dequantized weight in fp32 for them
+(`token_roles`).
 
 Modes (`MODELHOST_QUANTIZE` or `load_model(quantize=...)`):
   none   fp32 everywhere (bit-for-bit the reference maths; the parity tests use it)
@@ -116,11 +116,12 @@ class Int8Linear(_QuantizedLinear):
         q = torch.round(weight / scales[:, None]).clamp_(-127, 127).to(torch.int8)
         self.native = native.kernels()
         if self.native is None:
-            scales = scales.to(_BF16).float()  # PyTorch's kernel takes bf16 scales
             self.register_buffer("qweight", q)
+            self.register_buffer("scales", scales.to(_BF16))  # PyTorch's kernel takes bf16
+            scales = self.scales.float()  # the fp32 copy below: the same rounded scales
         else:
             self.register_buffer("qweight", native.pad_inputs(q))
-        self.register_buffer("scales", scales if self.native else scales.to(_BF16))
+            self.register_buffer("scales", scales)
         self.register_buffer("bias", bias)
         restored = q.float() * scales[:, None]
         prompt_weight_t = restored.t().contiguous() if prompt_fp32 else None
