@@ -78,10 +78,8 @@ class NativeStep(ctypes.Structure):
 class FusedDecode:
     """The native description of a network's layers, built by `for_network`."""
 
-    def __init__(self, library: ctypes.CDLL, layers: ctypes.Array, width: int) -> None:
-        self._run = library.mh_decode_layers
-        self._run.argtypes = [_ptr, _ptr, _i64, _ptr]
-        self._run.restype = None
+    def __init__(self, kernels: native.Kernels, layers: ctypes.Array, width: int) -> None:
+        self.kernels = kernels
         self.layers = layers
         self.width = width
         self._pools: tuple[KVCache, ctypes.Array] | None = None
@@ -96,18 +94,16 @@ class FusedDecode:
         if any(spec is None for spec in specs):
             return None
         layers = (NativeLayer * len(specs))(*specs)
-        return cls(kernels.library, layers, network.config.hidden_size)
+        return cls(kernels, layers, network.config.hidden_size)
 
     def can_run(self, batch: ForwardBatch, kv: KVCache) -> bool:
         """Whether this step is one the fused path computes: generated tokens only, one a row,
         over an fp32 CPU pool."""
-        pool = kv.pools[0]
         return (
             batch.dense
             and batch.query_index.shape[1] == 1
             and batch.prompt_index is None
-            and pool.dtype == torch.float32
-            and pool.device.type == "cpu"
+            and native.readable(kv.pools[0])
         )
 
     def run(
@@ -134,10 +130,9 @@ class FusedDecode:
             positions=batch.positions.data_ptr(),
             blocks_per_row=batch.kv_blocks.shape[1],
             block_size=kv.block_size,
-            threads=native.kernels().threads,
+            threads=self.kernels.threads,
         )
-        self._run(hidden.data_ptr(), ctypes.addressof(self.layers), len(self.layers),
-                  ctypes.byref(step))  # fmt: skip
+        self.kernels.decode_layers(hidden, self.layers, step)
         return hidden
 
     def _pool_pointers(self, kv: KVCache) -> ctypes.Array:
@@ -172,9 +167,10 @@ def _linear(module: nn.Module | None) -> NativeLinear | None:
 
 
 def _fp32(tensor: torch.Tensor | None) -> int | None:
+    """The address of a tensor the kernels read as it is (None for None); ValueError if not."""
     if tensor is None:
         return None
-    if tensor.dtype != torch.float32 or not tensor.is_contiguous():
+    if not native.readable(tensor):
         raise ValueError
     return tensor.data_ptr()
 
@@ -185,7 +181,7 @@ def _layer(block: nn.Module) -> NativeLayer | None:
     linears = [_linear(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
     if norms is None or any(spec is None for spec in linears) or mlp.native_act is None:
         return None
-    if attn.head_dim % 16 or (attn.q_norm is not None and attn.qk_norm_weight is None):
+    if not attn.native_ready():
         return None
     modules = norms()  # input, attention-out, MLP-in, MLP-out (models/llama.py)
     eps = modules[0].eps

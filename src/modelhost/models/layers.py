@@ -25,15 +25,10 @@ class RMSNorm(nn.Module):
         if x.dtype != self.weight.dtype:
             x = x.to(self.weight.dtype)  # a PyTorch quantized kernel's bf16 output
         kernels = native.kernels()
-        if kernels is not None and _native_fp32(x) and not torch.is_grad_enabled():
+        if kernels is not None and native.readable(x) and not torch.is_grad_enabled():
             return kernels.rms_norm(x, self.weight, self.eps)  # ~25 us less than torch's
         # torch.rms_norm, not F.rms_norm: the functional wrapper costs ~20 us a call on CPU.
         return torch.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-
-
-def _native_fp32(x: torch.Tensor) -> bool:
-    """Whether a native kernel can read x: contiguous fp32 on the CPU."""
-    return x.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous()
 
 
 class Rotary:
@@ -75,7 +70,7 @@ class GatedMLP(nn.Module):
         if self.gate_up_proj is not None:
             gate_up = self.gate_up_proj(x)
             kernels = native.kernels()
-            if kernels is not None and self.native_act is not None and _native_fp32(gate_up):
+            if kernels is not None and self.native_act is not None and native.readable(gate_up):
                 return self.down_proj(kernels.gated_activation(gate_up, self.native_act))
             gate, up = gate_up.split(self.intermediate, dim=-1)
             return self.down_proj(self.act(gate).mul_(up))
@@ -136,17 +131,24 @@ class Attention(nn.Module):
             qkv = torch.cat((self.q_proj(x), self.k_proj(x), self.v_proj(x)), dim=-1)
         # The pool's dtype (PyTorch's quantized kernels return bf16; the CPU pool is fp32);
         # a fresh tensor either way: normed and rotated in place below.
-        qkv = qkv.to(kv.pools[self.layer].dtype)
+        pool = kv.pools[self.layer]
+        qkv = qkv.to(pool.dtype)
         rows, max_q = batch.query_index.shape
         kernels = native.kernels()
-        if kernels is not None and batch.dense and max_q == 1 and self.native_ready(kv):
+        if (
+            kernels is not None
+            and batch.dense
+            and max_q == 1
+            and self.native_ready()
+            and native.readable(pool)
+        ):
             out = kernels.decode_attention(
                 qkv.contiguous(),
                 heads,
                 kv_heads,
                 None if self.q_norm is None else (self.qk_norm_weight, self.q_norm.eps),
                 rope,
-                kv.pools[self.layer],
+                pool,
                 batch.slot_mapping,
                 batch.kv_blocks,
                 kv.block_size,
@@ -165,7 +167,7 @@ class Attention(nn.Module):
 
         # Rotated keys and the values sit side by side in qkv: one write into the pool.
         new_kv = qkv[:, q_size:].view(num_tokens, 2, kv_heads, head_dim)
-        kv.pools[self.layer].index_copy_(0, batch.slot_mapping, new_kv)
+        pool.index_copy_(0, batch.slot_mapping, new_kv)
         context = kv.blocks(self.layer).index_select(0, batch.kv_blocks.view(-1))
         context = context.view(rows, -1, 2, kv_heads, head_dim)
         keys = context[:, :, 0].transpose(1, 2)  # [R, Hkv, max_kv, D]
@@ -191,16 +193,10 @@ class Attention(nn.Module):
         out = out.transpose(1, 2).reshape(rows * max_q, q_size)
         return self.o_proj(out if batch.dense else out[batch.output_index])
 
-    def native_ready(self, kv: KVCache) -> bool:
-        """Whether the native decode attention can run this layer: fp32 on the CPU, head
-        dimensions in whole vectors, q/k norm weights prepared."""
-        pool = kv.pools[self.layer]
-        return (
-            pool.dtype == torch.float32
-            and pool.device.type == "cpu"
-            and self.head_dim % 16 == 0
-            and (self.q_norm is None or self.qk_norm_weight is not None)
-        )
+    def native_ready(self) -> bool:
+        """Whether the native decode attention can run this layer (over an fp32 CPU pool):
+        head dimensions in whole vectors, q/k norm weights prepared."""
+        return self.head_dim % 16 == 0 and (self.q_norm is None or self.qk_norm_weight is not None)
 
     def expanded_qk_norm_weight(self) -> torch.Tensor:
         assert self.q_norm is not None and self.k_norm is not None

@@ -41,7 +41,6 @@ class Kernels:
     """Typed entry points of the loaded library; arguments are contiguous CPU tensors."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        self.library = library
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         self._int4 = library.mh_int4_matmul
         self._int4.argtypes = [p, i64, p, p, i64, i64, p, ctypes.c_int]
@@ -59,6 +58,9 @@ class Kernels:
         self._gated = library.mh_gated_activation
         self._gated.argtypes = [p, i64, i64, ctypes.c_int, p]
         self._gated.restype = None
+        self._layers = library.mh_decode_layers
+        self._layers.argtypes = [p, p, i64, p]
+        self._layers.restype = None
         # Threads per call: weights stream from memory, and one core alone cannot saturate it.
         self.threads = os.cpu_count() or 1
 
@@ -132,6 +134,18 @@ class Kernels:
         out = gate_up.new_empty((*gate_up.shape[:-1], width))
         self._gated(gate_up.data_ptr(), gate_up.numel() // (2 * width), width, act, out.data_ptr())
         return out
+
+    def decode_layers(
+        self, hidden: torch.Tensor, layers: ctypes.Array, step: ctypes.Structure
+    ) -> None:
+        """mh_decode_layers: hidden [rows, width] through the described layers, in place
+        (the structures are models/fused_decode.py's)."""
+        self._layers(hidden.data_ptr(), ctypes.addressof(layers), len(layers), ctypes.byref(step))
+
+
+def readable(x: torch.Tensor) -> bool:
+    """Whether the kernels can read x as it is: contiguous fp32 on the CPU."""
+    return x.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous()
 
 
 def _padded_rows(x: torch.Tensor, padded: int) -> torch.Tensor:

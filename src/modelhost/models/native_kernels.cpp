@@ -1,12 +1,13 @@
-// Weight-only int4 and int8 matmuls for a few rows of fp32 activations, on AVX-512, and the
-// attention of a decode step over the paged KV cache.
+// Weight-only int4 and int8 matmuls for a few rows of fp32 activations, on AVX-512; a decode
+// step's attention over the paged KV cache, RMSNorm and gated activations; and a whole decode
+// step through the decoder layers (mh_decode_layers).
 //
 // Built and loaded by models/native.py (g++, ctypes); the torch kernels stay the fallback.
 // A weight byte is read from memory once for up to 8 rows, and the outputs are split among
 // threads. Each row is computed with the same instructions in the same order whatever the
 // other rows and the thread count are: outputs do not depend on the batch.
 //
-// Layouts (packed by models/quant.py, the input padded to a multiple of 64 with zeros):
+// Layouts (packed by models/native.py, the input padded to a multiple of 64 with zeros):
 //   int4: nibbles [out, in/2]: byte j of the k-th 64 inputs holds input 64k+j (low nibble)
 //         and 64k+32+j (high); params [out, in/32, 2]: fp16 scale and min, w = q * scale + min.
 //   int8: int8 [out, in], symmetric, one scale per output.
