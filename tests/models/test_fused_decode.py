@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from modelhost.engine.engine import Engine, EngineConfig
+from modelhost.engine.engine import Engine, EngineConfig, RequestStream
 from modelhost.engine.sampling_params import SamplingParams
 from modelhost.models import native
 from modelhost.models.loaded import LoadedModel
@@ -20,17 +20,20 @@ def greedy_with_logprobs(model: LoadedModel, fused: bool) -> list[list[tuple[int
     """Each prompt's 24 greedy tokens with their logprobs, the prompts decoded together."""
     model.network.fuse_decode = fused
 
-    async def one(engine: Engine, prompt: str) -> list[tuple[int, float]]:
-        params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=0)
+    async def collect(stream: RequestStream) -> list[tuple[int, float]]:
         tokens = []
-        async for event in engine.submit(model.tokenizer.encode(prompt), params):
+        async for event in stream:
             tokens += [(lp.token_id, lp.logprob) for lp in event.logprobs or []]
         return tokens
 
     async def run() -> list[list[tuple[int, float]]]:
         engine = Engine(model, EngineConfig(block_size=4))  # many block crossings
+        params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=0)
         try:
-            return list(await asyncio.gather(*(one(engine, p) for p in PROMPTS)))
+            # One unit: admitted and prefilled together on every run, so that both paths
+            # decode the same batches.
+            streams = engine.submit_many([(model.tokenizer.encode(p), params) for p in PROMPTS])
+            return list(await asyncio.gather(*(collect(stream) for stream in streams)))
         finally:
             engine.close()
 
