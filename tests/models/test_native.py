@@ -143,3 +143,47 @@ def test_gated_activation_is_the_activated_gate_times_up(name):
     act = torch.nn.functional.silu if name == "silu" else layers.gelu_tanh
     got = kernels.gated_activation(gate_up, native.ACTIVATIONS[name])
     assert torch.allclose(got, act(gate) * up, atol=1e-5)
+
+
+vnni = pytest.mark.skipif(kernels is None or not kernels.vnni, reason="no AVX-512 VNNI here")
+
+
+@vnni
+def test_int8_ranking_is_the_product_of_int8_rounded_inputs_and_weights():
+    torch.manual_seed(0)
+    weight = torch.randn(300, 96)
+    head = quant.Int8RankingHead(weight, kernels)
+    x = torch.randn(9, 96)  # a tile of 8, then 1
+    x_scales = x.abs().amax(dim=1, keepdim=True) / 127
+    rounded_x = torch.round(x / x_scales) * x_scales
+    rounded_weight = head.qweight[:, :96].float() * head.scales[:, None]
+    expected = rounded_x @ rounded_weight.t()
+    assert relative_error(head(x), expected) < 1e-5
+    assert relative_error(head(x), x @ weight.t()) < 0.02  # close enough to rank
+
+
+@vnni
+def test_int8_ranking_of_a_row_does_not_depend_on_the_rows_beside_it():
+    torch.manual_seed(0)
+    head = quant.Int8RankingHead(torch.randn(64, 128), kernels)
+    x = torch.randn(11, 128)
+    together = head(x)
+    for row in range(11):
+        assert torch.equal(head(x[row : row + 1])[0], together[row])
+
+
+@pytest.mark.parametrize("n", [1000, 262_144])  # fewer blocks than k; a Gemma 3 vocabulary
+def test_top_candidates_are_the_indices_of_the_largest_scores(n):
+    torch.manual_seed(0)
+    scores = torch.randn(5, n)
+    got = kernels.top_candidates(scores, 128)
+    expected = scores.topk(128, dim=-1).indices
+    for row in range(5):
+        assert sorted(got[row].tolist()) == sorted(expected[row].tolist())
+
+
+def test_top_candidates_are_distinct_even_when_scores_are_nan():
+    scores = torch.tensor([[3.0, float("nan"), 2.0, float("nan"), 1.0]])
+    got = kernels.top_candidates(scores, 4)[0].tolist()
+    assert len(set(got)) == 4
+    assert {0, 2, 4} <= set(got)

@@ -6,12 +6,14 @@ import pytest
 import torch
 from prompt_logits import prompt_logits
 
+from modelhost.models import native
 from modelhost.models.loaded import LoadedModel
 from modelhost.models.loader import load_model
 from modelhost.models.quant import (
     DenseLinear,
     Int4Linear,
     Int8Linear,
+    Int8RankingHead,
     RefinedHead,
     exact_int4,
     quantize_int4,
@@ -92,6 +94,14 @@ def test_refined_head_gives_exact_logits_for_the_best_tokens():
     best = expected.topk(3, dim=-1).indices
     assert torch.allclose(got.gather(1, best), expected.gather(1, best), atol=1e-4)
     assert torch.equal(got.argmax(-1), expected.argmax(-1))
+
+
+def test_the_head_ranks_with_int8_dot_products_where_the_cpu_has_them(smollm2_modes):
+    head = smollm2_modes["auto"].network.lm_head
+    kernels = native.kernels()
+    expected = Int8RankingHead if kernels is not None and kernels.vnni else Int4Linear
+    assert isinstance(head, RefinedHead)
+    assert isinstance(head.approx, expected)
 
 
 @pytest.fixture(scope="module")

@@ -61,6 +61,14 @@ class Kernels:
         self._layers = library.mh_decode_layers
         self._layers.argtypes = [p, p, i64, p]
         self._layers.restype = None
+        self._rank = library.mh_int8_rank
+        self._rank.argtypes = [p, i64, p, p, p, i64, i64, p, ctypes.c_int]
+        self._rank.restype = None
+        self._top = library.mh_top_candidates
+        self._top.argtypes = [p, i64, i64, i64, p, ctypes.c_int]
+        self._top.restype = None
+        # AVX-512 VNNI (int8 dot products): the LM head's ranking pass (`int8_rank`).
+        self.vnni = bool(library.mh_cpu_has_vnni())
         # Threads per call: weights stream from memory, and one core alone cannot saturate it.
         self.threads = os.cpu_count() or 1
 
@@ -89,6 +97,28 @@ class Kernels:
             y.data_ptr(), self.threads,
         )  # fmt: skip
         return y
+
+    def int8_rank(
+        self, x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, sums: torch.Tensor
+    ) -> torch.Tensor:
+        """Approximate x [rows, in] @ (weight * scales).T for ranking (see mh_int8_rank): the
+        int8 weight padded (`pad_inputs`), its per-output scales and int32 sums; needs `vnni`."""
+        out, padded = weight.shape
+        x = _padded_rows(x, padded)
+        y = torch.empty((x.shape[0], out), dtype=torch.float32)
+        self._rank(
+            x.data_ptr(), x.shape[0], weight.data_ptr(), scales.data_ptr(), sums.data_ptr(),
+            out, padded, y.data_ptr(), self.threads,
+        )  # fmt: skip
+        return y
+
+    def top_candidates(self, scores: torch.Tensor, k: int) -> torch.Tensor:
+        """The indices [rows, k] of each row's k largest scores (contiguous fp32 [rows, n],
+        k <= n), in no particular order: torch.topk(sorted=False)'s set, ties aside."""
+        rows, n = scores.shape
+        indices = torch.empty((rows, k), dtype=torch.int64)
+        self._top(scores.data_ptr(), rows, n, k, indices.data_ptr(), self.threads)
+        return indices
 
     def decode_attention(
         self,

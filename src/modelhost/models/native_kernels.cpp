@@ -18,6 +18,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <utility>
 #include <type_traits>
 #include <vector>
 
@@ -62,7 +64,7 @@ void int4_tile(const float* x, int64_t row0, const uint8_t* nibbles, const uint1
         for (int r = 0; r < R; ++r) first[r] = second[r] = _mm512_setzero_ps();
         for (int64_t p = 0; p < pairs; ++p) {
             // The pair's four fp16 parameters in one load and one conversion, then broadcast.
-            const __m512 both = _mm512_castps128_ps512(
+            const __m512 both = _mm512_zextps128_ps512(
                 _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(param + 4 * p))));
             const __m512 scale_a = _mm512_permutexvar_ps(lane0, both);
             const __m512 min_a = _mm512_permutexvar_ps(lane1, both);
@@ -164,6 +166,127 @@ extern "C" void mh_int8_matmul(const float* x, int64_t rows, const int8_t* weigh
     by_tiles(rows, out, threads, [&](int64_t row0, auto r, int64_t begin, int64_t end) {
         int8_tile<decltype(r)::value>(x, row0, weights, scales, begin, end, padded, out, y);
     });
+}
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni")
+
+extern "C" int mh_cpu_has_vnni() {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni");
+}
+
+namespace {
+
+thread_local std::vector<uint8_t> ranking_input;
+
+// R rows of u8 inputs (x / scale + 128) times int8 weights, 64 products per instruction.
+template <int R>
+void int8_rank_tile(const uint8_t* xu, int64_t row0, const float* x_scales, const int8_t* w,
+                    const float* w_scales, const int32_t* w_sums, int64_t begin, int64_t end,
+                    int64_t padded, int64_t out, float* y) {
+    for (int64_t o = begin; o < end; ++o) {
+        const int8_t* weights = w + o * padded;
+        __m512i acc[R];
+        for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
+        for (int64_t i = 0; i < padded; i += 64) {
+            const __m512i wv = _mm512_loadu_si512(weights + i);
+            for (int r = 0; r < R; ++r)
+                acc[r] = _mm512_dpbusd_epi32(
+                    acc[r], _mm512_load_si512(xu + (row0 + r) * padded + i), wv);
+        }
+        for (int r = 0; r < R; ++r) {
+            const int32_t dot = _mm512_reduce_add_epi32(acc[r]) - 128 * w_sums[o];
+            y[(row0 + r) * out + o] = x_scales[row0 + r] * w_scales[o] * static_cast<float>(dot);
+        }
+    }
+}
+
+}  // namespace
+
+// Approximate logits for ranking a vocabulary (models/quant.py's RefinedHead recomputes the
+// best ones exactly): each row of x is rounded to int8 with one scale per row, the weights are
+// int8 with one scale per output (w_sums: each output's sum of weights, for the +128 offset that
+// makes the inputs unsigned), and the products are summed in int32 by VNNI, 64 at a time.
+extern "C" void mh_int8_rank(const float* x, int64_t rows, const int8_t* w,
+                             const float* w_scales, const int32_t* w_sums, int64_t out,
+                             int64_t padded, float* y, int threads) {
+    std::vector<uint8_t>& buffer = ranking_input;
+    if (static_cast<int64_t>(buffer.size()) < rows * padded + 64) buffer.resize(rows * padded + 64);
+    uint8_t* xu = buffer.data() + (64 - reinterpret_cast<uintptr_t>(buffer.data()) % 64) % 64;
+    std::vector<float> x_scales(rows);
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* row = x + r * padded;
+        __m512 top = _mm512_setzero_ps();
+        for (int64_t i = 0; i < padded; i += 16)
+            top = _mm512_max_ps(top, _mm512_abs_ps(_mm512_loadu_ps(row + i)));
+        const float amax = _mm512_reduce_max_ps(top);
+        x_scales[r] = amax > 0 ? amax / 127.0f : 1.0f;
+        const __m512 inverse = _mm512_set1_ps(1.0f / x_scales[r]);
+        for (int64_t i = 0; i < padded; i += 16) {
+            const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(row + i), inverse));
+            const __m512i u = _mm512_add_epi32(q, _mm512_set1_epi32(128));  // 1..255
+            _mm_store_si128(reinterpret_cast<__m128i*>(xu + r * padded + i),
+                            _mm512_cvtusepi32_epi8(u));
+        }
+    }
+    by_tiles(rows, out, threads, [&](int64_t row0, auto r, int64_t begin, int64_t end) {
+        int8_rank_tile<decltype(r)::value>(xu, row0, x_scales.data(), w, w_scales, w_sums, begin,
+                                           end, padded, out, y);
+    });
+}
+
+#pragma GCC pop_options
+
+// The indices of the k largest of each row's n scores, in no particular order (torch.topk's
+// set, ties aside): the k-th largest of the row's block maxima bounds the answer from below,
+// so one vectorised pass collects the few values at or above it and a selection over those
+// finishes. About 5x faster than torch.topk on a 262,144-token vocabulary.
+extern "C" void mh_top_candidates(const float* scores, int64_t rows, int64_t n, int64_t k,
+                                  int64_t* indices, int threads) {
+    constexpr int64_t kBlock = 256;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1 && rows > 1)
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* row = scores + r * n;
+        int64_t* picked = indices + r * k;
+        const int64_t blocks = (n + kBlock - 1) / kBlock;
+        float bound = -INFINITY;
+        if (blocks > k) {
+            std::vector<float> maxima(blocks);
+            for (int64_t b = 0; b < blocks; ++b) {
+                __m512 top = _mm512_set1_ps(-INFINITY);
+                for (int64_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); i += 16)
+                    top = _mm512_max_ps(top, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY),
+                                                                  tail_mask(n - i), row + i));
+                maxima[b] = _mm512_reduce_max_ps(top);
+            }
+            std::nth_element(maxima.begin(), maxima.begin() + (k - 1), maxima.end(),
+                             std::greater<float>());
+            bound = maxima[k - 1];
+        }
+        std::vector<std::pair<float, int64_t>> found;
+        const __m512 limit = _mm512_set1_ps(bound);
+        for (int64_t i = 0; i < n; i += 16) {
+            const __mmask16 live = tail_mask(n - i);
+            __mmask16 hits = _mm512_mask_cmp_ps_mask(live, _mm512_maskz_loadu_ps(live, row + i),
+                                                     limit, _CMP_GE_OQ);
+            for (; hits; hits &= hits - 1) {
+                const int64_t j = i + __builtin_ctz(hits);
+                found.emplace_back(row[j], j);
+            }
+        }
+        if (static_cast<int64_t>(found.size()) < k) {  // NaN scores never compare: pad (k <= n)
+            std::vector<bool> taken(n);
+            for (const auto& hit : found) taken[hit.second] = true;
+            for (int64_t j = 0; static_cast<int64_t>(found.size()) < k; ++j)
+                if (!taken[j]) found.emplace_back(-INFINITY, j);
+        }
+        std::nth_element(found.begin(), found.begin() + (k - 1), found.end(),
+                         [](const auto& a, const auto& b) {
+                             return a.first > b.first || (a.first == b.first && a.second < b.second);
+                         });
+        for (int64_t j = 0; j < k; ++j) picked[j] = found[j].second;
+    }
 }
 
 namespace {

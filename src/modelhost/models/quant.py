@@ -187,6 +187,29 @@ class Int4Linear(_QuantizedLinear):
         return y if self.bias is None else y + self.bias
 
 
+class Int8RankingHead(nn.Module):
+    """A head's approximate logits from int8 weights (one scale per output) and int8 inputs
+    (one scale per row), multiplied by VNNI 64 products an instruction (`mh_int8_rank`): for a
+    `RefinedHead` to rank with, about 3x faster than the int4 kernel at 8 rows (Gemma 3's
+    262,144-token head is most of its decode step)."""
+
+    def __init__(self, weight: torch.Tensor, kernels: native.Kernels) -> None:
+        super().__init__()
+        weight = weight.float()
+        scales = (weight.abs().amax(dim=1) / 127.0).clamp_(min=1e-12)
+        q = torch.round(weight / scales[:, None]).clamp_(-127, 127).to(torch.int8)
+        self.register_buffer("qweight", native.pad_inputs(q))
+        self.register_buffer("scales", scales)
+        self.register_buffer("sums", q.sum(dim=1, dtype=torch.int32))
+        self.kernels = kernels
+        self.out_features = weight.shape[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.kernels.int8_rank(
+            x.reshape(-1, x.shape[-1]), self.qweight, self.scales, self.sums
+        )
+
+
 class RefinedHead(nn.Module):
     """An LM head whose approximate logits (a quantized kernel, with rounded activations) are
     recomputed exactly in fp32 for the `top` best tokens of each row.
@@ -206,7 +229,11 @@ class RefinedHead(nn.Module):
         logits = self.approx(x).float()
         if x.shape[0] == 0:
             return logits
-        index = logits.topk(self.top, dim=-1, sorted=False).indices  # [S, top]
+        kernels = native.kernels()
+        if kernels is not None and native.readable(logits):
+            index = kernels.top_candidates(logits, self.top)  # [S, top]
+        else:
+            index = logits.topk(self.top, dim=-1, sorted=False).indices
         rows = self.weight.index_select(0, index.view(-1)).view(*index.shape, -1)
         exact = torch.bmm(rows, x.float().unsqueeze(-1)).squeeze(-1)
         return logits.scatter_(1, index, exact)
@@ -323,10 +350,15 @@ def prepare_for_inference(network: nn.Module, mode: str) -> nn.Module:
         mlp.down_proj = _swap(mlp.down_proj, mode)
     head = network.lm_head.weight.detach()
     kind = _kind(head, mode, head=True)
-    # search=False: refined anyway, and no fp32 prompt copy (only sampled rows reach it).
-    network.lm_head = make_linear(head, None, kind, search=False)
-    if kind != "fp32":
-        network.lm_head = RefinedHead(network.lm_head, head.float())
+    kernels = native.kernels()
+    if kind != "fp32" and kernels is not None and kernels.vnni:
+        network.lm_head = RefinedHead(Int8RankingHead(head, kernels), head.float())
+    elif kind != "fp32":
+        # search=False: refined anyway, and no fp32 prompt copy (only sampled rows reach it).
+        approx = make_linear(head, None, kind, search=False)
+        network.lm_head = RefinedHead(approx, head.float())
+    else:
+        network.lm_head = make_linear(head, None, kind)
     return network
 
 
