@@ -81,6 +81,9 @@ class EngineConfig:
         return max(2, budget // block_bytes)
 
 
+_Delivery = tuple[asyncio.Queue, EngineEvent | BaseException]  # a stream's queue and its item
+
+
 class RequestStream:
     """The async side of one row: events arrive from the engine thread through the loop."""
 
@@ -92,9 +95,7 @@ class RequestStream:
         self._done = False
 
     def _post(self, item: EngineEvent | BaseException) -> None:
-        # RuntimeError: the consumer's loop is gone; the row is being cancelled anyway.
-        with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        self._engine._outbox.setdefault(self._loop, []).append((self._queue, item))
 
     def __aiter__(self) -> AsyncIterator[EngineEvent]:
         return self
@@ -153,6 +154,8 @@ class Engine:
         self._num_steps = 0
         self._closed = False
         self._live: dict[int, Sequence] = {}  # touched only by the engine thread
+        # Events posted on the engine thread, by event loop, until `_deliver` (same thread).
+        self._outbox: dict[asyncio.AbstractEventLoop, list[_Delivery]] = {}
         self._prompt_scores = PromptScores(model.tokenizer)  # engine thread only
         sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
         self._thread = threading.Thread(target=self._loop, name=f"engine-{model.id}", daemon=True)
@@ -265,6 +268,22 @@ class Engine:
         self._fail_all(EngineClosed())
 
     def _step(self) -> None:
+        try:
+            self._step_rows()
+        finally:
+            self._deliver()
+
+    def _deliver(self) -> None:
+        """Hand the events posted since the last delivery to their event loops, one wake-up
+        per loop: a step's rows share one, instead of each waking the loop (and taking a
+        core from the kernels' threads) on its own."""
+        outbox, self._outbox = self._outbox, {}
+        for loop, items in outbox.items():
+            # RuntimeError: the consumer's loop is gone; its rows are being cancelled anyway.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_put_all, items)
+
+    def _step_rows(self) -> None:
         out = self.scheduler.schedule()
         for seq in out.finished:
             self._finish(seq, EngineEvent(), seq.finish_reason or "abort", None)
@@ -325,6 +344,12 @@ class Engine:
             self.scheduler.finish(seq, "abort")
             _output(seq).post(error)
         self._live.clear()
+        self._deliver()
+
+
+def _put_all(items: list[_Delivery]) -> None:
+    for queue, item in items:
+        queue.put_nowait(item)
 
 
 def _output(seq: Sequence) -> RowOutput:
