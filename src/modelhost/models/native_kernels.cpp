@@ -347,6 +347,95 @@ inline void rotate(float* x, const float* cos, const float* sin, int64_t dim) {
 }
 
 thread_local std::vector<float> score_buffer;
+thread_local std::vector<const float*> key_buffer;
+thread_local std::vector<float> inverse_buffer;
+
+// Softmax attention of `group` query heads (queries [group, dim]) over one KV head's keys at
+// positions first .. first + length - 1 of a row's paged blocks (`table`); out [group, dim].
+// A key is `key_offset` floats into its slot, its value `value_shift` floats after it.
+// The keys' addresses are listed first (one division per block, not per key); scores come
+// from one pass over the keys for all the group's heads, and the weighted sum of values from
+// one pass over the values per 16 accumulators, with the softmax's sum divided out at the end.
+// The next keys and values are prefetched: a KV head's rows are a slot's width apart.
+void attend(const float* queries, int64_t group, int64_t dim, const float* pool,
+            int64_t slot_width, int64_t key_offset, int64_t value_shift, const int64_t* table,
+            int64_t block_size, int64_t first, int64_t length, float scale, float* out) {
+    constexpr int64_t kAhead = 4;
+    std::vector<const float*>& keys = key_buffer;
+    if (static_cast<int64_t>(keys.size()) < length) keys.resize(length);
+    for (int64_t i = 0, p = first; i < length;) {
+        const int64_t offset = p % block_size;
+        const float* base = pool + (table[p / block_size] * block_size) * slot_width + key_offset;
+        for (int64_t o = offset; o < block_size && i < length; ++o, ++i, ++p)
+            keys[i] = base + o * slot_width;
+    }
+    std::vector<float>& scores = score_buffer;  // [group, length]
+    if (static_cast<int64_t>(scores.size()) < group * length) scores.resize(group * length);
+    const int64_t chunks = dim / 16;  // head sizes are multiples of 16
+    for (int64_t i = 0; i < length; ++i) {
+        if (i + kAhead < length)
+            for (int64_t c = 0; c < chunks; ++c) _mm_prefetch(keys[i + kAhead] + 16 * c, _MM_HINT_T0);
+        const float* key = keys[i];
+        for (int64_t g = 0; g < group; ++g) {
+            const float* q = queries + g * dim;
+            __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(q), _mm512_loadu_ps(key));
+            for (int64_t c = 1; c < chunks; ++c)
+                acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * c), _mm512_loadu_ps(key + 16 * c),
+                                      acc);
+            scores[g * length + i] = _mm512_reduce_add_ps(acc) * scale;
+        }
+    }
+    std::vector<float>& inverse = inverse_buffer;  // per query head: 1 / the softmax's sum
+    if (static_cast<int64_t>(inverse.size()) < group) inverse.resize(group);
+    for (int64_t g = 0; g < group; ++g) {
+        float* s = scores.data() + g * length;
+        __m512 top = _mm512_set1_ps(-INFINITY);
+        for (int64_t i = 0; i < length; i += 16)
+            top = _mm512_max_ps(top, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY),
+                                                          tail_mask(length - i), s + i));
+        const __m512 shift = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+        __m512 total = _mm512_setzero_ps();
+        for (int64_t i = 0; i < length; i += 16) {
+            const __mmask16 live = tail_mask(length - i);
+            const __m512 e = _mm512_maskz_mov_ps(
+                live, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, s + i), shift)));
+            _mm512_mask_storeu_ps(s + i, live, e);
+            total = _mm512_add_ps(total, e);
+        }
+        inverse[g] = 1.0f / _mm512_reduce_add_ps(total);
+    }
+    // Accumulators j = g * chunks + c, 16 at a time: one pass over the values each.
+    constexpr int64_t kPass = 16;
+    const int64_t accumulators = group * chunks;
+    for (int64_t j0 = 0; j0 < accumulators; j0 += kPass) {
+        const int64_t n = std::min(kPass, accumulators - j0);
+        __m512 acc[kPass];
+        const float* weights[kPass];  // accumulator j's softmax weights and its 16 columns
+        int64_t column[kPass];
+        for (int64_t j = 0; j < kPass; ++j) {
+            acc[j] = _mm512_setzero_ps();
+            const int64_t k = std::min(j0 + j, accumulators - 1);
+            weights[j] = scores.data() + (k / chunks) * length;
+            column[j] = 16 * (k % chunks);
+        }
+        for (int64_t i = 0; i < length; ++i) {
+            if (i + kAhead < length)
+                for (int64_t c = 0; c < chunks; ++c)
+                    _mm_prefetch(keys[i + kAhead] + value_shift + 16 * c, _MM_HINT_T0);
+            const float* value = keys[i] + value_shift;
+#pragma GCC unroll 16
+            for (int64_t j = 0; j < kPass; ++j)
+                if (j < n)
+                    acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(weights[j][i]),
+                                             _mm512_loadu_ps(value + column[j]), acc[j]);
+        }
+        for (int64_t j = 0; j < n; ++j) {
+            const int64_t g = (j0 + j) / chunks, c = (j0 + j) % chunks;
+            _mm512_storeu_ps(out + g * dim + 16 * c,
+                             _mm512_mul_ps(acc[j], _mm512_set1_ps(inverse[g])));
+        }
+    }
+}
 
 }  // namespace
 
@@ -380,50 +469,9 @@ extern "C" void mh_decode_attention(float* qkv, int64_t rows, int64_t heads, int
         const int64_t position = positions[r];
         const int64_t first = window > 0 && position >= window ? position - window + 1 : 0;
         const int64_t length = position - first + 1;
-        const int64_t* table = blocks + r * blocks_per_row;
-        auto key_of = [&](int64_t p) {
-            const int64_t slot = table[p / block_size] * block_size + p % block_size;
-            return pool + slot * slot_width + h * dim;
-        };
-        std::vector<float>& scores = score_buffer;  // [group, length]
-        if (static_cast<int64_t>(scores.size()) < group * length)
-            scores.resize(group * length);
-        const float* queries = qkv + r * width + h * group * dim;
-        for (int64_t i = 0; i < length; ++i) {
-            const float* key = key_of(first + i);
-            for (int64_t g = 0; g < group; ++g)
-                scores[g * length + i] = dot(queries + g * dim, key, dim) * scale;
-        }
-        for (int64_t g = 0; g < group; ++g) {
-            float* s = scores.data() + g * length;
-            float top = s[0];
-            for (int64_t i = 1; i < length; ++i) top = s[i] > top ? s[i] : top;
-            const __m512 shift = _mm512_set1_ps(top);
-            __m512 total = _mm512_setzero_ps();
-            for (int64_t i = 0; i < length; i += 16) {
-                const __mmask16 live = tail_mask(length - i);
-                __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, s + i), shift));
-                e = _mm512_maskz_mov_ps(live, e);
-                _mm512_mask_storeu_ps(s + i, live, e);
-                total = _mm512_add_ps(total, e);
-            }
-            const float inverse = 1.0f / _mm512_reduce_add_ps(total);
-            for (int64_t i = 0; i < length; ++i) s[i] *= inverse;
-        }
-        float* head_out = out + r * heads * dim + h * group * dim;
-        std::memset(head_out, 0, group * dim * sizeof(float));
-        for (int64_t i = 0; i < length; ++i) {
-            const float* value = key_of(first + i) + kv_heads * dim;
-            for (int64_t g = 0; g < group; ++g) {
-                float* o = head_out + g * dim;
-                const __m512 weight = _mm512_set1_ps(scores[g * length + i]);
-                for (int64_t d = 0; d < dim; d += 16) {
-                    __m512 sum = _mm512_fmadd_ps(weight, _mm512_loadu_ps(value + d),
-                                                 _mm512_loadu_ps(o + d));
-                    _mm512_storeu_ps(o + d, sum);
-                }
-            }
-        }
+        attend(qkv + r * width + h * group * dim, group, dim, pool, slot_width, h * dim,
+               kv_heads * dim, blocks + r * blocks_per_row, block_size, first, length, scale,
+               out + r * heads * dim + h * group * dim);
     }
 }
 
