@@ -187,3 +187,20 @@ def test_top_candidates_are_distinct_even_when_scores_are_nan():
     got = kernels.top_candidates(scores, 4)[0].tolist()
     assert len(set(got)) == 4
     assert {0, 2, 4} <= set(got)
+
+
+def test_choose_tokens_without_uniforms_is_torchs_argmax():
+    torch.manual_seed(0)
+    logits = torch.randn(5, 262_144)
+    logits[2, 7] = logits[2, 9] = logits[2].max() + 1  # a tie: the first index wins
+    assert torch.equal(kernels.choose_tokens(logits, None), logits.argmax(dim=-1))
+
+
+def test_choose_tokens_draws_in_proportion_to_the_softmax_and_never_a_filtered_token():
+    logits = torch.tensor([[0.0, 1.0, 2.0, float("-inf"), 0.5]])
+    draws = 20_000
+    uniforms = torch.rand(draws)
+    chosen = torch.cat([kernels.choose_tokens(logits, uniforms[i : i + 1]) for i in range(draws)])
+    frequency = torch.bincount(chosen, minlength=5).float() / draws
+    assert frequency[3] == 0
+    assert torch.allclose(frequency, torch.softmax(logits, dim=-1)[0], atol=0.015)

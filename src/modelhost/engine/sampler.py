@@ -30,6 +30,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from modelhost.engine.grammar import GrammarState, apply_masks
 from modelhost.engine.sampling_params import SamplingParams
+from modelhost.models import native
 
 # Top-p first looks for the nucleus among this many best tokens, then among more, and only sorts a
 # whole row when a very flat distribution spreads the mass wider: a full sort of a 50k vocabulary
@@ -110,11 +111,11 @@ def sample(logits: torch.Tensor, rows: Sequence[RowSamplingState]) -> list[Sampl
 
     sampled_rows = [i for i, row in enumerate(rows) if not row.params.greedy]
     if not sampled_rows:
-        token_ids = logits.argmax(dim=-1)
+        token_ids = _argmax(logits)
     elif len(sampled_rows) == len(rows):
         token_ids = _draw(logits, rows)
     else:
-        token_ids = logits.argmax(dim=-1)
+        token_ids = _argmax(logits)
         index = _index(sampled_rows, logits.device)
         drawn = _draw(logits.index_select(0, index), [rows[i] for i in sampled_rows])
         token_ids.index_copy_(0, index, drawn)
@@ -201,6 +202,14 @@ def _token_grid(
     return row_index.to(device), token_index.to(device), is_token.to(device)
 
 
+def _argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's first best token (torch.argmax; natively ~10x faster on a large vocabulary)."""
+    kernels = native.kernels()
+    if kernels is not None and native.readable(logits):
+        return kernels.choose_tokens(logits, None)
+    return logits.argmax(dim=-1)
+
+
 def _draw(logits: torch.Tensor, rows: Sequence[RowSamplingState]) -> torch.Tensor:
     """Sample one token per row of `logits` (modified in place); every row has a generator."""
     device = logits.device
@@ -210,13 +219,17 @@ def _draw(logits: torch.Tensor, rows: Sequence[RowSamplingState]) -> torch.Tenso
     # Inverse-CDF draw: one uniform per row whatever the vocabulary size, where exponential-noise
     # sampling would draw V of them (tens of ms per step on a CPU). softmax, unlike a bare exp(),
     # stays fast on the -inf the filters leave behind.
-    cdf = torch.softmax(logits, dim=-1).cumsum_(dim=-1)
-    total = cdf[:, -1]
     uniforms = torch.tensor(
         [torch.rand((), dtype=torch.float64, generator=row.generator).item() for row in rows],
         dtype=torch.float32,
         device=device,
     )
+    kernels = native.kernels()
+    if kernels is not None and native.readable(logits):
+        # The same draw in one native pass per row (~10x faster on a 262,144-token vocabulary).
+        return kernels.choose_tokens(logits, uniforms)
+    cdf = torch.softmax(logits, dim=-1).cumsum_(dim=-1)
+    total = cdf[:, -1]
     # Keep the target strictly below the total so rounding can never run past the last token.
     target = torch.minimum(uniforms * total, torch.nextafter(total, torch.zeros_like(total)))
     token_ids = torch.searchsorted(cdf, target.unsqueeze(1), right=True).squeeze(1)

@@ -67,6 +67,9 @@ class Kernels:
         self._top = library.mh_top_candidates
         self._top.argtypes = [p, i64, i64, i64, p, ctypes.c_int]
         self._top.restype = None
+        self._choose = library.mh_choose_tokens
+        self._choose.argtypes = [p, i64, i64, p, p, ctypes.c_int]
+        self._choose.restype = None
         # AVX-512 VNNI (int8 dot products): the LM head's ranking pass (`int8_rank`).
         self.vnni = bool(library.mh_cpu_has_vnni())
         # Threads per call: weights stream from memory, and one core alone cannot saturate it.
@@ -119,6 +122,17 @@ class Kernels:
         indices = torch.empty((rows, k), dtype=torch.int64)
         self._top(scores.data_ptr(), rows, n, k, indices.data_ptr(), self.threads)
         return indices
+
+    def choose_tokens(self, logits: torch.Tensor, uniforms: torch.Tensor | None) -> torch.Tensor:
+        """One token id per row of contiguous fp32 logits [rows, n]: the argmax (uniforms None)
+        or an inverse-CDF draw from the row's softmax with its uniform in [0, 1) (fp32 [rows])."""
+        rows, n = logits.shape
+        chosen = torch.empty(rows, dtype=torch.int64)
+        self._choose(
+            logits.data_ptr(), rows, n, None if uniforms is None else uniforms.data_ptr(),
+            chosen.data_ptr(), self.threads,
+        )  # fmt: skip
+        return chosen
 
     def decode_attention(
         self,

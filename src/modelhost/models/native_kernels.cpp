@@ -475,6 +475,62 @@ extern "C" void mh_decode_attention(float* qkv, int64_t rows, int64_t heads, int
     }
 }
 
+// Token choices for rows of n logits, one per row: with uniforms null, the first index of each
+// row's largest logit (torch.argmax); otherwise an inverse-CDF draw from softmax(row) with
+// uniform u in [0, 1): the first index whose running probability mass exceeds u times the
+// total (-inf logits, the filtered ones, have none). Rows are independent tasks.
+extern "C" void mh_choose_tokens(const float* logits, int64_t rows, int64_t n,
+                                 const float* uniforms, int64_t* chosen, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1 && rows > 1)
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* row = logits + r * n;
+        __m512 top = _mm512_set1_ps(-INFINITY);
+        for (int64_t i = 0; i < n; i += 16)
+            top = _mm512_max_ps(top, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY),
+                                                          tail_mask(n - i), row + i));
+        const float best = _mm512_reduce_max_ps(top);
+        if (uniforms == nullptr || best == -INFINITY) {
+            int64_t at = 0;
+            while (at < n - 1 && !(row[at] == best)) ++at;
+            chosen[r] = at;
+            continue;
+        }
+        // Probability mass per block of 16, kept for the search below.
+        const int64_t blocks = (n + 15) / 16;
+        std::vector<float> mass(blocks);
+        const __m512 shift = _mm512_set1_ps(best), floor = _mm512_set1_ps(-INFINITY);
+        float total = 0.0f;
+        for (int64_t b = 0; b < blocks; ++b) {
+            const __mmask16 live = tail_mask(n - 16 * b);
+            const __m512 x = _mm512_mask_loadu_ps(floor, live, row + 16 * b);
+            const __mmask16 finite = _mm512_cmp_ps_mask(x, floor, _CMP_NEQ_OQ);
+            const __m512 e = _mm512_maskz_mov_ps(finite, exp16(_mm512_sub_ps(x, shift)));
+            mass[b] = _mm512_reduce_add_ps(e);
+            total += mass[b];
+        }
+        const float target = std::min(uniforms[r] * total, std::nextafter(total, 0.0f));
+        float running = 0.0f;
+        int64_t b = 0;
+        while (b < blocks - 1 && running + mass[b] <= target) running += mass[b++];
+        // Within the block, the same exponentials one by one; summed in another order they
+        // may round short of the target, and then the block's last token with mass is chosen.
+        alignas(64) float e[16];
+        const __mmask16 live = tail_mask(n - 16 * b);
+        const __m512 x = _mm512_mask_loadu_ps(floor, live, row + 16 * b);
+        const __mmask16 finite = _mm512_cmp_ps_mask(x, floor, _CMP_NEQ_OQ);
+        _mm512_store_ps(e, _mm512_maskz_mov_ps(finite, exp16(_mm512_sub_ps(x, shift))));
+        int64_t at = -1;
+        for (int64_t i = 0; i < 16 && 16 * b + i < n; ++i) {
+            if (e[i] == 0.0f) continue;
+            at = 16 * b + i;
+            running += e[i];
+            if (running > target) break;
+        }
+        if (at < 0) at = 16 * b;  // a block of no mass: only when every logit is filtered
+        chosen[r] = at;
+    }
+}
+
 // out[r] = rms_norm(x[r]) * weight for rows of `dim` (torch.rms_norm).
 extern "C" void mh_rms_norm(const float* x, const float* weight, int64_t rows, int64_t dim,
                             float eps, float* out) {
