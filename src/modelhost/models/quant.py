@@ -16,7 +16,9 @@ registers, fp32 activations and products). Where those cannot run they fall back
 (`aten._weight_int4pack_mm_for_cpu`, `aten._weight_int8pack_mm`), which are vectorised only
 for bf16 activations here, so the linear then rounds its input to bf16 and returns bf16 (and
 keeps bf16 scales); the residual stream, norms, attention and softmax stay fp32 either way.
-The quantized LM head is a `RefinedHead`: its best candidates are recomputed in fp32. Prompt
+The quantized LM head is a `RefinedHead`: a coarse pass ranks the vocabulary (int8 dot products
+on CPUs with AVX-512 VNNI, `Int8RankingHead`; else the mode's int4/int8 linear) and its best
+candidates are recomputed in fp32. Prompt
 tokens skip the kernels: each layer linear also holds its dequantized weight in fp32 for them
 (`token_roles`).
 
@@ -24,8 +26,8 @@ Modes (`MODELHOST_QUANTIZE` or `load_model(quantize=...)`):
   none   fp32 everywhere (bit-for-bit the reference maths; the parity tests use it)
   int8   int8 for every linear and the LM head
   auto   int4 where a weight already is 4-bit in groups of 32 (lossless), int8 elsewhere;
-         an int4 LM head whose best candidates are recomputed in fp32 (`RefinedHead`)
-  int4   int4 for every linear (lossy where the GGUF had more bits), refined int4 LM head
+         a ranked LM head whose best candidates are recomputed in fp32 (`RefinedHead`)
+  int4   int4 for every linear (lossy where the GGUF had more bits), a ranked LM head
 """
 
 from __future__ import annotations
@@ -190,8 +192,8 @@ class Int4Linear(_QuantizedLinear):
 class Int8RankingHead(nn.Module):
     """A head's approximate logits from int8 weights (one scale per output) and int8 inputs
     (one scale per row), multiplied by VNNI 64 products an instruction (`mh_int8_rank`): for a
-    `RefinedHead` to rank with, about 3x faster than the int4 kernel at 8 rows (Gemma 3's
-    262,144-token head is most of its decode step)."""
+    `RefinedHead` to rank with, about 2x faster than the int4 kernel at 8 rows and as fast at
+    one (Gemma 3's 262,144-token head is half of its decode step)."""
 
     def __init__(self, weight: torch.Tensor, kernels: native.Kernels) -> None:
         super().__init__()
@@ -310,8 +312,8 @@ def _kind(weight: torch.Tensor, mode: str, *, head: bool) -> str:
     if mode == "int8":
         return "int8"
     if mode == "int4" or head:
-        # A RefinedHead recomputes the best candidates in fp32, so a coarse int4 pass (2-3x
-        # faster than int8 here) only has to rank them.
+        # A RefinedHead recomputes the best candidates in fp32, so a coarse pass only has to
+        # rank them: int4 (2-3x faster than the int8 linear) where there is no VNNI ranking.
         return "int4"
     # auto: a sample of rows decides (a GGUF tensor has one quantization type throughout).
     return "int4" if exact_int4(weight, sample_rows=64) else "int8"
