@@ -47,6 +47,15 @@ inline __mmask16 tail_mask(int64_t count) {
                        : static_cast<__mmask16>((1u << count) - 1u);
 }
 
+// The largest of x[0 .. n) (-inf for none).
+inline float max_of(const float* x, int64_t n) {
+    const __m512 none = _mm512_set1_ps(-INFINITY);
+    __m512 top = none;
+    for (int64_t i = 0; i < n; i += 16)
+        top = _mm512_max_ps(top, _mm512_mask_loadu_ps(none, tail_mask(n - i), x + i));
+    return _mm512_reduce_max_ps(top);
+}
+
 // Each tile dequantizes 64 inputs of one output's weights to fp32 once, in registers, and
 // multiplies them into R rows of fp32 activations: the per-group work is shared by the rows,
 // and every product is the fp32 product the prompt path computes with the same weights.
@@ -254,13 +263,8 @@ extern "C" void mh_top_candidates(const float* scores, int64_t rows, int64_t n, 
         float bound = -INFINITY;
         if (blocks > k) {
             std::vector<float> maxima(blocks);
-            for (int64_t b = 0; b < blocks; ++b) {
-                __m512 top = _mm512_set1_ps(-INFINITY);
-                for (int64_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); i += 16)
-                    top = _mm512_max_ps(top, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY),
-                                                                  tail_mask(n - i), row + i));
-                maxima[b] = _mm512_reduce_max_ps(top);
-            }
+            for (int64_t b = 0; b < blocks; ++b)
+                maxima[b] = max_of(row + b * kBlock, std::min(kBlock, n - b * kBlock));
             std::nth_element(maxima.begin(), maxima.begin() + (k - 1), maxima.end(),
                              std::greater<float>());
             bound = maxima[k - 1];
@@ -390,11 +394,7 @@ void attend(const float* queries, int64_t group, int64_t dim, const float* pool,
     if (static_cast<int64_t>(inverse.size()) < group) inverse.resize(group);
     for (int64_t g = 0; g < group; ++g) {
         float* s = scores.data() + g * length;
-        __m512 top = _mm512_set1_ps(-INFINITY);
-        for (int64_t i = 0; i < length; i += 16)
-            top = _mm512_max_ps(top, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY),
-                                                          tail_mask(length - i), s + i));
-        const __m512 shift = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+        const __m512 shift = _mm512_set1_ps(max_of(s, length));
         __m512 total = _mm512_setzero_ps();
         for (int64_t i = 0; i < length; i += 16) {
             const __mmask16 live = tail_mask(length - i);
@@ -485,28 +485,26 @@ extern "C" void mh_choose_tokens(const float* logits, int64_t rows, int64_t n,
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1 && rows > 1)
     for (int64_t r = 0; r < rows; ++r) {
         const float* row = logits + r * n;
-        __m512 top = _mm512_set1_ps(-INFINITY);
-        for (int64_t i = 0; i < n; i += 16)
-            top = _mm512_max_ps(top, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY),
-                                                          tail_mask(n - i), row + i));
-        const float best = _mm512_reduce_max_ps(top);
+        const float best = max_of(row, n);
         if (uniforms == nullptr || best == -INFINITY) {
             int64_t at = 0;
             while (at < n - 1 && !(row[at] == best)) ++at;
             chosen[r] = at;
             continue;
         }
+        // Block b's 16 exponentials (none for -inf logits and lanes past the row).
+        const __m512 shift = _mm512_set1_ps(best), floor = _mm512_set1_ps(-INFINITY);
+        auto exponentials = [&](int64_t b) {
+            const __m512 x = _mm512_mask_loadu_ps(floor, tail_mask(n - 16 * b), row + 16 * b);
+            const __mmask16 finite = _mm512_cmp_ps_mask(x, floor, _CMP_NEQ_OQ);
+            return _mm512_maskz_mov_ps(finite, exp16(_mm512_sub_ps(x, shift)));
+        };
         // Probability mass per block of 16, kept for the search below.
         const int64_t blocks = (n + 15) / 16;
         std::vector<float> mass(blocks);
-        const __m512 shift = _mm512_set1_ps(best), floor = _mm512_set1_ps(-INFINITY);
         float total = 0.0f;
         for (int64_t b = 0; b < blocks; ++b) {
-            const __mmask16 live = tail_mask(n - 16 * b);
-            const __m512 x = _mm512_mask_loadu_ps(floor, live, row + 16 * b);
-            const __mmask16 finite = _mm512_cmp_ps_mask(x, floor, _CMP_NEQ_OQ);
-            const __m512 e = _mm512_maskz_mov_ps(finite, exp16(_mm512_sub_ps(x, shift)));
-            mass[b] = _mm512_reduce_add_ps(e);
+            mass[b] = _mm512_reduce_add_ps(exponentials(b));
             total += mass[b];
         }
         const float target = std::min(uniforms[r] * total, std::nextafter(total, 0.0f));
@@ -516,10 +514,7 @@ extern "C" void mh_choose_tokens(const float* logits, int64_t rows, int64_t n,
         // Within the block, the same exponentials one by one; summed in another order they
         // may round short of the target, and then the block's last token with mass is chosen.
         alignas(64) float e[16];
-        const __mmask16 live = tail_mask(n - 16 * b);
-        const __m512 x = _mm512_mask_loadu_ps(floor, live, row + 16 * b);
-        const __mmask16 finite = _mm512_cmp_ps_mask(x, floor, _CMP_NEQ_OQ);
-        _mm512_store_ps(e, _mm512_maskz_mov_ps(finite, exp16(_mm512_sub_ps(x, shift))));
+        _mm512_store_ps(e, exponentials(b));
         int64_t at = -1;
         for (int64_t i = 0; i < 16 && 16 * b + i < n; ++i) {
             if (e[i] == 0.0f) continue;

@@ -113,9 +113,7 @@ class Int8Linear(_QuantizedLinear):
         self, weight: torch.Tensor, bias: torch.Tensor | None, *, prompt_fp32: bool = True
     ) -> None:
         super().__init__()
-        weight = weight.float()
-        scales = (weight.abs().amax(dim=1) / 127.0).clamp_(min=1e-12)
-        q = torch.round(weight / scales[:, None]).clamp_(-127, 127).to(torch.int8)
+        q, scales = _quantize_int8(weight)
         self.native = native.kernels()
         if self.native is None:
             self.register_buffer("qweight", q)
@@ -197,9 +195,7 @@ class Int8RankingHead(nn.Module):
 
     def __init__(self, weight: torch.Tensor, kernels: native.Kernels) -> None:
         super().__init__()
-        weight = weight.float()
-        scales = (weight.abs().amax(dim=1) / 127.0).clamp_(min=1e-12)
-        q = torch.round(weight / scales[:, None]).clamp_(-127, 127).to(torch.int8)
+        q, scales = _quantize_int8(weight)
         self.register_buffer("qweight", native.pad_inputs(q))
         self.register_buffer("scales", scales)
         self.register_buffer("sums", q.sum(dim=1, dtype=torch.int32))
@@ -239,6 +235,13 @@ class RefinedHead(nn.Module):
         rows = self.weight.index_select(0, index.view(-1)).view(*index.shape, -1)
         exact = torch.bmm(rows, x.float().unsqueeze(-1)).squeeze(-1)
         return logits.scatter_(1, index, exact)
+
+
+def _quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [out, in] int8 and fp32 scales [out]: symmetric, one scale per output."""
+    weight = weight.float()
+    scales = (weight.abs().amax(dim=1) / 127.0).clamp_(min=1e-12)
+    return torch.round(weight / scales[:, None]).clamp_(-127, 127).to(torch.int8), scales
 
 
 def _grouped(weight: torch.Tensor) -> torch.Tensor:
@@ -352,15 +355,16 @@ def prepare_for_inference(network: nn.Module, mode: str) -> nn.Module:
         mlp.down_proj = _swap(mlp.down_proj, mode)
     head = network.lm_head.weight.detach()
     kind = _kind(head, mode, head=True)
+    if kind == "fp32":
+        network.lm_head = make_linear(head, None, kind)
+        return network
     kernels = native.kernels()
-    if kind != "fp32" and kernels is not None and kernels.vnni:
-        network.lm_head = RefinedHead(Int8RankingHead(head, kernels), head.float())
-    elif kind != "fp32":
+    if kernels is not None and kernels.vnni:
+        approx: nn.Module = Int8RankingHead(head, kernels)
+    else:
         # search=False: refined anyway, and no fp32 prompt copy (only sampled rows reach it).
         approx = make_linear(head, None, kind, search=False)
-        network.lm_head = RefinedHead(approx, head.float())
-    else:
-        network.lm_head = make_linear(head, None, kind)
+    network.lm_head = RefinedHead(approx, head.float())
     return network
 
 
