@@ -12,8 +12,8 @@ from modelhost.models.loader import load_model
 from modelhost.models.quant import (
     DenseLinear,
     Int4Linear,
+    Int4RankingHead,
     Int8Linear,
-    Int8RankingHead,
     RefinedHead,
     exact_int4,
     quantize_int4,
@@ -96,10 +96,12 @@ def test_refined_head_gives_exact_logits_for_the_best_tokens():
     assert torch.equal(got.argmax(-1), expected.argmax(-1))
 
 
-def test_the_head_ranks_with_int8_dot_products_where_the_cpu_has_them(smollm2_modes):
+def test_the_head_ranks_with_int4_weights_and_int8_dot_products_where_the_cpu_has_them(
+    smollm2_modes,
+):
     head = smollm2_modes["auto"].network.lm_head
     kernels = native.kernels()
-    expected = Int8RankingHead if kernels is not None and kernels.vnni else Int4Linear
+    expected = Int4RankingHead if kernels is not None and kernels.vnni else Int4Linear
     assert isinstance(head, RefinedHead)
     assert isinstance(head.approx, expected)
 

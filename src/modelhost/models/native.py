@@ -61,8 +61,8 @@ class Kernels:
         self._layers = library.mh_decode_layers
         self._layers.argtypes = [p, p, i64, p]
         self._layers.restype = None
-        self._rank = library.mh_int8_rank
-        self._rank.argtypes = [p, i64, p, p, p, i64, i64, p, ctypes.c_int]
+        self._rank = library.mh_int4_rank
+        self._rank.argtypes = [p, i64, i64, p, p, i64, i64, p, ctypes.c_int]
         self._rank.restype = None
         self._top = library.mh_top_candidates
         self._top.argtypes = [p, i64, i64, i64, p, ctypes.c_int]
@@ -70,7 +70,7 @@ class Kernels:
         self._choose = library.mh_choose_tokens
         self._choose.argtypes = [p, i64, i64, p, p, ctypes.c_int]
         self._choose.restype = None
-        # AVX-512 VNNI (int8 dot products): the LM head's ranking pass (`int8_rank`).
+        # AVX-512 VNNI (int8 dot products): the LM head's ranking pass (`int4_rank`).
         self.vnni = bool(library.mh_cpu_has_vnni())
         # Threads per call: weights stream from memory, and one core alone cannot saturate it.
         self.threads = os.cpu_count() or 1
@@ -101,17 +101,18 @@ class Kernels:
         )  # fmt: skip
         return y
 
-    def int8_rank(
-        self, x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, sums: torch.Tensor
+    def int4_rank(
+        self, x: torch.Tensor, nibbles: torch.Tensor, params: torch.Tensor, group: int
     ) -> torch.Tensor:
-        """Approximate x [rows, in] @ (weight * scales).T for ranking (see mh_int8_rank): the
-        int8 weight padded (`pad_inputs`), its per-output scales and int32 sums; needs `vnni`."""
-        out, padded = weight.shape
-        x = _padded_rows(x, padded)
+        """Approximate x [rows, in] @ weight.T for ranking (see mh_int4_rank): the weight's
+        nibbles [out, bytes] in 32 groups of `group` inputs and their fp16 scales and mins
+        [out, 64]; needs `vnni`."""
+        x = x.float().contiguous()
+        out = nibbles.shape[0]
         y = torch.empty((x.shape[0], out), dtype=torch.float32)
         self._rank(
-            x.data_ptr(), x.shape[0], weight.data_ptr(), scales.data_ptr(), sums.data_ptr(),
-            out, padded, y.data_ptr(), self.threads,
+            x.data_ptr(), x.shape[0], x.shape[1], nibbles.data_ptr(), params.data_ptr(), out,
+            group, y.data_ptr(), self.threads,
         )  # fmt: skip
         return y
 

@@ -1,7 +1,7 @@
 // Weight-only int4 and int8 matmuls for a few rows of fp32 activations, on AVX-512; a decode
 // step's attention over the paged KV cache, RMSNorm and gated activations; a whole decode
-// step through the decoder layers (mh_decode_layers); and for the LM head and sampler, an int8
-// ranking of the vocabulary (VNNI), its top candidates and the choice of each row's token.
+// step through the decoder layers (mh_decode_layers); and for the LM head and sampler, a
+// grouped-int4 ranking of the vocabulary (VNNI), its top candidates and each row's token.
 //
 // Built and loaded by models/native.py (g++, ctypes); the torch kernels stay the fallback.
 // A weight byte is read from memory once for up to 8 rows, and the outputs are split among
@@ -190,24 +190,35 @@ namespace {
 
 thread_local std::vector<uint8_t> ranking_input;
 
-// R rows of u8 inputs (x / scale + 128) times int8 weights, 64 products per instruction.
+// R rows of int8 inputs times int4 weights, 128 products per 64-byte load in two VNNI
+// instructions. Lane l of an accumulator only ever sees group l of the row (the layout
+// below), so each group's scale and min apply once, at the end.
 template <int R>
-void int8_rank_tile(const uint8_t* xu, int64_t row0, const float* x_scales, const int8_t* w,
-                    const float* w_scales, const int32_t* w_sums, int64_t begin, int64_t end,
-                    int64_t padded, int64_t out, float* y) {
+void int4_rank_tile(const int8_t* xs, int64_t row0, const float* x_scales, const float* x_sums,
+                    const uint8_t* w, const uint16_t* w_params, int64_t begin, int64_t end,
+                    int64_t loads, int64_t out, float* y) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
     for (int64_t o = begin; o < end; ++o) {
-        const int8_t* weights = w + o * padded;
+        const uint8_t* weights = w + o * loads * 64;
         __m512i acc[R];
         for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
-        for (int64_t i = 0; i < padded; i += 64) {
-            const __m512i wv = _mm512_loadu_si512(weights + i);
-            for (int r = 0; r < R; ++r)
-                acc[r] = _mm512_dpbusd_epi32(
-                    acc[r], _mm512_load_si512(xu + (row0 + r) * padded + i), wv);
+        for (int64_t j = 0; j < loads; ++j) {
+            const __m512i wv = _mm512_loadu_si512(weights + j * 64);
+            const __m512i lo = _mm512_and_si512(wv, low);
+            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(wv, 4), low);
+            for (int r = 0; r < R; ++r) {
+                const int8_t* in = xs + (row0 + r) * loads * 128 + j * 128;
+                acc[r] = _mm512_dpbusd_epi32(acc[r], lo, _mm512_load_si512(in));
+                acc[r] = _mm512_dpbusd_epi32(acc[r], hi, _mm512_load_si512(in + 64));
+            }
         }
+        const __m256i* params = reinterpret_cast<const __m256i*>(w_params + o * 32);
+        const __m512 scales = _mm512_cvtph_ps(_mm256_loadu_si256(params));
+        const __m512 mins = _mm512_cvtph_ps(_mm256_loadu_si256(params + 1));
         for (int r = 0; r < R; ++r) {
-            const int32_t dot = _mm512_reduce_add_epi32(acc[r]) - 128 * w_sums[o];
-            y[(row0 + r) * out + o] = x_scales[row0 + r] * w_scales[o] * static_cast<float>(dot);
+            const __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), scales,
+                                             _mm512_mul_ps(mins, _mm512_load_ps(x_sums + (row0 + r) * 16)));
+            y[(row0 + r) * out + o] = x_scales[row0 + r] * _mm512_reduce_add_ps(t);
         }
     }
 }
@@ -215,34 +226,44 @@ void int8_rank_tile(const uint8_t* xu, int64_t row0, const float* x_scales, cons
 }  // namespace
 
 // Approximate logits for ranking a vocabulary (models/quant.py's RefinedHead recomputes the
-// best ones exactly): each row of x is rounded to int8 with one scale per row, the weights are
-// int8 with one scale per output (w_sums: each output's sum of weights, for the +128 offset that
-// makes the inputs unsigned), and the products are summed in int32 by VNNI, 64 at a time.
-extern "C" void mh_int8_rank(const float* x, int64_t rows, const int8_t* w,
-                             const float* w_scales, const int32_t* w_sums, int64_t out,
-                             int64_t padded, float* y, int threads) {
+// best ones exactly). Each weight row is cut into 16 groups of `group` inputs, asymmetric int4
+// with an fp16 scale and min per group (params [out, 32]: 16 scales, then 16 mins); each row of
+// x is rounded to int8 with one scale per row. A group's inputs are padded to `loads` * 8 and
+// dealt to one lane: byte 4l + k of the j-th 64-byte load holds group l's input 8j + k (low
+// nibble) and 8j + 4 + k (high). The mins multiply each row's sum of inputs per group.
+extern "C" void mh_int4_rank(const float* x, int64_t rows, int64_t in, const uint8_t* w,
+                             const uint16_t* w_params, int64_t out, int64_t group, float* y,
+                             int threads) {
+    const int64_t loads = (group + 7) / 8;
+    const int64_t row_bytes = loads * 128;
     std::vector<uint8_t>& buffer = ranking_input;
-    if (static_cast<int64_t>(buffer.size()) < rows * padded + 64) buffer.resize(rows * padded + 64);
-    uint8_t* xu = buffer.data() + (64 - reinterpret_cast<uintptr_t>(buffer.data()) % 64) % 64;
+    const size_t need = rows * (row_bytes + 64) + 64;
+    if (buffer.size() < need) buffer.resize(need);
+    int8_t* xs = reinterpret_cast<int8_t*>(
+        buffer.data() + (64 - reinterpret_cast<uintptr_t>(buffer.data()) % 64) % 64);
+    float* x_sums = reinterpret_cast<float*>(xs + rows * row_bytes);
     std::vector<float> x_scales(rows);
     for (int64_t r = 0; r < rows; ++r) {
-        const float* row = x + r * padded;
-        __m512 top = _mm512_setzero_ps();
-        for (int64_t i = 0; i < padded; i += 16)
-            top = _mm512_max_ps(top, _mm512_abs_ps(_mm512_loadu_ps(row + i)));
-        const float amax = _mm512_reduce_max_ps(top);
+        const float* row = x + r * in;
+        float amax = 0.0f;
+        for (int64_t i = 0; i < in; ++i) amax = std::max(amax, std::fabs(row[i]));
         x_scales[r] = amax > 0 ? amax / 127.0f : 1.0f;
-        const __m512 inverse = _mm512_set1_ps(1.0f / x_scales[r]);
-        for (int64_t i = 0; i < padded; i += 16) {
-            const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(row + i), inverse));
-            const __m512i u = _mm512_add_epi32(q, _mm512_set1_epi32(128));  // 1..255
-            _mm_store_si128(reinterpret_cast<__m128i*>(xu + r * padded + i),
-                            _mm512_cvtusepi32_epi8(u));
+        const float inverse = 1.0f / x_scales[r];
+        int8_t* dealt = xs + r * row_bytes;
+        std::memset(dealt, 0, row_bytes);
+        for (int64_t l = 0; l < 16; ++l) {
+            int32_t sum = 0;
+            for (int64_t p = 0; p < group && l * group + p < in; ++p) {
+                const int8_t q = static_cast<int8_t>(std::nearbyint(row[l * group + p] * inverse));
+                dealt[p / 8 * 128 + p % 8 / 4 * 64 + 4 * l + p % 4] = q;
+                sum += q;
+            }
+            x_sums[r * 16 + l] = static_cast<float>(sum);
         }
     }
     by_tiles(rows, out, threads, [&](int64_t row0, auto r, int64_t begin, int64_t end) {
-        int8_rank_tile<decltype(r)::value>(xu, row0, x_scales.data(), w, w_scales, w_sums, begin,
-                                           end, padded, out, y);
+        int4_rank_tile<decltype(r)::value>(xs, row0, x_scales.data(), x_sums, w, w_params,
+                                           begin, end, loads, out, y);
     });
 }
 
