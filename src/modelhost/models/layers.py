@@ -157,17 +157,21 @@ class Attention(nn.Module):
                 self.scale,
             )
             return self.o_proj(out)
-        qk = qkv[:, : q_size + kv_heads * head_dim].view(num_tokens, heads + kv_heads, head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            weight = self.qk_norm_weight
-            if weight is None:
-                weight = self.expanded_qk_norm_weight()
-            torch.mul(torch.rms_norm(qk, (head_dim,), None, self.q_norm.eps), weight, out=qk)
-        apply_rotary_(qk, *rope)
-
-        # Rotated keys and the values sit side by side in qkv: one write into the pool.
-        new_kv = qkv[:, q_size:].view(num_tokens, 2, kv_heads, head_dim)
-        pool.index_copy_(0, batch.slot_mapping, new_kv)
+        if kernels is not None and self.native_ready() and native.readable(pool):
+            qkv = qkv.contiguous()
+            qk_norm = None if self.q_norm is None else (self.qk_norm_weight, self.q_norm.eps)
+            kernels.store_keys(qkv, heads, kv_heads, qk_norm, rope, pool, batch.slot_mapping)
+        else:
+            qk = qkv[:, : q_size + kv_heads * head_dim].view(num_tokens, -1, head_dim)
+            if self.q_norm is not None and self.k_norm is not None:
+                weight = self.qk_norm_weight
+                if weight is None:
+                    weight = self.expanded_qk_norm_weight()
+                torch.mul(torch.rms_norm(qk, (head_dim,), None, self.q_norm.eps), weight, out=qk)
+            apply_rotary_(qk, *rope)
+            # Rotated keys and the values sit side by side in qkv: one write into the pool.
+            new_kv = qkv[:, q_size:].view(num_tokens, 2, kv_heads, head_dim)
+            pool.index_copy_(0, batch.slot_mapping, new_kv)
         context = kv.blocks(self.layer).index_select(0, batch.kv_blocks.view(-1))
         context = context.view(rows, -1, 2, kv_heads, head_dim)
         keys = context[:, :, 0].transpose(1, 2)  # [R, Hkv, max_kv, D]

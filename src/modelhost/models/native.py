@@ -52,6 +52,10 @@ class Kernels:
         self._attention.argtypes = [p, i64, i64, i64, i64, p, ctypes.c_float, p, p, p, p, p]
         self._attention.argtypes += [i64, i64, p, i64, ctypes.c_float, p, ctypes.c_int]
         self._attention.restype = None
+        self._store_keys = library.mh_store_keys
+        self._store_keys.argtypes = [p, i64, i64, i64, i64, p, ctypes.c_float, p, p, p, p]
+        self._store_keys.argtypes += [ctypes.c_int]
+        self._store_keys.restype = None
         self._rms_norm = library.mh_rms_norm
         self._rms_norm.argtypes = [p, p, i64, i64, ctypes.c_float, p]
         self._rms_norm.restype = None
@@ -165,6 +169,27 @@ class Kernels:
             scale, out.data_ptr(), self.threads,
         )  # fmt: skip
         return out
+
+    def store_keys(
+        self,
+        qkv: torch.Tensor,
+        heads: int,
+        kv_heads: int,
+        qk_norm: tuple[torch.Tensor, float] | None,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        pool: torch.Tensor,
+        slots: torch.Tensor,
+    ) -> None:
+        """Norm and rotate the query and key heads of qkv [rows, (heads + 2 kv_heads) D] (fp32,
+        contiguous) in place and write each row's keys and values into its pool slot."""
+        rows, width = qkv.shape
+        norm_weight, eps = qk_norm if qk_norm is not None else (None, 0.0)
+        cos, sin = rope
+        self._store_keys(
+            qkv.data_ptr(), rows, heads, kv_heads, width // (heads + 2 * kv_heads),
+            None if norm_weight is None else norm_weight.data_ptr(), eps,
+            cos.data_ptr(), sin.data_ptr(), pool.data_ptr(), slots.data_ptr(), self.threads,
+        )  # fmt: skip
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """torch.rms_norm over the last dimension of a contiguous fp32 x, in one call."""

@@ -461,6 +461,29 @@ void attend(const float* queries, int64_t group, int64_t dim, const float* pool,
 
 }  // namespace
 
+// Rows of qkv [rows, (heads + 2 kv_heads) dim] made ready for attention, in place: each query
+// and key head RMS-normed (qk_norm_weight [heads + kv_heads, dim], or null: none) and rotated
+// (cos, sin [rows, dim]: rotate-half with the signed sin), then each row's keys and values
+// copied into its pool slot. Prompt steps (hundreds of rows) split the rows among threads.
+extern "C" void mh_store_keys(float* qkv, int64_t rows, int64_t heads, int64_t kv_heads,
+                              int64_t dim, const float* qk_norm_weight, float eps,
+                              const float* cos, const float* sin, float* pool,
+                              const int64_t* slots, int threads) {
+    const int64_t width = (heads + 2 * kv_heads) * dim;
+    const int64_t slot_width = 2 * kv_heads * dim;  // a key and a value for every KV head
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && rows >= 64)
+    for (int64_t r = 0; r < rows; ++r) {
+        float* row = qkv + r * width;
+        for (int64_t h = 0; h < heads + kv_heads; ++h) {
+            if (qk_norm_weight != nullptr)
+                rms_norm(row + h * dim, qk_norm_weight + h * dim, dim, eps, row + h * dim);
+            rotate(row + h * dim, cos + r * dim, sin + r * dim, dim);
+        }
+        std::memcpy(pool + slots[r] * slot_width, row + heads * dim, slot_width * sizeof(float));
+    }
+}
+
+
 // One decode step's attention for `rows` rows of one query each, over the paged KV pool
 // (models/batch.py): q/k norms (optional), rotary, the new key and value written at each
 // row's slot, then softmax attention of every query head over its row's visible keys
@@ -473,17 +496,10 @@ extern "C" void mh_decode_attention(float* qkv, int64_t rows, int64_t heads, int
                                     int64_t blocks_per_row, int64_t block_size,
                                     const int64_t* positions, int64_t window, float scale,
                                     float* out, int threads) {
+    mh_store_keys(qkv, rows, heads, kv_heads, dim, qk_norm_weight, eps, cos, sin, pool, slots,
+                  threads);
     const int64_t width = (heads + 2 * kv_heads) * dim;
-    const int64_t slot_width = 2 * kv_heads * dim;  // a key and a value for every KV head
-    for (int64_t r = 0; r < rows; ++r) {
-        float* row = qkv + r * width;
-        for (int64_t h = 0; h < heads + kv_heads; ++h) {
-            if (qk_norm_weight != nullptr)
-                rms_norm(row + h * dim, qk_norm_weight + h * dim, dim, eps, row + h * dim);
-            rotate(row + h * dim, cos + r * dim, sin + r * dim, dim);
-        }
-        std::memcpy(pool + slots[r] * slot_width, row + heads * dim, slot_width * sizeof(float));
-    }
+    const int64_t slot_width = 2 * kv_heads * dim;
     const int64_t group = heads / kv_heads;  // query heads sharing one KV head
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
     for (int64_t task = 0; task < rows * kv_heads; ++task) {
