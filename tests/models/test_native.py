@@ -176,12 +176,13 @@ def test_int4_ranking_of_a_row_does_not_depend_on_the_rows_beside_it():
         assert torch.equal(head(x[row : row + 1])[0], together[row])
 
 
-@pytest.mark.parametrize("n", [1000, 262_144])  # fewer blocks than k; a Gemma 3 vocabulary
-def test_top_candidates_are_the_indices_of_the_largest_scores(n):
+# Fewer blocks than k; SmolLM2's and Gemma 3's vocabularies with the ranking head's k.
+@pytest.mark.parametrize(("n", "k"), [(1000, 128), (49_152, 256), (262_144, 256)])
+def test_top_candidates_are_the_indices_of_the_largest_scores(n, k):
     torch.manual_seed(0)
     scores = torch.randn(5, n)
-    got = kernels.top_candidates(scores, 128)
-    expected = scores.topk(128, dim=-1).indices
+    got = kernels.top_candidates(scores, k)
+    expected = scores.topk(k, dim=-1).indices
     for row in range(5):
         assert sorted(got[row].tolist()) == sorted(expected[row].tolist())
 

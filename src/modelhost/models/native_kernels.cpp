@@ -275,7 +275,10 @@ extern "C" void mh_int4_rank(const float* x, int64_t rows, int64_t in, const uin
 // finishes. About 5x faster than torch.topk on a 262,144-token vocabulary.
 extern "C" void mh_top_candidates(const float* scores, int64_t rows, int64_t n, int64_t k,
                                   int64_t* indices, int threads) {
-    constexpr int64_t kBlock = 256;
+    // Blocks of up to 256 scores, and at least 2k of them where n allows (SmolLM2's 49,152
+    // tokens and k = 256: blocks of 64), so the bound leaves few values to select among.
+    int64_t kBlock = 256;
+    while (kBlock > 16 && (n + kBlock - 1) / kBlock < 2 * k) kBlock /= 2;
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1 && rows > 1)
     for (int64_t r = 0; r < rows; ++r) {
         const float* row = scores + r * n;
