@@ -187,6 +187,17 @@ def test_top_candidates_are_the_indices_of_the_largest_scores(n, k):
         assert sorted(got[row].tolist()) == sorted(expected[row].tolist())
 
 
+def test_refine_writes_exact_dot_products_at_the_candidates_and_nothing_else():
+    torch.manual_seed(0)
+    x, weight = torch.randn(3, 72), torch.randn(500, 72)  # 72: a masked tail after 64
+    logits = torch.full((3, 500), -7.0)
+    indices = torch.stack([torch.randperm(500)[:20] for _ in range(3)])
+    kernels.refine(x, weight, indices, logits)
+    expected = (x @ weight.t()).gather(1, indices)
+    assert torch.allclose(logits.gather(1, indices), expected, atol=1e-4)
+    assert (logits == -7.0).sum() == 3 * (500 - 20)
+
+
 def test_top_candidates_are_distinct_even_when_scores_are_nan():
     scores = torch.tensor([[3.0, float("nan"), 2.0, float("nan"), 1.0]])
     got = kernels.top_candidates(scores, 4)[0].tolist()

@@ -71,6 +71,9 @@ class Kernels:
         self._top = library.mh_top_candidates
         self._top.argtypes = [p, i64, i64, i64, p, ctypes.c_int]
         self._top.restype = None
+        self._refine = library.mh_refine
+        self._refine.argtypes = [p, i64, i64, p, p, i64, p, i64, ctypes.c_int]
+        self._refine.restype = None
         self._choose = library.mh_choose_tokens
         self._choose.argtypes = [p, i64, i64, p, p, ctypes.c_int]
         self._choose.restype = None
@@ -127,6 +130,17 @@ class Kernels:
         indices = torch.empty((rows, k), dtype=torch.int64)
         self._top(scores.data_ptr(), rows, n, k, indices.data_ptr(), self.threads)
         return indices
+
+    def refine(
+        self, x: torch.Tensor, weight: torch.Tensor, indices: torch.Tensor, logits: torch.Tensor
+    ) -> None:
+        """logits[r, j] = x[r] . weight[j] for each j of indices[r], in place (all contiguous:
+        x [rows, width] and weight [n, width] fp32, indices [rows, k] int64, logits [rows, n])."""
+        rows, width = x.shape
+        self._refine(
+            x.data_ptr(), rows, width, weight.data_ptr(), indices.data_ptr(), indices.shape[1],
+            logits.data_ptr(), logits.shape[1], self.threads,
+        )  # fmt: skip
 
     def choose_tokens(self, logits: torch.Tensor, uniforms: torch.Tensor | None) -> torch.Tensor:
         """One token id per row of contiguous fp32 logits [rows, n]: the argmax (uniforms None)

@@ -516,6 +516,33 @@ extern "C" void mh_decode_attention(float* qkv, int64_t rows, int64_t heads, int
     }
 }
 
+// The exact logits of each row's candidates, written over its approximate ones: logits[r, j]
+// = x[r] . weight[j] for each j in indices[r] (k of them), weight [vocab, width] fp32 rows.
+// Reads each candidate's row in place (no gathered copy).
+extern "C" void mh_refine(const float* x, int64_t rows, int64_t width, const float* weight,
+                          const int64_t* indices, int64_t k, float* logits, int64_t n,
+                          int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && rows * k > 64)
+    for (int64_t task = 0; task < rows * k; ++task) {
+        const int64_t r = task / k;
+        const float* in = x + r * width;
+        const float* row = weight + indices[task] * width;
+        __m512 first = _mm512_setzero_ps(), second = _mm512_setzero_ps();
+        int64_t i = 0;
+        for (; i + 32 <= width; i += 32) {
+            first = _mm512_fmadd_ps(_mm512_loadu_ps(row + i), _mm512_loadu_ps(in + i), first);
+            second = _mm512_fmadd_ps(_mm512_loadu_ps(row + i + 16), _mm512_loadu_ps(in + i + 16),
+                                     second);
+        }
+        for (; i < width; i += 16) {
+            const __mmask16 live = tail_mask(width - i);
+            first = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(live, row + i),
+                                    _mm512_maskz_loadu_ps(live, in + i), first);
+        }
+        logits[r * n + indices[task]] = _mm512_reduce_add_ps(_mm512_add_ps(first, second));
+    }
+}
+
 // Token choices for rows of n logits, one per row: with uniforms null, the first index of each
 // row's largest logit (torch.argmax); otherwise an inverse-CDF draw from softmax(row) with
 // uniform u in [0, 1): the first index whose running probability mass exceeds u times the

@@ -257,6 +257,10 @@ class RefinedHead(nn.Module):
         kernels = native.kernels()
         if kernels is not None and native.readable(logits):
             index = kernels.top_candidates(logits, self.top)  # [S, top]
+            x = x.float().contiguous()
+            if native.readable(self.weight):
+                kernels.refine(x, self.weight, index, logits)
+                return logits
         else:
             index = logits.topk(self.top, dim=-1, sorted=False).indices
         rows = self.weight.index_select(0, index.view(-1)).view(*index.shape, -1)
