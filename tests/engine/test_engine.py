@@ -194,7 +194,7 @@ async def test_engine_returns_logprobs_with_alternatives_when_asked(engine, smol
 
 
 async def test_engine_preempts_instead_of_crashing_when_the_pool_runs_dry(smollm2):
-    block_bytes = 16 * smollm2.config.kv_bytes_per_token(4)
+    block_bytes = 16 * smollm2.config.kv_bytes_per_token(smollm2.cache_dtype.itemsize)
     engine = Engine(smollm2, EngineConfig(batch=4, kv_cache_bytes=12 * block_bytes))
     try:
         prompts = [smollm2.tokenizer.encode(p) for p in PROMPTS[:4]]
@@ -228,7 +228,7 @@ async def test_engine_keeps_decoding_running_streams_while_a_long_prompt_prefill
 
 
 def test_engine_default_pool_holds_one_full_context_and_an_explicit_budget_is_kept(smollm2):
-    token_bytes = smollm2.config.kv_bytes_per_token(4)
+    token_bytes = smollm2.config.kv_bytes_per_token(smollm2.cache_dtype.itemsize)
     default = EngineConfig(batch=8).num_blocks(smollm2, 8192)
     assert default * 16 >= 8192 + 1
     assert default * 16 * token_bytes <= 8 * (8192 + 16) * token_bytes

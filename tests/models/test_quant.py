@@ -106,6 +106,12 @@ def test_the_head_ranks_with_int4_weights_and_int8_dot_products_where_the_cpu_ha
     assert isinstance(head.approx, expected)
 
 
+def test_quantized_models_cache_keys_and_values_in_fp16_and_none_keeps_fp32(smollm2_modes):
+    half = native.kernels() is not None  # only the native attention reads an fp16 pool
+    assert smollm2_modes["auto"].cache_dtype == (torch.float16 if half else torch.float32)
+    assert smollm2_modes["none"].cache_dtype == torch.float32
+
+
 @pytest.fixture(scope="module")
 def smollm2_modes() -> dict[str, LoadedModel]:
     name = "smollm2-135m-instruct"

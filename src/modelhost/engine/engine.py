@@ -71,7 +71,7 @@ class EngineConfig:
     prompt_threads: int | None = None
 
     def num_blocks(self, model: LoadedModel, context_length: int) -> int:
-        token_bytes = model.config.kv_bytes_per_token(model.dtype.itemsize)
+        token_bytes = model.config.kv_bytes_per_token(model.cache_dtype.itemsize)
         block_bytes = self.block_size * token_bytes
         budget = self.kv_cache_bytes
         if budget is None:
@@ -144,7 +144,7 @@ class Engine:
             prompt_threads=config.prompt_threads,
         )
         self._block_bytes = config.block_size * model.config.kv_bytes_per_token(
-            model.dtype.itemsize
+            model.cache_dtype.itemsize
         )
         self._ids = itertools.count(1)
         self._cond = threading.Condition()

@@ -42,7 +42,7 @@ class ModelRunner:
             num_slots=(num_blocks + 1) * block_size,
             num_kv_heads=config.num_kv_heads,
             head_dim=config.head_dim,
-            dtype=model.dtype,
+            dtype=model.cache_dtype,
             device=model.device,
             block_size=block_size,
         )

@@ -66,6 +66,7 @@ class NativeStep(ctypes.Structure):
         ("local_cos", _ptr),
         ("local_sin", _ptr),
         ("pools", _ptr),
+        ("half_pools", _i32),
         ("slots", _ptr),
         ("blocks", _ptr),
         ("positions", _ptr),
@@ -98,12 +99,12 @@ class FusedDecode:
 
     def can_run(self, batch: ForwardBatch, kv: KVCache) -> bool:
         """Whether this step is one the fused path computes: generated tokens only, one a row,
-        over an fp32 CPU pool."""
+        over an fp32 or fp16 CPU pool."""
         return (
             batch.dense
             and batch.query_index.shape[1] == 1
             and batch.prompt_index is None
-            and native.readable(kv.pools[0])
+            and native.cache_readable(kv.pools[0])
         )
 
     def run(
@@ -125,6 +126,7 @@ class FusedDecode:
             local_cos=local_cos.data_ptr(),
             local_sin=local_sin.data_ptr(),
             pools=ctypes.addressof(self._pool_pointers(kv)),
+            half_pools=native.half_pool(kv.pools[0]),
             slots=batch.slot_mapping.data_ptr(),
             blocks=batch.kv_blocks.data_ptr(),
             positions=batch.positions.data_ptr(),

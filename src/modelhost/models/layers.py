@@ -129,10 +129,11 @@ class Attention(nn.Module):
             qkv = self.qkv_proj(x)
         else:
             qkv = torch.cat((self.q_proj(x), self.k_proj(x), self.v_proj(x)), dim=-1)
-        # The pool's dtype (PyTorch's quantized kernels return bf16; the CPU pool is fp32);
-        # a fresh tensor either way: normed and rotated in place below.
+        # The pool's dtype (PyTorch's quantized kernels return bf16), except over an fp16 CPU
+        # pool, which only the native kernels write and read: they compute in fp32. A fresh
+        # tensor either way: normed and rotated in place below.
         pool = kv.pools[self.layer]
-        qkv = qkv.to(pool.dtype)
+        qkv = qkv.to(torch.float32 if pool.dtype == torch.float16 else pool.dtype)
         rows, max_q = batch.query_index.shape
         kernels = native.kernels()
         if (
@@ -140,7 +141,7 @@ class Attention(nn.Module):
             and batch.dense
             and max_q == 1
             and self.native_ready()
-            and native.readable(pool)
+            and native.cache_readable(pool)
         ):
             out = kernels.decode_attention(
                 qkv.contiguous(),
@@ -157,7 +158,7 @@ class Attention(nn.Module):
                 self.scale,
             )
             return self.o_proj(out)
-        if kernels is not None and self.native_ready() and native.readable(pool):
+        if kernels is not None and self.native_ready() and native.cache_readable(pool):
             qkv = qkv.contiguous()
             qk_norm = None if self.q_norm is None else (self.qk_norm_weight, self.q_norm.eps)
             kernels.store_keys(qkv, heads, kv_heads, qk_norm, rope, pool, batch.slot_mapping)
@@ -171,8 +172,8 @@ class Attention(nn.Module):
             apply_rotary_(qk, *rope)
             # Rotated keys and the values sit side by side in qkv: one write into the pool.
             new_kv = qkv[:, q_size:].view(num_tokens, 2, kv_heads, head_dim)
-            pool.index_copy_(0, batch.slot_mapping, new_kv)
-        context = kv.blocks(self.layer).index_select(0, batch.kv_blocks.view(-1))
+            pool.index_copy_(0, batch.slot_mapping, new_kv.to(pool.dtype))
+        context = kv.blocks(self.layer).index_select(0, batch.kv_blocks.view(-1)).to(qkv.dtype)
         context = context.view(rows, -1, 2, kv_heads, head_dim)
         keys = context[:, :, 0].transpose(1, 2)  # [R, Hkv, max_kv, D]
         values = context[:, :, 1].transpose(1, 2)

@@ -26,6 +26,12 @@ class LoadedModel:
     # Only the keys generation_config.json sets: temperature, top_p, top_k, repetition_penalty.
     gen_defaults: dict[str, float] = field(default_factory=dict)
     load_seconds: float = 0.0
+    kv_dtype: torch.dtype | None = None  # the KV cache's, where it is not `dtype`
+
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        """The dtype the KV cache holds keys and values in."""
+        return self.kv_dtype or self.dtype
 
     @property
     def context_length(self) -> int:

@@ -49,12 +49,13 @@ class Kernels:
         self._int8.argtypes = [p, i64, p, p, i64, i64, p, ctypes.c_int]
         self._int8.restype = None
         self._attention = library.mh_decode_attention
-        self._attention.argtypes = [p, i64, i64, i64, i64, p, ctypes.c_float, p, p, p, p, p]
+        self._attention.argtypes = [p, i64, i64, i64, i64, p, ctypes.c_float, p, p, p]
+        self._attention.argtypes += [ctypes.c_int, p, p]
         self._attention.argtypes += [i64, i64, p, i64, ctypes.c_float, p, ctypes.c_int]
         self._attention.restype = None
         self._store_keys = library.mh_store_keys
-        self._store_keys.argtypes = [p, i64, i64, i64, i64, p, ctypes.c_float, p, p, p, p]
-        self._store_keys.argtypes += [ctypes.c_int]
+        self._store_keys.argtypes = [p, i64, i64, i64, i64, p, ctypes.c_float, p, p, p]
+        self._store_keys.argtypes += [ctypes.c_int, p, ctypes.c_int]
         self._store_keys.restype = None
         self._rms_norm = library.mh_rms_norm
         self._rms_norm.argtypes = [p, p, i64, i64, ctypes.c_float, p]
@@ -178,7 +179,7 @@ class Kernels:
         self._attention(
             qkv.data_ptr(), rows, heads, kv_heads, dim,
             None if norm_weight is None else norm_weight.data_ptr(), eps,
-            cos.data_ptr(), sin.data_ptr(), pool.data_ptr(), slots.data_ptr(),
+            cos.data_ptr(), sin.data_ptr(), pool.data_ptr(), half_pool(pool), slots.data_ptr(),
             blocks.data_ptr(), blocks.shape[1], block_size, positions.data_ptr(), window,
             scale, out.data_ptr(), self.threads,
         )  # fmt: skip
@@ -202,7 +203,8 @@ class Kernels:
         self._store_keys(
             qkv.data_ptr(), rows, heads, kv_heads, width // (heads + 2 * kv_heads),
             None if norm_weight is None else norm_weight.data_ptr(), eps,
-            cos.data_ptr(), sin.data_ptr(), pool.data_ptr(), slots.data_ptr(), self.threads,
+            cos.data_ptr(), sin.data_ptr(), pool.data_ptr(), half_pool(pool), slots.data_ptr(),
+            self.threads,
         )  # fmt: skip
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -230,6 +232,18 @@ class Kernels:
 def readable(x: torch.Tensor) -> bool:
     """Whether the kernels can read x as it is: contiguous fp32 on the CPU."""
     return x.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous()
+
+
+def cache_readable(pool: torch.Tensor) -> bool:
+    """Whether the attention kernels can read and write a KV pool: contiguous fp32 or fp16 on
+    the CPU."""
+    cached = (torch.float32, torch.float16)
+    return pool.dtype in cached and pool.device.type == "cpu" and pool.is_contiguous()
+
+
+def half_pool(pool: torch.Tensor) -> int:
+    """The kernels' flag for a pool of fp16 (1) or fp32 (0) keys and values."""
+    return int(pool.dtype == torch.float16)
 
 
 def _padded_rows(x: torch.Tensor, padded: int) -> torch.Tensor:

@@ -376,7 +376,12 @@ inline void rotate(float* x, const float* cos, const float* sin, int64_t dim) {
 }
 
 thread_local std::vector<float> score_buffer;
-thread_local std::vector<const float*> key_buffer;
+
+// 16 cached keys' or values' elements as fp32: the pool holds fp32, or fp16 bits (uint16_t).
+inline __m512 load_cached(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load_cached(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
 thread_local std::vector<float> inverse_buffer;
 
 // Softmax attention of `group` query heads (queries [group, dim]) over one KV head's keys at
@@ -386,15 +391,16 @@ thread_local std::vector<float> inverse_buffer;
 // from one pass over the keys for all the group's heads, and the weighted sum of values from
 // one pass over the values per 16 accumulators, with the softmax's sum divided out at the end.
 // The next keys and values are prefetched: a KV head's rows are a slot's width apart.
-void attend(const float* queries, int64_t group, int64_t dim, const float* pool,
+template <typename T>
+void attend(const float* queries, int64_t group, int64_t dim, const T* pool,
             int64_t slot_width, int64_t key_offset, int64_t value_shift, const int64_t* table,
             int64_t block_size, int64_t first, int64_t length, float scale, float* out) {
     constexpr int64_t kAhead = 4;
-    std::vector<const float*>& keys = key_buffer;
+    thread_local std::vector<const T*> keys;
     if (static_cast<int64_t>(keys.size()) < length) keys.resize(length);
     for (int64_t i = 0, p = first; i < length;) {
         const int64_t offset = p % block_size;
-        const float* base = pool + (table[p / block_size] * block_size) * slot_width + key_offset;
+        const T* base = pool + (table[p / block_size] * block_size) * slot_width + key_offset;
         for (int64_t o = offset; o < block_size && i < length; ++o, ++i, ++p)
             keys[i] = base + o * slot_width;
     }
@@ -404,12 +410,12 @@ void attend(const float* queries, int64_t group, int64_t dim, const float* pool,
     for (int64_t i = 0; i < length; ++i) {
         if (i + kAhead < length)
             for (int64_t c = 0; c < chunks; ++c) _mm_prefetch(keys[i + kAhead] + 16 * c, _MM_HINT_T0);
-        const float* key = keys[i];
+        const T* key = keys[i];
         for (int64_t g = 0; g < group; ++g) {
             const float* q = queries + g * dim;
-            __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(q), _mm512_loadu_ps(key));
+            __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(q), load_cached(key));
             for (int64_t c = 1; c < chunks; ++c)
-                acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * c), _mm512_loadu_ps(key + 16 * c),
+                acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * c), load_cached(key + 16 * c),
                                       acc);
             scores[g * length + i] = _mm512_reduce_add_ps(acc) * scale;
         }
@@ -447,12 +453,12 @@ void attend(const float* queries, int64_t group, int64_t dim, const float* pool,
             if (i + kAhead < length)
                 for (int64_t c = 0; c < chunks; ++c)
                     _mm_prefetch(keys[i + kAhead] + value_shift + 16 * c, _MM_HINT_T0);
-            const float* value = keys[i] + value_shift;
+            const T* value = keys[i] + value_shift;
 #pragma GCC unroll 16
             for (int64_t j = 0; j < kPass; ++j)
                 if (j < n)
                     acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(weights[j][i]),
-                                             _mm512_loadu_ps(value + column[j]), acc[j]);
+                                             load_cached(value + column[j]), acc[j]);
         }
         for (int64_t j = 0; j < n; ++j) {
             const int64_t g = (j0 + j) / chunks, c = (j0 + j) % chunks;
@@ -467,10 +473,11 @@ void attend(const float* queries, int64_t group, int64_t dim, const float* pool,
 // Rows of qkv [rows, (heads + 2 kv_heads) dim] made ready for attention, in place: each query
 // and key head RMS-normed (qk_norm_weight [heads + kv_heads, dim], or null: none) and rotated
 // (cos, sin [rows, dim]: rotate-half with the signed sin), then each row's keys and values
-// copied into its pool slot. Prompt steps (hundreds of rows) split the rows among threads.
+// copied into its pool slot: fp32, or rounded to fp16 where `half` (the pool then holds fp16
+// bits). Prompt steps (hundreds of rows) split the rows among threads.
 extern "C" void mh_store_keys(float* qkv, int64_t rows, int64_t heads, int64_t kv_heads,
                               int64_t dim, const float* qk_norm_weight, float eps,
-                              const float* cos, const float* sin, float* pool,
+                              const float* cos, const float* sin, void* pool, int half,
                               const int64_t* slots, int threads) {
     const int64_t width = (heads + 2 * kv_heads) * dim;
     const int64_t slot_width = 2 * kv_heads * dim;  // a key and a value for every KV head
@@ -482,7 +489,16 @@ extern "C" void mh_store_keys(float* qkv, int64_t rows, int64_t heads, int64_t k
                 rms_norm(row + h * dim, qk_norm_weight + h * dim, dim, eps, row + h * dim);
             rotate(row + h * dim, cos + r * dim, sin + r * dim, dim);
         }
-        std::memcpy(pool + slots[r] * slot_width, row + heads * dim, slot_width * sizeof(float));
+        const float* kv = row + heads * dim;
+        if (half) {
+            uint16_t* slot = static_cast<uint16_t*>(pool) + slots[r] * slot_width;
+            for (int64_t i = 0; i < slot_width; i += 16)  // dim is a multiple of 16
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(slot + i),
+                                    _mm512_cvtps_ph(_mm512_loadu_ps(kv + i), _MM_FROUND_TO_NEAREST_INT));
+        } else {
+            std::memcpy(static_cast<float*>(pool) + slots[r] * slot_width, kv,
+                        slot_width * sizeof(float));
+        }
     }
 }
 
@@ -494,13 +510,13 @@ extern "C" void mh_store_keys(float* qkv, int64_t rows, int64_t heads, int64_t k
 // is modified in place; out is [rows, H D]. Rows and KV heads are independent tasks.
 extern "C" void mh_decode_attention(float* qkv, int64_t rows, int64_t heads, int64_t kv_heads,
                                     int64_t dim, const float* qk_norm_weight, float eps,
-                                    const float* cos, const float* sin, float* pool,
+                                    const float* cos, const float* sin, void* pool, int half,
                                     const int64_t* slots, const int64_t* blocks,
                                     int64_t blocks_per_row, int64_t block_size,
                                     const int64_t* positions, int64_t window, float scale,
                                     float* out, int threads) {
-    mh_store_keys(qkv, rows, heads, kv_heads, dim, qk_norm_weight, eps, cos, sin, pool, slots,
-                  threads);
+    mh_store_keys(qkv, rows, heads, kv_heads, dim, qk_norm_weight, eps, cos, sin, pool, half,
+                  slots, threads);
     const int64_t width = (heads + 2 * kv_heads) * dim;
     const int64_t slot_width = 2 * kv_heads * dim;
     const int64_t group = heads / kv_heads;  // query heads sharing one KV head
@@ -510,9 +526,15 @@ extern "C" void mh_decode_attention(float* qkv, int64_t rows, int64_t heads, int
         const int64_t position = positions[r];
         const int64_t first = window > 0 && position >= window ? position - window + 1 : 0;
         const int64_t length = position - first + 1;
-        attend(qkv + r * width + h * group * dim, group, dim, pool, slot_width, h * dim,
-               kv_heads * dim, blocks + r * blocks_per_row, block_size, first, length, scale,
-               out + r * heads * dim + h * group * dim);
+        const float* queries = qkv + r * width + h * group * dim;
+        const int64_t* table = blocks + r * blocks_per_row;
+        float* result = out + r * heads * dim + h * group * dim;
+        if (half)
+            attend(queries, group, dim, static_cast<const uint16_t*>(pool), slot_width, h * dim,
+                   kv_heads * dim, table, block_size, first, length, scale, result);
+        else
+            attend(queries, group, dim, static_cast<const float*>(pool), slot_width, h * dim,
+                   kv_heads * dim, table, block_size, first, length, scale, result);
     }
 }
 
@@ -655,7 +677,8 @@ struct NativeLayer {
 struct NativeStep {
     int64_t rows, width;
     const float *cos, *sin, *local_cos, *local_sin;  // [rows, dim]
-    float* const* pools;                              // one per layer
+    void* const* pools;                               // one per layer
+    int32_t half_pools;                               // fp16 pools (else fp32)
     const int64_t *slots, *blocks, *positions;
     int64_t blocks_per_row, block_size;
     int32_t threads;
@@ -710,8 +733,9 @@ extern "C" void mh_decode_layers(float* hidden, const NativeLayer* layers, int64
         linear(l.qkv, normed, rows, wide, step->threads);
         mh_decode_attention(wide, rows, l.heads, l.kv_heads, l.dim, l.qk_norm, l.qk_eps,
                             local ? step->local_cos : step->cos,
-                            local ? step->local_sin : step->sin, step->pools[i], step->slots,
-                            step->blocks, step->blocks_per_row, step->block_size,
+                            local ? step->local_sin : step->sin, step->pools[i],
+                            step->half_pools, step->slots, step->blocks, step->blocks_per_row,
+                            step->block_size,
                             step->positions, l.window, l.scale, narrow, step->threads);
         linear(l.o, narrow, rows, normed, step->threads);
         if (l.attention_out_norm != nullptr)
