@@ -1,7 +1,8 @@
 // Weight-only int4 and int8 matmuls for a few rows of fp32 activations, on AVX-512; a decode
-// step's attention over the paged KV cache, RMSNorm and gated activations; a whole decode
-// step through the decoder layers (mh_decode_layers); and for the LM head and sampler, a
-// grouped-int4 ranking of the vocabulary (VNNI), its top candidates and each row's token.
+// step's attention over the paged KV cache (fp32 or fp16), the keys' norm, rotary and store
+// for prompt steps too, RMSNorm and gated activations; a whole decode step through the decoder
+// layers (mh_decode_layers); and for the LM head and sampler, a grouped-int4 ranking of the
+// vocabulary (VNNI), its top candidates, their exact logits and each row's token.
 //
 // Built and loaded by models/native.py (g++, ctypes); the torch kernels stay the fallback.
 // A weight byte is read from memory once for up to 8 rows, and the outputs are split among
