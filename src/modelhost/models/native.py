@@ -172,14 +172,9 @@ class Kernels:
         """Attention for rows of one query each (see mh_decode_attention): [rows, heads * D].
         qkv [rows, (heads + 2 kv_heads) D] fp32 contiguous is normed and rotated in place."""
         rows, width = qkv.shape
-        dim = width // (heads + 2 * kv_heads)
-        out = torch.empty((rows, heads * dim), dtype=torch.float32)
-        norm_weight, eps = qk_norm if qk_norm is not None else (None, 0.0)
-        cos, sin = rope
+        out = torch.empty((rows, heads * width // (heads + 2 * kv_heads)), dtype=torch.float32)
         self._attention(
-            qkv.data_ptr(), rows, heads, kv_heads, dim,
-            None if norm_weight is None else norm_weight.data_ptr(), eps,
-            cos.data_ptr(), sin.data_ptr(), pool.data_ptr(), half_pool(pool), slots.data_ptr(),
+            *_key_arguments(qkv, heads, kv_heads, qk_norm, rope, pool, slots),
             blocks.data_ptr(), blocks.shape[1], block_size, positions.data_ptr(), window,
             scale, out.data_ptr(), self.threads,
         )  # fmt: skip
@@ -197,15 +192,8 @@ class Kernels:
     ) -> None:
         """Norm and rotate the query and key heads of qkv [rows, (heads + 2 kv_heads) D] (fp32,
         contiguous) in place and write each row's keys and values into its pool slot."""
-        rows, width = qkv.shape
-        norm_weight, eps = qk_norm if qk_norm is not None else (None, 0.0)
-        cos, sin = rope
-        self._store_keys(
-            qkv.data_ptr(), rows, heads, kv_heads, width // (heads + 2 * kv_heads),
-            None if norm_weight is None else norm_weight.data_ptr(), eps,
-            cos.data_ptr(), sin.data_ptr(), pool.data_ptr(), half_pool(pool), slots.data_ptr(),
-            self.threads,
-        )  # fmt: skip
+        arguments = _key_arguments(qkv, heads, kv_heads, qk_norm, rope, pool, slots)
+        self._store_keys(*arguments, self.threads)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """torch.rms_norm over the last dimension of a contiguous fp32 x, in one call."""
@@ -232,6 +220,26 @@ class Kernels:
 def readable(x: torch.Tensor) -> bool:
     """Whether the kernels can read x as it is: contiguous fp32 on the CPU."""
     return x.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous()
+
+
+def _key_arguments(
+    qkv: torch.Tensor,
+    heads: int,
+    kv_heads: int,
+    qk_norm: tuple[torch.Tensor, float] | None,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    pool: torch.Tensor,
+    slots: torch.Tensor,
+) -> tuple[int | float | None, ...]:
+    """mh_store_keys' arguments, which mh_decode_attention's begin with."""
+    rows, width = qkv.shape
+    norm_weight, eps = qk_norm if qk_norm is not None else (None, 0.0)
+    cos, sin = rope
+    return (
+        qkv.data_ptr(), rows, heads, kv_heads, width // (heads + 2 * kv_heads),
+        None if norm_weight is None else norm_weight.data_ptr(), eps,
+        cos.data_ptr(), sin.data_ptr(), pool.data_ptr(), half_pool(pool), slots.data_ptr(),
+    )  # fmt: skip
 
 
 def cache_readable(pool: torch.Tensor) -> bool:
