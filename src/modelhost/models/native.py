@@ -113,8 +113,8 @@ class Kernels:
         self, x: torch.Tensor, nibbles: torch.Tensor, params: torch.Tensor, group: int
     ) -> torch.Tensor:
         """Approximate x [rows, in] @ weight.T for ranking (see mh_int4_rank): the weight's
-        nibbles [out, bytes] in 32 groups of `group` inputs and their fp16 scales and mins
-        [out, 64]; needs `vnni`."""
+        nibbles [out, bytes] in 16 groups of `group` inputs and their fp16 scales and mins
+        [out, 32]; needs `vnni`."""
         x = x.float().contiguous()
         out = nibbles.shape[0]
         y = torch.empty((x.shape[0], out), dtype=torch.float32)

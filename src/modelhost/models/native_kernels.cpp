@@ -217,8 +217,9 @@ void int4_rank_tile(const int8_t* xs, int64_t row0, const float* x_scales, const
         const __m512 scales = _mm512_cvtph_ps(_mm256_loadu_si256(params));
         const __m512 mins = _mm512_cvtph_ps(_mm256_loadu_si256(params + 1));
         for (int r = 0; r < R; ++r) {
+            const __m512 sums = _mm512_load_ps(x_sums + (row0 + r) * 16);
             const __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), scales,
-                                             _mm512_mul_ps(mins, _mm512_load_ps(x_sums + (row0 + r) * 16)));
+                                             _mm512_mul_ps(mins, sums));
             y[(row0 + r) * out + o] = x_scales[row0 + r] * _mm512_reduce_add_ps(t);
         }
     }
@@ -278,18 +279,18 @@ extern "C" void mh_top_candidates(const float* scores, int64_t rows, int64_t n, 
                                   int64_t* indices, int threads) {
     // Blocks of up to 256 scores, and at least 2k of them where n allows (SmolLM2's 49,152
     // tokens and k = 256: blocks of 64), so the bound leaves few values to select among.
-    int64_t kBlock = 256;
-    while (kBlock > 16 && (n + kBlock - 1) / kBlock < 2 * k) kBlock /= 2;
+    int64_t block = 256;
+    while (block > 16 && (n + block - 1) / block < 2 * k) block /= 2;
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1 && rows > 1)
     for (int64_t r = 0; r < rows; ++r) {
         const float* row = scores + r * n;
         int64_t* picked = indices + r * k;
-        const int64_t blocks = (n + kBlock - 1) / kBlock;
+        const int64_t blocks = (n + block - 1) / block;
         float bound = -INFINITY;
         if (blocks > k) {
             std::vector<float> maxima(blocks);
             for (int64_t b = 0; b < blocks; ++b)
-                maxima[b] = max_of(row + b * kBlock, std::min(kBlock, n - b * kBlock));
+                maxima[b] = max_of(row + b * block, std::min(block, n - b * block));
             std::nth_element(maxima.begin(), maxima.begin() + (k - 1), maxima.end(),
                              std::greater<float>());
             bound = maxima[k - 1];
@@ -387,7 +388,7 @@ thread_local std::vector<float> inverse_buffer;
 
 // Softmax attention of `group` query heads (queries [group, dim]) over one KV head's keys at
 // positions first .. first + length - 1 of a row's paged blocks (`table`); out [group, dim].
-// A key is `key_offset` floats into its slot, its value `value_shift` floats after it.
+// A key is `key_offset` elements into its slot, its value `value_shift` elements after it.
 // The keys' addresses are listed first (one division per block, not per key); scores come
 // from one pass over the keys for all the group's heads, and the weighted sum of values from
 // one pass over the values per 16 accumulators, with the softmax's sum divided out at the end.
@@ -494,15 +495,15 @@ extern "C" void mh_store_keys(float* qkv, int64_t rows, int64_t heads, int64_t k
         if (half) {
             uint16_t* slot = static_cast<uint16_t*>(pool) + slots[r] * slot_width;
             for (int64_t i = 0; i < slot_width; i += 16)  // dim is a multiple of 16
-                _mm256_storeu_si256(reinterpret_cast<__m256i*>(slot + i),
-                                    _mm512_cvtps_ph(_mm512_loadu_ps(kv + i), _MM_FROUND_TO_NEAREST_INT));
+                _mm256_storeu_si256(
+                    reinterpret_cast<__m256i*>(slot + i),
+                    _mm512_cvtps_ph(_mm512_loadu_ps(kv + i), _MM_FROUND_TO_NEAREST_INT));
         } else {
             std::memcpy(static_cast<float*>(pool) + slots[r] * slot_width, kv,
                         slot_width * sizeof(float));
         }
     }
 }
-
 
 // One decode step's attention for `rows` rows of one query each, over the paged KV pool
 // (models/batch.py): q/k norms (optional), rotary, the new key and value written at each
