@@ -41,6 +41,18 @@ def test_plan_memory_finds_the_largest_context_whose_weights_kv_and_working_memo
     assert plan.kv_bytes >= plan.max_safe_context * KV_PER_TOKEN
 
 
+def test_plan_memory_counts_fp16_keys_and_values_at_their_own_size() -> None:
+    budget = 3_000_000
+    plan = plan_memory(
+        CONFIG, weights_bytes=WEIGHTS, dtype_bytes=4, kv_dtype_bytes=2, memory_budget_bytes=budget
+    )
+    fp32 = plan_memory(CONFIG, weights_bytes=WEIGHTS, dtype_bytes=4, memory_budget_bytes=budget)
+    work = working_bytes(CONFIG, 4, plan.max_safe_context, chunk_tokens=512, rows=8)
+    assert plan.kv_bytes_per_token == KV_PER_TOKEN // 2
+    assert WEIGHTS + plan.max_safe_context * KV_PER_TOKEN // 2 + work <= budget
+    assert plan.max_safe_context > fp32.max_safe_context
+
+
 def test_plan_memory_refuses_a_budget_that_cannot_hold_the_weights() -> None:
     with pytest.raises(BudgetTooSmall, match="cannot hold the weights"):
         plan_memory(CONFIG, weights_bytes=WEIGHTS, dtype_bytes=4, memory_budget_bytes=WEIGHTS)

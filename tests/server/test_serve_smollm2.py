@@ -41,7 +41,7 @@ def tight_server(smollm2: LoadedModel, module_live_server: Any) -> Any:
     dtype_bytes = smollm2.dtype.itemsize
     need = (
         smollm2.weights_bytes
-        + TIGHT_CONTEXT * config.kv_bytes_per_token(dtype_bytes)
+        + TIGHT_CONTEXT * config.kv_bytes_per_token(smollm2.cache_dtype.itemsize)
         + working_bytes(config, dtype_bytes, TIGHT_CONTEXT, chunk_tokens=512, rows=1)
     )
     settings = ServeSettings(memory_budget_gb=need / BYTES_PER_GB, heartbeat_s=0.2)

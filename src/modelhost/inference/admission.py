@@ -66,9 +66,12 @@ def plan_memory(
     memory_budget_bytes: int,
     chunk_tokens: int = 512,
     rows: int = 8,
+    kv_dtype_bytes: int | None = None,
 ) -> MemoryPlan:
-    """The largest context whose weights + KV + working memory fit `memory_budget_bytes`."""
-    kv_per_token = config.kv_bytes_per_token(dtype_bytes)
+    """The largest context whose weights + KV + working memory fit `memory_budget_bytes`.
+    `dtype_bytes` sizes activations, `kv_dtype_bytes` (default: the same) cached keys and
+    values (fp16 on CPUs in the quantized modes, while activations stay fp32)."""
+    kv_per_token = config.kv_bytes_per_token(kv_dtype_bytes or dtype_bytes)
     usable = memory_budget_bytes
 
     def fits(context: int) -> bool:

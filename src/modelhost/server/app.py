@@ -119,6 +119,7 @@ def admission_policy(model: LoadedModel, settings: ServeSettings, *, rows: int) 
             model.config,
             weights_bytes=model.weights_bytes,
             dtype_bytes=model.dtype.itemsize,
+            kv_dtype_bytes=model.cache_dtype.itemsize,
             memory_budget_bytes=int(settings.memory_budget_gb * BYTES_PER_GB),
             chunk_tokens=settings.chunk_tokens,
             rows=rows,
