@@ -378,13 +378,13 @@ inline void rotate(float* x, const float* cos, const float* sin, int64_t dim) {
 }
 
 thread_local std::vector<float> score_buffer;
+thread_local std::vector<float> inverse_buffer;
 
 // 16 cached keys' or values' elements as fp32: the pool holds fp32, or fp16 bits (uint16_t).
 inline __m512 load_cached(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load_cached(const uint16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
-thread_local std::vector<float> inverse_buffer;
 
 // Softmax attention of `group` query heads (queries [group, dim]) over one KV head's keys at
 // positions first .. first + length - 1 of a row's paged blocks (`table`); out [group, dim].
@@ -549,21 +549,7 @@ extern "C" void mh_refine(const float* x, int64_t rows, int64_t width, const flo
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && rows * k > 64)
     for (int64_t task = 0; task < rows * k; ++task) {
         const int64_t r = task / k;
-        const float* in = x + r * width;
-        const float* row = weight + indices[task] * width;
-        __m512 first = _mm512_setzero_ps(), second = _mm512_setzero_ps();
-        int64_t i = 0;
-        for (; i + 32 <= width; i += 32) {
-            first = _mm512_fmadd_ps(_mm512_loadu_ps(row + i), _mm512_loadu_ps(in + i), first);
-            second = _mm512_fmadd_ps(_mm512_loadu_ps(row + i + 16), _mm512_loadu_ps(in + i + 16),
-                                     second);
-        }
-        for (; i < width; i += 16) {
-            const __mmask16 live = tail_mask(width - i);
-            first = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(live, row + i),
-                                    _mm512_maskz_loadu_ps(live, in + i), first);
-        }
-        logits[r * n + indices[task]] = _mm512_reduce_add_ps(_mm512_add_ps(first, second));
+        logits[r * n + indices[task]] = dot(x + r * width, weight + indices[task] * width, width);
     }
 }
 
@@ -737,8 +723,8 @@ extern "C" void mh_decode_layers(float* hidden, const NativeLayer* layers, int64
                             local ? step->local_cos : step->cos,
                             local ? step->local_sin : step->sin, step->pools[i],
                             step->half_pools, step->slots, step->blocks, step->blocks_per_row,
-                            step->block_size,
-                            step->positions, l.window, l.scale, narrow, step->threads);
+                            step->block_size, step->positions, l.window, l.scale, narrow,
+                            step->threads);
         linear(l.o, narrow, rows, normed, step->threads);
         if (l.attention_out_norm != nullptr)
             mh_rms_norm(normed, l.attention_out_norm, rows, width, l.eps, normed);

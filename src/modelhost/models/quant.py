@@ -113,7 +113,9 @@ class Int8Linear(_QuantizedLinear):
         self, weight: torch.Tensor, bias: torch.Tensor | None, *, prompt_fp32: bool = True
     ) -> None:
         super().__init__()
-        q, scales = _quantize_int8(weight)
+        weight = weight.float()
+        scales = (weight.abs().amax(dim=1) / 127.0).clamp_(min=1e-12)
+        q = torch.round(weight / scales[:, None]).clamp_(-127, 127).to(torch.int8)
         self.native = native.kernels()
         if self.native is None:
             self.register_buffer("qweight", q)
@@ -266,13 +268,6 @@ class RefinedHead(nn.Module):
         rows = self.weight.index_select(0, index.view(-1)).view(*index.shape, -1)
         exact = torch.bmm(rows, x.float().unsqueeze(-1)).squeeze(-1)
         return logits.scatter_(1, index, exact)
-
-
-def _quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [out, in] int8 and fp32 scales [out]: symmetric, one scale per output."""
-    weight = weight.float()
-    scales = (weight.abs().amax(dim=1) / 127.0).clamp_(min=1e-12)
-    return torch.round(weight / scales[:, None]).clamp_(-127, 127).to(torch.int8), scales
 
 
 def _grouped(weight: torch.Tensor) -> torch.Tensor:
