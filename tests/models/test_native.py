@@ -9,7 +9,7 @@ from modelhost.models import layers, native, quant
 from modelhost.models.layers import Rotary, apply_rotary_
 
 kernels = native.kernels()
-pytestmark = pytest.mark.skipif(kernels is None, reason="no g++ or no AVX-512 here")
+pytestmark = pytest.mark.skipif(kernels is None, reason="no g++ or no AVX-512 VNNI here")
 
 
 def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
@@ -24,23 +24,55 @@ def int4_operands(out: int, width: int) -> tuple[torch.Tensor, tuple[torch.Tenso
     return dequantized, native.pack_int4(q, scales, mins)
 
 
+def rounded_activations(x: torch.Tensor) -> torch.Tensor:
+    """x as the int4/int8 kernels round it: per row, (high + low / 256) * (largest / 127)
+    with int8 high and low."""
+    largest = x.abs().amax(dim=-1, keepdim=True)
+    scaled = x * (127.0 / largest)
+    high = scaled.round()
+    low = ((scaled - high) * 256).round().clamp(-127, 127)
+    return (high + low / 256) * (largest / 127)
+
+
 @pytest.mark.parametrize("width", [128, 96, 576])  # 96: a run of 64 inputs half padding
-def test_int4_matmul_is_the_fp32_product_of_the_dequantized_weight(width):
+def test_int4_matmul_is_the_dequantized_weight_times_the_rounded_activations(width):
     torch.manual_seed(0)
-    dequantized, operands = int4_operands(80, width)
+    q, scales, mins = quant.quantize_int4(torch.randn(80, width), search=False)
+    scales, mins = native.int4_params(scales, mins)
     x = torch.randn(6, width)
-    assert relative_error(kernels.int4_matmul(x, *operands), x @ dequantized.t()) < 1e-5
+    got = kernels.int4_matmul(x, *native.pack_int4(q, scales, mins))
+    # The levels times the rounded activations; the mins times the exact sums of each group.
+    levels = (q.float() * scales[..., None]).reshape(80, width)
+    group_sums = x.reshape(6, -1, 32).sum(dim=-1)
+    expected = rounded_activations(x) @ levels.t() + group_sums @ mins.t()
+    assert relative_error(got, expected) < 1e-5
+    dequantized = levels + mins.repeat_interleave(32, dim=1)
+    assert relative_error(got, x @ dequantized.t()) < 1e-4  # 16 bits: near fp32's product
 
 
-def test_int8_matmul_is_the_fp32_product_of_the_dequantized_weight():
+def test_int8_matmul_is_the_dequantized_weight_times_the_rounded_activations():
     torch.manual_seed(0)
     weight = torch.randn(80, 96)
     scales = weight.abs().amax(dim=1) / 127
     q = torch.round(weight / scales[:, None]).to(torch.int8)
     x = torch.randn(6, 96)
-    expected = x @ (q.float() * scales[:, None]).t()
-    got = kernels.int8_matmul(x, native.pad_inputs(q), scales)
-    assert relative_error(got, expected) < 1e-5
+    dequantized = q.float() * scales[:, None]
+    got = kernels.int8_matmul(x, native.pack_int8(q), scales)
+    assert relative_error(got, rounded_activations(x) @ dequantized.t()) < 1e-5
+    assert relative_error(got, x @ dequantized.t()) < 1e-4
+
+
+def test_rounding_keeps_16_bits_of_a_row_with_an_outlier():
+    torch.manual_seed(0)
+    dequantized, operands = int4_operands(80, 128)
+    x = torch.randn(2, 128)
+    x[:, 3] = 300.0  # one int8 alone would leave the rest of the row ~3 levels
+    assert relative_error(kernels.int4_matmul(x, *operands), x @ dequantized.t()) < 1e-3
+
+
+def test_a_row_of_zeros_gives_zeros():
+    _, operands = int4_operands(32, 64)
+    assert torch.equal(kernels.int4_matmul(torch.zeros(2, 64), *operands), torch.zeros(2, 32))
 
 
 def test_a_rows_result_does_not_depend_on_the_rows_beside_it():
@@ -150,10 +182,6 @@ def test_gated_activation_is_the_activated_gate_times_up(name):
     assert torch.allclose(got, act(gate) * up, atol=1e-5)
 
 
-vnni = pytest.mark.skipif(kernels is None or not kernels.vnni, reason="no AVX-512 VNNI here")
-
-
-@vnni
 @pytest.mark.parametrize("width", [96, 576, 640])  # groups of 6, 36 (padded to 40) and 40
 def test_int4_ranking_is_the_product_of_int8_rounded_inputs_and_grouped_int4_weights(width):
     torch.manual_seed(0)
@@ -171,7 +199,6 @@ def test_int4_ranking_is_the_product_of_int8_rounded_inputs_and_grouped_int4_wei
     assert relative_error(head(x), x @ weight.t()) < 0.1  # close enough to rank
 
 
-@vnni
 def test_int4_ranking_of_a_row_does_not_depend_on_the_rows_beside_it():
     torch.manual_seed(0)
     head = quant.Int4RankingHead(torch.randn(64, 128), kernels)

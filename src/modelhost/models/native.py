@@ -2,15 +2,16 @@
 
 PyTorch's CPU kernels for weight-only int4/int8 matmuls want bf16 activations, which these
 CPUs multiply without bf16 instructions. The native ones take fp32 activations and give fp32
-out: each weight is dequantized in registers and multiplied in fp32 (the same products the
-prompt path's fp32 weights give), read once for up to 8 rows, with the outputs split among
-all cores (one core alone cannot read memory at full speed). `decode_attention`, `rms_norm`
+out: the activations are rounded to int8 in groups of 32 (a scale each, as llama.cpp's Q8
+activations), multiplied by the int4/int8 weights with AVX-512 VNNI and scaled back per
+group; each weight is read once for up to 8 rows, with the outputs split among all cores
+(one core alone cannot read memory at full speed). `decode_attention`, `rms_norm`
 and `gated_activation` replace a handful of small PyTorch ops each, and models/fused_decode.py
 runs a whole decode step through them. The library is built with the system's g++ into
 MODELHOST_HOME/cache/native/<hash of source and compiler>/ on first use (about three seconds)
 and loaded with ctypes, which releases the GIL for each call.
 
-Where there is no g++, the CPU lacks AVX-512, or `MODELHOST_NATIVE=0`, `kernels()` is None
+Where there is no g++, the CPU lacks AVX-512 with VNNI, or `MODELHOST_NATIVE=0`, `kernels()` is None
 and the models run on PyTorch's ops and kernels instead.
 """
 
@@ -78,8 +79,6 @@ class Kernels:
         self._choose = library.mh_choose_tokens
         self._choose.argtypes = [p, i64, i64, p, p, ctypes.c_int]
         self._choose.restype = None
-        # AVX-512 VNNI (int8 dot products): the LM head's ranking pass (`int4_rank`).
-        self.vnni = bool(library.mh_cpu_has_vnni())
         # Threads per call: weights stream from memory, and one core alone cannot saturate it.
         self.threads = os.cpu_count() or 1
 
@@ -99,7 +98,7 @@ class Kernels:
     def int8_matmul(
         self, x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor
     ) -> torch.Tensor:
-        """x [rows, in] fp32 times the int8 weight (`pad_inputs`) and its per-output scales."""
+        """x [rows, in] fp32 times the int8 weight (`pack_int8`) and its per-output scales."""
         out, padded = weight.shape
         x = _padded_rows(x, padded)
         y = torch.empty((x.shape[0], out), dtype=torch.float32)
@@ -114,7 +113,7 @@ class Kernels:
     ) -> torch.Tensor:
         """Approximate x [rows, in] @ weight.T for ranking (see mh_int4_rank): the weight's
         nibbles [out, bytes] in 16 groups of `group` inputs and their fp16 scales and mins
-        [out, 32]; needs `vnni`."""
+        [out, 32]."""
         x = x.float().contiguous()
         out = nibbles.shape[0]
         y = torch.empty((x.shape[0], out), dtype=torch.float32)
@@ -290,10 +289,13 @@ def pack_int4(
     return nibbles, params.contiguous()
 
 
-def pad_inputs(weight: torch.Tensor) -> torch.Tensor:
-    """[out, in] padded with zero columns to a multiple of 64 inputs."""
-    missing = padded_width(weight.shape[1]) - weight.shape[1]
-    return torch.nn.functional.pad(weight, (0, missing)).contiguous()
+def pack_int8(q: torch.Tensor) -> torch.Tensor:
+    """Symmetric int8 levels [out, in] (-127..127) -> the kernel's operand: q + 128 as uint8
+    (VNNI multiplies unsigned by signed bytes), padded with zero levels to a multiple of 64
+    inputs."""
+    missing = padded_width(q.shape[1]) - q.shape[1]
+    padded = torch.nn.functional.pad(q.to(torch.int16), (0, missing))
+    return (padded + 128).to(torch.uint8).contiguous()
 
 
 @functools.cache
@@ -310,7 +312,7 @@ def kernels() -> Kernels | None:
         log.warning("native kernels unavailable (%s): using PyTorch's", error)
         return None
     if not library.mh_cpu_supported():
-        log.info("this CPU has no AVX-512: using PyTorch's int4/int8 kernels")
+        log.info("this CPU has no AVX-512 VNNI: using PyTorch's int4/int8 kernels")
         return None
     return Kernels(library)
 

@@ -1,4 +1,4 @@
-// Weight-only int4 and int8 matmuls for a few rows of fp32 activations, on AVX-512; a decode
+// Int4 and int8 weights times a few rows of fp32 activations, on AVX-512 VNNI; a decode
 // step's attention over the paged KV cache (fp32 or fp16), the keys' norm, rotary and store
 // for prompt steps too, RMSNorm and gated activations; a whole decode step through the decoder
 // layers (mh_decode_layers); and for the LM head and sampler, a grouped-int4 ranking of the
@@ -12,7 +12,7 @@
 // Layouts (packed by models/native.py, the input padded to a multiple of 64 with zeros):
 //   int4: nibbles [out, in/2]: byte j of the k-th 64 inputs holds input 64k+j (low nibble)
 //         and 64k+32+j (high); params [out, in/32, 2]: fp16 scale and min, w = q * scale + min.
-//   int8: int8 [out, in], symmetric, one scale per output.
+//   int8: uint8 [out, in]: symmetric int8 levels + 128, one fp32 scale per output.
 
 #include <immintrin.h>
 
@@ -29,11 +29,11 @@ extern "C" int mh_cpu_supported() {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("f16c");
+           __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("f16c");
 }
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")
 
 namespace {
 
@@ -57,78 +57,149 @@ inline float max_of(const float* x, int64_t n) {
     return _mm512_reduce_max_ps(top);
 }
 
-// Each tile dequantizes 64 inputs of one output's weights to fp32 once, in registers, and
-// multiplies them into R rows of fp32 activations: the per-group work is shared by the rows,
-// and every product is the fp32 product the prompt path computes with the same weights.
-// Two accumulators per row (inputs 64p..64p+31 and 64p+32..64p+63) halve the FMA chains.
-template <int R>
-void int4_tile(const float* x, int64_t row0, const uint8_t* nibbles, const uint16_t* params,
-               int64_t begin, int64_t end, int64_t padded, int64_t out, float* y) {
-    const int64_t pairs = padded / kPair, groups = padded / kGroup;
-    const __m512i low4 = _mm512_set1_epi32(0x0F);
-    const __m512i lane0 = _mm512_set1_epi32(0), lane1 = _mm512_set1_epi32(1);
-    const __m512i lane2 = _mm512_set1_epi32(2), lane3 = _mm512_set1_epi32(3);
-    for (int64_t o = begin; o < end; ++o) {
-        const uint8_t* w = nibbles + o * (padded / 2);
-        const uint16_t* param = params + o * groups * 2;  // (scale, min) per group, fp16
-        __m512 first[R], second[R];
-        for (int r = 0; r < R; ++r) first[r] = second[r] = _mm512_setzero_ps();
-        for (int64_t p = 0; p < pairs; ++p) {
-            // The pair's four fp16 parameters in one load and one conversion, then broadcast.
-            const __m512 both = _mm512_zextps128_ps512(
-                _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(param + 4 * p))));
-            const __m512 scale_a = _mm512_permutexvar_ps(lane0, both);
-            const __m512 min_a = _mm512_permutexvar_ps(lane1, both);
-            const __m512 scale_b = _mm512_permutexvar_ps(lane2, both);
-            const __m512 min_b = _mm512_permutexvar_ps(lane3, both);
-            const __m128i* bytes = reinterpret_cast<const __m128i*>(w + p * 32);
-            const __m512i lo = _mm512_cvtepu8_epi32(_mm_loadu_si128(bytes));
-            const __m512i hi = _mm512_cvtepu8_epi32(_mm_loadu_si128(bytes + 1));
-            // Byte j holds input j (low nibble) and input 32 + j (high).
-            const __m512 w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(lo, low4)),
-                                              scale_a, min_a);
-            const __m512 w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(hi, low4)),
-                                              scale_a, min_a);
-            const __m512 w2 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(lo, 4)),
-                                              scale_b, min_b);
-            const __m512 w3 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(hi, 4)),
-                                              scale_b, min_b);
-            for (int r = 0; r < R; ++r) {
-                const float* in = x + (row0 + r) * padded + p * kPair;
-                first[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(in), first[r]);
-                second[r] = _mm512_fmadd_ps(w2, _mm512_loadu_ps(in + 32), second[r]);
-                first[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(in + 16), first[r]);
-                second[r] = _mm512_fmadd_ps(w3, _mm512_loadu_ps(in + 48), second[r]);
-            }
+// Activations for the int4 and int8 kernels, rounded so that VNNI multiplies them exactly in
+// int32: each row has one scale (its largest magnitude / 127) and each input is
+// v = (high + low / 256) * scale with int8 high and low, 16 bits against the row's largest.
+// One int8 alone (llama.cpp's Q8 activations, a scale per 32) cost the embedded models
+// perplexity and greedy agreement with fp32; these keep both (benchmarks/perplexity.py).
+// A product of 4 weights and 4 inputs is high's VNNI product times 256 plus low's.
+// Per row: high and low in the inputs' order; its scale (/ 256); 128 (256 sum(high) +
+// sum(low)), which int8 weights (stored + 128, unsigned) add; per 4 pairs of groups the 8
+// groups' exact fp32 sums over the scale, each in the odd lane after its group (where the
+// int4 mins fall).
+struct RoundedRows {
+    int64_t pairs, quads, padded;
+    const int8_t* high;      // [rows, padded]
+    const int8_t* low;       // [rows, padded]
+    const float* scales;     // [rows]
+    const int64_t* offsets;  // [rows]
+    const float* sums;       // [rows, quads, 16]
+};
+
+thread_local std::vector<uint8_t> rounded_buffer;
+
+RoundedRows round_rows(const float* x, int64_t rows, int64_t padded) {
+    const int64_t pairs = padded / kPair, quads = (pairs + 3) / 4;
+    const size_t per_row = 2 * padded + 64 * quads + 16;
+    std::vector<uint8_t>& buffer = rounded_buffer;
+    if (buffer.size() < rows * per_row + 64) buffer.resize(rows * per_row + 64);
+    uint8_t* base = buffer.data() + (64 - reinterpret_cast<uintptr_t>(buffer.data()) % 64) % 64;
+    int8_t* high = reinterpret_cast<int8_t*>(base);
+    int8_t* low = high + rows * padded;
+    float* sums = reinterpret_cast<float*>(low + rows * padded);
+    int64_t* offsets = reinterpret_cast<int64_t*>(sums + rows * quads * 16);
+    float* scales = reinterpret_cast<float*>(offsets + rows);
+    std::memset(sums, 0, rows * quads * 64);
+    const __m512 magnitude = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+    const __m512i most = _mm512_set1_epi32(127), least = _mm512_set1_epi32(-127);
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* row = x + r * padded;
+        __m512 largest = _mm512_setzero_ps();
+        for (int64_t i = 0; i < padded; i += 16)
+            largest = _mm512_max_ps(largest, _mm512_and_ps(_mm512_loadu_ps(row + i), magnitude));
+        const float amax = _mm512_reduce_max_ps(largest);
+        const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+        scales[r] = amax / (127.0f * 256.0f);
+        __m512i total = _mm512_setzero_si512();  // 256 high + low, by lane
+        for (int64_t i = 0; i < padded; i += 16) {
+            const __m512 v = _mm512_loadu_ps(row + i);
+            const __m512 scaled = _mm512_mul_ps(v, _mm512_set1_ps(inverse));
+            const __m512i h = _mm512_cvtps_epi32(scaled);
+            const __m512i l = _mm512_min_epi32(
+                _mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(
+                                     _mm512_sub_ps(scaled, _mm512_cvtepi32_ps(h)),
+                                     _mm512_set1_ps(256.0f))),
+                                 least),
+                most);
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(high + r * padded + i),
+                             _mm512_cvtepi32_epi8(h));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(low + r * padded + i),
+                             _mm512_cvtepi32_epi8(l));
+            total = _mm512_add_epi32(total, _mm512_add_epi32(_mm512_slli_epi32(h, 8), l));
+            const int64_t g = i / 32;
+            sums[(r * quads + g / 8) * 16 + g % 8 * 2 + 1] +=
+                _mm512_reduce_add_ps(v) * (inverse * 256.0f);
         }
-        for (int r = 0; r < R; ++r)
-            y[(row0 + r) * out + o] = _mm512_reduce_add_ps(_mm512_add_ps(first[r], second[r]));
+        offsets[r] = 128 * static_cast<int64_t>(_mm512_reduce_add_epi32(total));
     }
+    return RoundedRows{pairs, quads, padded, high, low, scales, offsets, sums};
 }
 
+// R rows times one output's int4 weights per pass: each 32 bytes of nibbles are widened once
+// to 64 unsigned bytes (low nibbles, then high: inputs 64p .. 64p + 63 in order) for all rows.
+// Two accumulators per row (alternate pairs) halve the FMA chains of a single row.
 template <int R>
-void int8_tile(const float* x, int64_t row0, const int8_t* weights, const float* scales,
-               int64_t begin, int64_t end, int64_t padded, int64_t out, float* y) {
-    const int64_t pairs = padded / kPair;
+void int4_tile(const RoundedRows& x, int64_t row0, const uint8_t* nibbles,
+               const uint16_t* params, int64_t begin, int64_t end, int64_t out, float* y) {
+    const int64_t pairs = x.pairs;
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    const __m512i shifts = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
+    // From a quad's 16 parameters (scale, min per group), pair j's scales: 4j and 4j + 2.
+    const __m512i pick = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
     for (int64_t o = begin; o < end; ++o) {
-        const __m128i* w = reinterpret_cast<const __m128i*>(weights + o * padded);
+        const uint8_t* w = nibbles + o * pairs * 32;
+        const uint16_t* param = params + o * pairs * 4;
         __m512 first[R], second[R];
         for (int r = 0; r < R; ++r) first[r] = second[r] = _mm512_setzero_ps();
-        for (int64_t p = 0; p < pairs; ++p) {
-            __m512 q[4];
-            for (int k = 0; k < 4; ++k)
-                q[k] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(w + 4 * p + k)));
-            for (int r = 0; r < R; ++r) {
-                const float* in = x + (row0 + r) * padded + p * kPair;
-                first[r] = _mm512_fmadd_ps(q[0], _mm512_loadu_ps(in), first[r]);
-                second[r] = _mm512_fmadd_ps(q[2], _mm512_loadu_ps(in + 32), second[r]);
-                first[r] = _mm512_fmadd_ps(q[1], _mm512_loadu_ps(in + 16), first[r]);
-                second[r] = _mm512_fmadd_ps(q[3], _mm512_loadu_ps(in + 48), second[r]);
-            }
+        for (int64_t k = 0; k < x.quads; ++k) {
+            const int64_t n = std::min<int64_t>(4, pairs - 4 * k);
+            const __m512 quad = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
+                static_cast<__mmask16>((1u << (4 * n)) - 1u), param + 16 * k));
+            for (int r = 0; r < R; ++r)  // each group's min times its inputs' sum
+                second[r] = _mm512_fmadd_ps(
+                    quad, _mm512_load_ps(x.sums + ((row0 + r) * x.quads + k) * 16), second[r]);
+            auto pair = [&](int64_t j, __m512* into) {
+                const int64_t p = 4 * k + j;
+                const __m512 scale = _mm512_permutexvar_ps(
+                    _mm512_add_epi32(pick, _mm512_set1_epi32(4 * j)), quad);
+                const __m512i wv = _mm512_and_si512(
+                    _mm512_srlv_epi64(_mm512_broadcast_i64x4(_mm256_loadu_si256(
+                                          reinterpret_cast<const __m256i*>(w + 32 * p))),
+                                      shifts),
+                    low4);
+                for (int r = 0; r < R; ++r) {
+                    const int64_t at = (row0 + r) * x.padded + 64 * p;
+                    const __m512i h = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv,
+                                                          _mm512_load_si512(x.high + at));
+                    const __m512i d = _mm512_dpbusd_epi32(_mm512_slli_epi32(h, 8), wv,
+                                                          _mm512_load_si512(x.low + at));
+                    into[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), scale, into[r]);
+                }
+            };
+            pair(0, first);
+            if (n > 1) pair(1, second);
+            if (n > 2) pair(2, first);
+            if (n > 3) pair(3, second);
         }
         for (int r = 0; r < R; ++r)
             y[(row0 + r) * out + o] =
-                scales[o] * _mm512_reduce_add_ps(_mm512_add_ps(first[r], second[r]));
+                x.scales[row0 + r] * _mm512_reduce_add_ps(_mm512_add_ps(first[r], second[r]));
+    }
+}
+
+// R rows times one output's int8 weights (stored + 128) per pass, in int32 throughout: the
+// weight's scale is per output and the row's per row, so both apply once, at the end, where
+// the row's offset takes the 128s back out. Exact while a lane's sum fits: inputs < 64k.
+template <int R>
+void int8_tile(const RoundedRows& x, int64_t row0, const uint8_t* weights, const float* scales,
+               int64_t begin, int64_t end, int64_t out, float* y) {
+    for (int64_t o = begin; o < end; ++o) {
+        const uint8_t* w = weights + o * x.padded;
+        __m512i high[R], low[R];
+        for (int r = 0; r < R; ++r) high[r] = low[r] = _mm512_setzero_si512();
+        for (int64_t i = 0; i < x.padded; i += 64) {
+            const __m512i wv = _mm512_loadu_si512(w + i);
+            for (int r = 0; r < R; ++r) {
+                const int64_t at = (row0 + r) * x.padded + i;
+                high[r] = _mm512_dpbusd_epi32(high[r], wv, _mm512_load_si512(x.high + at));
+                low[r] = _mm512_dpbusd_epi32(low[r], wv, _mm512_load_si512(x.low + at));
+            }
+        }
+        for (int r = 0; r < R; ++r) {
+            const int64_t total = 256 * static_cast<int64_t>(_mm512_reduce_add_epi32(high[r])) +
+                                  _mm512_reduce_add_epi32(low[r]) - x.offsets[row0 + r];
+            y[(row0 + r) * out + o] = scales[o] * x.scales[row0 + r] * static_cast<float>(total);
+        }
     }
 }
 
@@ -162,29 +233,23 @@ void by_tiles(int64_t rows, int64_t out, int threads, Tile tile) {
 
 }  // namespace
 
-// y[rows, out] = x[rows, padded] @ dequantized(w).T
+// y[rows, out] = x[rows, padded] @ dequantized(w).T, x rounded as round_rows says.
 extern "C" void mh_int4_matmul(const float* x, int64_t rows, const uint8_t* nibbles,
                                const uint16_t* params, int64_t out, int64_t padded, float* y,
                                int threads) {
+    const RoundedRows rounded = round_rows(x, rows, padded);
     by_tiles(rows, out, threads, [&](int64_t row0, auto r, int64_t begin, int64_t end) {
-        int4_tile<decltype(r)::value>(x, row0, nibbles, params, begin, end, padded, out, y);
+        int4_tile<decltype(r)::value>(rounded, row0, nibbles, params, begin, end, out, y);
     });
 }
 
-extern "C" void mh_int8_matmul(const float* x, int64_t rows, const int8_t* weights,
+extern "C" void mh_int8_matmul(const float* x, int64_t rows, const uint8_t* weights,
                                const float* scales, int64_t out, int64_t padded, float* y,
                                int threads) {
+    const RoundedRows rounded = round_rows(x, rows, padded);
     by_tiles(rows, out, threads, [&](int64_t row0, auto r, int64_t begin, int64_t end) {
-        int8_tile<decltype(r)::value>(x, row0, weights, scales, begin, end, padded, out, y);
+        int8_tile<decltype(r)::value>(rounded, row0, weights, scales, begin, end, out, y);
     });
-}
-
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni")
-
-extern "C" int mh_cpu_has_vnni() {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512vnni");
 }
 
 namespace {
@@ -268,8 +333,6 @@ extern "C" void mh_int4_rank(const float* x, int64_t rows, int64_t in, const uin
                                            begin, end, loads, out, y);
     });
 }
-
-#pragma GCC pop_options
 
 // The indices of the k largest of each row's n scores, in no particular order (torch.topk's
 // set, ties aside): the k-th largest of the row's block maxima bounds the answer from below,
@@ -643,7 +706,7 @@ extern "C" void mh_gated_activation(const float* gate_up, int64_t rows, int64_t 
 // one generated token each, hidden [rows, width] is updated in place. The structs mirror
 // models/native.py's ctypes declarations.
 struct NativeLinear {
-    int64_t bits;        // 4: data = nibbles, params = fp16 (scale, min); 8: int8, fp32 scales
+    int64_t bits;        // 4: data = nibbles, params = fp16 (scale, min); 8: int8 + 128, fp32 scales
     const void* data;
     const void* params;
     const float* bias;   // or null
@@ -679,7 +742,7 @@ void linear(const NativeLinear& l, const float* x, int64_t rows, float* y, int t
         mh_int4_matmul(x, rows, static_cast<const uint8_t*>(l.data),
                        static_cast<const uint16_t*>(l.params), l.out, l.padded, y, threads);
     else
-        mh_int8_matmul(x, rows, static_cast<const int8_t*>(l.data),
+        mh_int8_matmul(x, rows, static_cast<const uint8_t*>(l.data),
                        static_cast<const float*>(l.params), l.out, l.padded, y, threads);
     if (l.bias != nullptr)
         for (int64_t r = 0; r < rows; ++r)

@@ -11,15 +11,17 @@ of three implementations:
   tensors already hold at most 16 levels per 32 weights, so for those the int4 form
   reproduces the dequantized weights exactly; `exact_int4` finds each group's grid.
 
-The quantized linears run the native kernels (models/native.py: weights dequantized in
-registers, fp32 activations and products). Where those cannot run they fall back to PyTorch's
-(`aten._weight_int4pack_mm_for_cpu`, `aten._weight_int8pack_mm`), which are vectorised only
-for bf16 activations here, so the linear then rounds its input to bf16 and returns bf16 (and
-keeps bf16 scales); the residual stream, norms, attention and softmax stay fp32 either way.
+The quantized linears run the native kernels (models/native.py: activations rounded to 16
+bits per row, integer dot products with AVX-512 VNNI). Where those cannot run they fall back
+to PyTorch's (`aten._weight_int4pack_mm_for_cpu`, `aten._weight_int8pack_mm`), which are
+vectorised only for bf16 activations here, so the linear then rounds its input to bf16 and
+returns bf16 (and keeps bf16 scales); the residual stream, norms, attention and softmax stay
+fp32 either way.
+
 The quantized LM head is a `RefinedHead`: a coarse pass ranks the vocabulary (grouped int4
-weights and int8 dot products on CPUs with AVX-512 VNNI, `Int4RankingHead`; else the mode's
-int4/int8 linear) and its best candidates are recomputed in fp32. Prompt
-tokens skip the kernels: each layer linear also holds its dequantized weight in fp32 for them
+weights and int8 dot products with the native kernels, `Int4RankingHead`; else the mode's
+int4/int8 linear) and its best candidates are recomputed in fp32. Prompt tokens skip the
+kernels: each layer linear also holds its dequantized weight in fp32 for them
 (`token_roles`).
 
 Modes (`MODELHOST_QUANTIZE` or `load_model(quantize=...)`):
@@ -122,7 +124,7 @@ class Int8Linear(_QuantizedLinear):
             self.register_buffer("scales", scales.to(_BF16))  # PyTorch's kernel takes bf16
             scales = self.scales.float()  # the fp32 copy below: the same rounded scales
         else:
-            self.register_buffer("qweight", native.pad_inputs(q))
+            self.register_buffer("qweight", native.pack_int8(q))
             self.register_buffer("scales", scales)
         self.register_buffer("bias", bias)
         restored = q.float() * scales[:, None]
@@ -342,7 +344,7 @@ def _kind(weight: torch.Tensor, mode: str, *, head: bool) -> str:
         return "int8"
     if mode == "int4" or head:
         # A RefinedHead recomputes the best candidates in fp32, so a coarse pass only has to
-        # rank them: int4 (2-3x faster than the int8 linear) where there is no VNNI ranking.
+        # rank them: int4 (2-3x faster than the int8 linear) without the native ranking.
         return "int4"
     # auto: a sample of rows decides (a GGUF tensor has one quantization type throughout).
     return "int4" if exact_int4(weight, sample_rows=64) else "int8"
@@ -385,7 +387,7 @@ def prepare_for_inference(network: nn.Module, mode: str) -> nn.Module:
         network.lm_head = make_linear(head, None, kind)
         return network
     kernels = native.kernels()
-    if kernels is not None and kernels.vnni:
+    if kernels is not None:
         ranking = Int4RankingHead(head, kernels)
         network.lm_head = RefinedHead(ranking, head.float(), ranking.TOP)
         return network
