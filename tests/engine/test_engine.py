@@ -5,10 +5,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import torch
 
 from modelhost.engine.engine import Engine, EngineConfig
 from modelhost.engine.events import EngineEvent, PromptTooLong, QueueFull
 from modelhost.engine.sampling_params import SamplingParams
+from modelhost.engine.scheduler import ScheduledRow
+from modelhost.engine.sequence import Sequence
+from modelhost.models.batch import ForwardBatch
 from modelhost.models.loaded import LoadedModel
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
@@ -233,3 +237,25 @@ def test_engine_default_pool_holds_one_full_context_and_an_explicit_budget_is_ke
     assert default * 16 >= 8192 + 1
     assert default * 16 * token_bytes <= 8 * (8192 + 16) * token_bytes
     assert EngineConfig(kv_cache_bytes=64 * 16 * token_bytes).num_blocks(smollm2, 8192) == 64
+
+
+@pytest.mark.parametrize("window", [None, 8])  # 8: Gemma 3's sliding mask too
+def test_a_decode_steps_batch_is_the_one_the_general_path_builds(smollm2, window):
+    engine = Engine(smollm2, EngineConfig(batch=4))
+    engine.runner.sliding_window = window
+    try:
+        rows = []
+        for seq_id, (prompt, generated) in enumerate([(5, 3), (17, 1), (40, 9)]):
+            seq = Sequence.from_prompt(seq_id, list(range(1, prompt + 1)), SamplingParams())
+            seq.token_ids.extend(range(100, 100 + generated))
+            engine.block_manager.append_slots(seq, prompt + generated)
+            rows.append(ScheduledRow(seq, prompt + generated - 1, 1, True))
+        runner = engine.runner
+        fast, general = runner._decode_batch(rows), runner._mixed_batch(rows)
+        for name in ForwardBatch.__slots__:
+            a, b = getattr(fast, name), getattr(general, name)
+            assert (a is None and b is None) or (
+                isinstance(a, bool) and a == b or torch.equal(a, b)
+            ), name
+    finally:
+        engine.close()
