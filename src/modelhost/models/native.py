@@ -2,10 +2,10 @@
 
 PyTorch's CPU kernels for weight-only int4/int8 matmuls want bf16 activations, which these
 CPUs multiply without bf16 instructions. The native ones take fp32 activations and give fp32
-out: the activations are rounded to int8 in groups of 32 (a scale each, as llama.cpp's Q8
-activations), multiplied by the int4/int8 weights with AVX-512 VNNI and scaled back per
-group; each weight is read once for up to 8 rows, with the outputs split among all cores
-(one core alone cannot read memory at full speed). `decode_attention`, `rms_norm`
+out: each row of activations is rounded to 16 bits (two int8 halves under one scale) and
+multiplied by the int4/int8 weights with AVX-512 VNNI integer dot products; each weight is
+read once for up to 8 rows, with the outputs split among all cores (one core alone cannot
+read memory at full speed). `decode_attention`, `rms_norm`
 and `gated_activation` replace a handful of small PyTorch ops each, and models/fused_decode.py
 runs a whole decode step through them. The library is built with the system's g++ into
 MODELHOST_HOME/cache/native/<hash of source and compiler>/ on first use (about three seconds)

@@ -37,7 +37,6 @@ extern "C" int mh_cpu_supported() {
 
 namespace {
 
-constexpr int64_t kGroup = 32;
 constexpr int64_t kPair = 64;  // two groups: 32 bytes of int4 weights
 constexpr int kTile = 8;       // rows computed together per weight read
 
