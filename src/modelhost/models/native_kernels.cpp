@@ -56,6 +56,16 @@ inline float max_of(const float* x, int64_t n) {
     return _mm512_reduce_max_ps(top);
 }
 
+// The largest |x[i]| of x[0 .. n) (0 for none).
+inline float largest_magnitude(const float* x, int64_t n) {
+    const __m512 magnitude = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+    __m512 top = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16)
+        top = _mm512_max_ps(top, _mm512_and_ps(_mm512_maskz_loadu_ps(tail_mask(n - i), x + i),
+                                               magnitude));
+    return _mm512_reduce_max_ps(top);
+}
+
 // Activations for the int4 and int8 kernels, rounded so that VNNI multiplies them exactly in
 // int32: each row has one scale (its largest magnitude / 127) and each input is
 // v = (high + low / 256) * scale with int8 high and low, 16 bits against the row's largest.
@@ -89,14 +99,10 @@ RoundedRows round_rows(const float* x, int64_t rows, int64_t padded) {
     int64_t* offsets = reinterpret_cast<int64_t*>(sums + rows * quads * 16);
     float* scales = reinterpret_cast<float*>(offsets + rows);
     std::memset(sums, 0, rows * quads * 64);
-    const __m512 magnitude = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
     const __m512i most = _mm512_set1_epi32(127), least = _mm512_set1_epi32(-127);
     for (int64_t r = 0; r < rows; ++r) {
         const float* row = x + r * padded;
-        __m512 largest = _mm512_setzero_ps();
-        for (int64_t i = 0; i < padded; i += 16)
-            largest = _mm512_max_ps(largest, _mm512_and_ps(_mm512_loadu_ps(row + i), magnitude));
-        const float amax = _mm512_reduce_max_ps(largest);
+        const float amax = largest_magnitude(row, padded);
         const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
         scales[r] = amax / (127.0f * 256.0f);
         __m512i total = _mm512_setzero_si512();  // 256 high + low, by lane
@@ -311,8 +317,7 @@ extern "C" void mh_int4_rank(const float* x, int64_t rows, int64_t in, const uin
     std::vector<float> x_scales(rows);
     for (int64_t r = 0; r < rows; ++r) {
         const float* row = x + r * in;
-        float amax = 0.0f;
-        for (int64_t i = 0; i < in; ++i) amax = std::max(amax, std::fabs(row[i]));
+        const float amax = largest_magnitude(row, in);
         x_scales[r] = amax > 0 ? amax / 127.0f : 1.0f;
         const float inverse = 1.0f / x_scales[r];
         int8_t* dealt = xs + r * row_bytes;
