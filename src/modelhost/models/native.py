@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("native_kernels.cpp")
 FLAGS = ["-O3", "-shared", "-fPIC", "-std=c++17", "-fopenmp"]
 PAD = 64  # the kernels read inputs in runs of 64
+GROUP = 32  # inputs sharing an int4 scale and min
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # mh_gated_activation's `act`
 
 
@@ -83,11 +84,10 @@ class Kernels:
         self.threads = os.cpu_count() or 1
 
     def int4_matmul(
-        self, x: torch.Tensor, nibbles: torch.Tensor, params: torch.Tensor
+        self, x: torch.Tensor, nibbles: torch.Tensor, params: torch.Tensor, out: int
     ) -> torch.Tensor:
-        """x [rows, in] fp32 times the int4 weight (`pack_int4`): [rows, out] fp32."""
-        x = _padded_rows(x, nibbles.shape[1] * 2)
-        out = nibbles.shape[0]
+        """x [rows, in] fp32 times the int4 weight of `out` outputs (`pack_int4`): [rows, out]."""
+        x = _padded_rows(x, nibbles.shape[1] * GROUP)
         y = torch.empty((x.shape[0], out), dtype=torch.float32)
         self._int4(
             x.data_ptr(), x.shape[0], nibbles.data_ptr(), params.data_ptr(), out, x.shape[1],
@@ -275,18 +275,22 @@ def pack_int4(
     q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q [out, in/32, 32] levels 0..15 with their (`int4_params`) scales and mins [out, in/32]
-    -> the kernel's operands, the input padded to a multiple of 64: nibbles [out, in/2] uint8
-    (byte j of each run of 64 inputs holds inputs j, low, and 32 + j, high) and params
-    [out, in/32, 2] fp16 (scale, min)."""
+    -> the kernel's operands, by blocks of 16 outputs and groups of 32 inputs (outputs and
+    inputs padded with zeros to multiples of 16 and 64): nibbles [blocks, groups, 256] uint8
+    (run j of 64 bytes: byte 4o + k holds output o's input 8j + k, low, and 8j + 4 + k, high)
+    and params [blocks, groups, 32] fp16 (the 16 outputs' scales, then their mins)."""
     out, groups = scales.shape
-    missing = padded_width(groups * 32) // 32 - groups
-    params = torch.stack((scales, mins), dim=-1).half()
-    if missing:
-        q = torch.cat((q, q.new_zeros((out, missing, 32))), dim=1)
-        params = torch.cat((params, params.new_zeros((out, missing, 2))), dim=1)
-    runs = q.reshape(out, -1, 2, 32).to(torch.uint8)
-    nibbles = (runs[:, :, 0] | (runs[:, :, 1] << 4)).reshape(out, -1).contiguous()
-    return nibbles, params.contiguous()
+    blocks = -(-out // 16)
+    padded_groups = padded_width(groups * GROUP) // GROUP
+    levels = q.new_zeros((blocks * 16, padded_groups, GROUP), dtype=torch.uint8)
+    levels[:out, :groups] = q
+    params = torch.zeros((blocks * 16, padded_groups, 2), dtype=torch.float16)
+    params[:out, :groups] = torch.stack((scales, mins), dim=-1).half()
+    # [block, output, group, run, nibble, k] -> [block, group, run, output, k, nibble]
+    runs = levels.view(blocks, 16, padded_groups, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
+    nibbles = (runs[..., 0] | (runs[..., 1] << 4)).reshape(blocks, padded_groups, 256)
+    params = params.view(blocks, 16, padded_groups, 2).permute(0, 2, 3, 1)
+    return nibbles.contiguous(), params.reshape(blocks, padded_groups, 32).contiguous()
 
 
 def pack_int8(q: torch.Tensor) -> torch.Tensor:

@@ -10,8 +10,10 @@
 // other rows and the thread count are: outputs do not depend on the batch.
 //
 // Layouts (packed by models/native.py, the input padded to a multiple of 64 with zeros):
-//   int4: nibbles [out, in/2]: byte j of the k-th 64 inputs holds input 64k+j (low nibble)
-//         and 64k+32+j (high); params [out, in/32, 2]: fp16 scale and min, w = q * scale + min.
+//   int4: by blocks of 16 outputs (the last padded with zeros) and groups of 32 inputs,
+//         nibbles [blocks, groups, 4, 64]: in run j, byte 4o + k holds output 16b + o's input
+//         32g + 8j + k (low nibble) and 32g + 8j + 4 + k (high); params [blocks, groups, 2, 16]:
+//         fp16 scales, then mins, of the block's 16 outputs: w = q * scale + min.
 //   int8: uint8 [out, in]: symmetric int8 levels + 128, one fp32 scale per output.
 
 #include <immintrin.h>
@@ -37,8 +39,8 @@ extern "C" int mh_cpu_supported() {
 
 namespace {
 
-constexpr int64_t kPair = 64;  // two groups: 32 bytes of int4 weights
-constexpr int kTile = 8;       // rows computed together per weight read
+constexpr int64_t kGroup = 32;  // inputs sharing an int4 scale and min
+constexpr int kTile = 8;        // rows computed together per weight read
 
 // The first count lanes (none for count <= 0, all 16 for count >= 16).
 inline __mmask16 tail_mask(int64_t count) {
@@ -73,32 +75,30 @@ inline float largest_magnitude(const float* x, int64_t n) {
 // perplexity and greedy agreement with fp32; these keep both (benchmarks/perplexity.py).
 // A product of 4 weights and 4 inputs is high's VNNI product times 256 plus low's.
 // Per row: high and low in the inputs' order; its scale (/ 256); 128 (256 sum(high) +
-// sum(low)), which int8 weights (stored + 128, unsigned) add; per 4 pairs of groups the 8
-// groups' exact fp32 sums over the scale, each in the odd lane after its group (where the
-// int4 mins fall).
+// sum(low)), which int8 weights (stored + 128, unsigned) add; each group's exact fp32 sum
+// over the scale, which the int4 mins multiply.
 struct RoundedRows {
-    int64_t pairs, quads, padded;
+    int64_t groups, padded;
     const int8_t* high;      // [rows, padded]
     const int8_t* low;       // [rows, padded]
     const float* scales;     // [rows]
     const int64_t* offsets;  // [rows]
-    const float* sums;       // [rows, quads, 16]
+    const float* sums;       // [rows, groups]
 };
 
 thread_local std::vector<uint8_t> rounded_buffer;
 
 RoundedRows round_rows(const float* x, int64_t rows, int64_t padded) {
-    const int64_t pairs = padded / kPair, quads = (pairs + 3) / 4;
-    const size_t per_row = 2 * padded + 64 * quads + 16;
+    const int64_t groups = padded / kGroup;
+    const size_t per_row = 2 * padded + 4 * groups + 16;
     std::vector<uint8_t>& buffer = rounded_buffer;
     if (buffer.size() < rows * per_row + 64) buffer.resize(rows * per_row + 64);
     uint8_t* base = buffer.data() + (64 - reinterpret_cast<uintptr_t>(buffer.data()) % 64) % 64;
     int8_t* high = reinterpret_cast<int8_t*>(base);
     int8_t* low = high + rows * padded;
     float* sums = reinterpret_cast<float*>(low + rows * padded);
-    int64_t* offsets = reinterpret_cast<int64_t*>(sums + rows * quads * 16);
+    int64_t* offsets = reinterpret_cast<int64_t*>(sums + rows * groups);
     float* scales = reinterpret_cast<float*>(offsets + rows);
-    std::memset(sums, 0, rows * quads * 64);
     const __m512i most = _mm512_set1_epi32(127), least = _mm512_set1_epi32(-127);
     for (int64_t r = 0; r < rows; ++r) {
         const float* row = x + r * padded;
@@ -121,64 +121,62 @@ RoundedRows round_rows(const float* x, int64_t rows, int64_t padded) {
             _mm_storeu_si128(reinterpret_cast<__m128i*>(low + r * padded + i),
                              _mm512_cvtepi32_epi8(l));
             total = _mm512_add_epi32(total, _mm512_add_epi32(_mm512_slli_epi32(h, 8), l));
-            const int64_t g = i / 32;
-            sums[(r * quads + g / 8) * 16 + g % 8 * 2 + 1] +=
-                _mm512_reduce_add_ps(v) * (inverse * 256.0f);
+            const float sum = _mm512_reduce_add_ps(v) * (inverse * 256.0f);
+            if (i % kGroup == 0)
+                sums[r * groups + i / kGroup] = sum;
+            else
+                sums[r * groups + i / kGroup] += sum;
         }
         offsets[r] = 128 * static_cast<int64_t>(_mm512_reduce_add_epi32(total));
     }
-    return RoundedRows{pairs, quads, padded, high, low, scales, offsets, sums};
+    return RoundedRows{groups, padded, high, low, scales, offsets, sums};
 }
 
-// R rows times one output's int4 weights per pass: each 32 bytes of nibbles are widened once
-// to 64 unsigned bytes (low nibbles, then high: inputs 64p .. 64p + 63 in order) for all rows.
-// Two accumulators per row (alternate pairs) halve the FMA chains of a single row.
+// R rows times a block of 16 outputs' int4 weights, the outputs in the lanes: each group's
+// 32 weights of the 16 outputs are widened once to 8 registers of unsigned bytes (4 inputs
+// of each output) for all rows, each row's 4 inputs broadcast against them. A group's int32
+// products take its 16 scales and 16 mins once per row, so 512 products cost 16 VNNI
+// instructions and 4 others (a layout with the inputs in the lanes needed 5 per 64).
 template <int R>
 void int4_tile(const RoundedRows& x, int64_t row0, const uint8_t* nibbles,
                const uint16_t* params, int64_t begin, int64_t end, int64_t out, float* y) {
-    const int64_t pairs = x.pairs;
+    const int64_t groups = x.groups;
     const __m512i low4 = _mm512_set1_epi8(0x0F);
-    const __m512i shifts = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
-    // From a quad's 16 parameters (scale, min per group), pair j's scales: 4j and 4j + 2.
-    const __m512i pick = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
-    for (int64_t o = begin; o < end; ++o) {
-        const uint8_t* w = nibbles + o * pairs * 32;
-        const uint16_t* param = params + o * pairs * 4;
-        __m512 first[R], second[R];
-        for (int r = 0; r < R; ++r) first[r] = second[r] = _mm512_setzero_ps();
-        for (int64_t k = 0; k < x.quads; ++k) {
-            const int64_t n = std::min<int64_t>(4, pairs - 4 * k);
-            const __m512 quad = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
-                static_cast<__mmask16>((1u << (4 * n)) - 1u), param + 16 * k));
-            for (int r = 0; r < R; ++r)  // each group's min times its inputs' sum
-                second[r] = _mm512_fmadd_ps(
-                    quad, _mm512_load_ps(x.sums + ((row0 + r) * x.quads + k) * 16), second[r]);
-            auto pair = [&](int64_t j, __m512* into) {
-                const int64_t p = 4 * k + j;
-                const __m512 scale = _mm512_permutexvar_ps(
-                    _mm512_add_epi32(pick, _mm512_set1_epi32(4 * j)), quad);
-                const __m512i wv = _mm512_and_si512(
-                    _mm512_srlv_epi64(_mm512_broadcast_i64x4(_mm256_loadu_si256(
-                                          reinterpret_cast<const __m256i*>(w + 32 * p))),
-                                      shifts),
-                    low4);
-                for (int r = 0; r < R; ++r) {
-                    const int64_t at = (row0 + r) * x.padded + 64 * p;
-                    const __m512i h = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv,
-                                                          _mm512_load_si512(x.high + at));
-                    const __m512i d = _mm512_dpbusd_epi32(_mm512_slli_epi32(h, 8), wv,
-                                                          _mm512_load_si512(x.low + at));
-                    into[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), scale, into[r]);
+    for (int64_t b = begin / 16; b < (end + 15) / 16; ++b) {
+        __m512 acc[R];
+        for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+        for (int64_t g = 0; g < groups; ++g) {
+            const uint8_t* run = nibbles + (b * groups + g) * 256;
+            __m512i w[8];
+            for (int j = 0; j < 4; ++j) {
+                const __m512i v = _mm512_load_si512(run + 64 * j);
+                w[2 * j] = _mm512_and_si512(v, low4);
+                w[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+            }
+            const uint16_t* p = params + (b * groups + g) * 32;
+            const __m512 scale =
+                _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p)));
+            const __m512 min =
+                _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p + 16)));
+            for (int r = 0; r < R; ++r) {
+                const int64_t at = (row0 + r) * x.padded + kGroup * g;
+                const int32_t* high = reinterpret_cast<const int32_t*>(x.high + at);
+                const int32_t* low = reinterpret_cast<const int32_t*>(x.low + at);
+                __m512i h = _mm512_setzero_si512(), l = _mm512_setzero_si512();
+                for (int q = 0; q < 8; ++q) {
+                    h = _mm512_dpbusd_epi32(h, w[q], _mm512_set1_epi32(high[q]));
+                    l = _mm512_dpbusd_epi32(l, w[q], _mm512_set1_epi32(low[q]));
                 }
-            };
-            pair(0, first);
-            if (n > 1) pair(1, second);
-            if (n > 2) pair(2, first);
-            if (n > 3) pair(3, second);
+                const __m512i d = _mm512_add_epi32(_mm512_slli_epi32(h, 8), l);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), scale, acc[r]);
+                acc[r] = _mm512_fmadd_ps(
+                    min, _mm512_set1_ps(x.sums[(row0 + r) * groups + g]), acc[r]);
+            }
         }
+        const __mmask16 live = tail_mask(out - 16 * b);
         for (int r = 0; r < R; ++r)
-            y[(row0 + r) * out + o] =
-                x.scales[row0 + r] * _mm512_reduce_add_ps(_mm512_add_ps(first[r], second[r]));
+            _mm512_mask_storeu_ps(y + (row0 + r) * out + 16 * b, live,
+                                  _mm512_mul_ps(acc[r], _mm512_set1_ps(x.scales[row0 + r])));
     }
 }
 

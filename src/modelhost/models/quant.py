@@ -44,7 +44,7 @@ from torch import nn
 from modelhost.models import native
 
 MODES = ("none", "int8", "auto", "int4")
-GROUP = 32
+GROUP = native.GROUP
 _BF16 = torch.bfloat16
 
 
@@ -182,7 +182,7 @@ class Int4Linear(_QuantizedLinear):
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         if self.native is not None:
-            y = self.native.int4_matmul(x, self.nibbles, self.group_params)
+            y = self.native.int4_matmul(x, self.nibbles, self.group_params, self.out_features)
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(
                 x.to(_BF16), self.packed, GROUP, self.scales_zeros
