@@ -462,7 +462,8 @@ template <typename T>
 void attend(const float* queries, int64_t group, int64_t dim, const T* pool,
             int64_t slot_width, int64_t key_offset, int64_t value_shift, const int64_t* table,
             int64_t block_size, int64_t first, int64_t length, float scale, float* out) {
-    constexpr int64_t kAhead = 4;
+    constexpr int64_t kAhead = 16;
+    constexpr int64_t kLine = 64 / sizeof(T);  // elements a cache line
     thread_local std::vector<const T*> keys;
     if (static_cast<int64_t>(keys.size()) < length) keys.resize(length);
     for (int64_t i = 0, p = first; i < length;) {
@@ -476,7 +477,7 @@ void attend(const float* queries, int64_t group, int64_t dim, const T* pool,
     const int64_t chunks = dim / 16;  // head sizes are multiples of 16
     for (int64_t i = 0; i < length; ++i) {
         if (i + kAhead < length)
-            for (int64_t c = 0; c < chunks; ++c) _mm_prefetch(keys[i + kAhead] + 16 * c, _MM_HINT_T0);
+            for (int64_t e = 0; e < dim; e += kLine) _mm_prefetch(keys[i + kAhead] + e, _MM_HINT_T0);
         const T* key = keys[i];
         for (int64_t g = 0; g < group; ++g) {
             const float* q = queries + g * dim;
@@ -518,8 +519,8 @@ void attend(const float* queries, int64_t group, int64_t dim, const T* pool,
         }
         for (int64_t i = 0; i < length; ++i) {
             if (i + kAhead < length)
-                for (int64_t c = 0; c < chunks; ++c)
-                    _mm_prefetch(keys[i + kAhead] + value_shift + 16 * c, _MM_HINT_T0);
+                for (int64_t e = 0; e < dim; e += kLine)
+                    _mm_prefetch(keys[i + kAhead] + value_shift + e, _MM_HINT_T0);
             const T* value = keys[i] + value_shift;
 #pragma GCC unroll 16
             for (int64_t j = 0; j < kPass; ++j)
