@@ -129,23 +129,27 @@ def reference_attention(qkv, heads, kv_heads, norm, rope, keys, values, position
     return torch.stack(out)
 
 
+# Query heads per KV head: 3; 10 (a group of 8, then 2; 3 chunks of 16 in passes of 2);
+# 1 (all 4 chunks in one pass). Up to 40 keys: two blocks of 16 keys and a part block.
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(6, 2, 32), (10, 1, 48), (4, 4, 64)])
 @pytest.mark.parametrize("window", [0, 5])
 @pytest.mark.parametrize("qk_norm", [False, True])
 @pytest.mark.parametrize("cached", [torch.float32, torch.float16])
 def test_decode_attention_matches_the_unfused_computation_over_a_paged_pool(
-    window, qk_norm, cached
+    heads, kv_heads, dim, window, qk_norm, cached
 ):
     torch.manual_seed(0)
-    heads, kv_heads, dim, block_size = 6, 2, 32, 4
-    positions = torch.tensor([0, 9, 3])  # each row's new token
-    rows, blocks_per_row = len(positions), 3
+    block_size, length = 4, 40
+    positions = torch.tensor([0, 39, 3, 17])  # each row's new token
+    rows, blocks_per_row = len(positions), length // block_size
     pool = torch.zeros((1 + rows * blocks_per_row) * block_size, 2, kv_heads, dim, dtype=cached)
     # Row r owns blocks scattered through the pool (block 0 is the padding block).
     tables = torch.tensor([[1 + r + rows * j for j in range(blocks_per_row)] for r in range(rows)])
     # As the pool holds them (an fp16 pool rounds what it stores).
-    keys = torch.randn(rows, 12, kv_heads, dim).to(cached).float()
-    values = torch.randn(rows, 12, kv_heads, dim).to(cached).float()
-    slot = tables[:, torch.arange(12) // block_size] * block_size + torch.arange(12) % block_size
+    keys = torch.randn(rows, length, kv_heads, dim).to(cached).float()
+    values = torch.randn(rows, length, kv_heads, dim).to(cached).float()
+    at = torch.arange(length)
+    slot = tables[:, at // block_size] * block_size + at % block_size
     for r in range(rows):
         pool[slot[r], 0], pool[slot[r], 1] = keys[r].to(cached), values[r].to(cached)
     qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim)

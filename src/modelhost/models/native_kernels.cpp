@@ -443,7 +443,6 @@ inline void rotate(float* x, const float* cos, const float* sin, int64_t dim) {
 }
 
 thread_local std::vector<float> score_buffer;
-thread_local std::vector<float> inverse_buffer;
 
 // 16 cached keys' or values' elements as fp32: the pool holds fp32, or fp16 bits (uint16_t).
 inline __m512 load_cached(const float* p) { return _mm512_loadu_ps(p); }
@@ -451,47 +450,67 @@ inline __m512 load_cached(const uint16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-// Softmax attention of `group` query heads (queries [group, dim]) over one KV head's keys at
-// positions first .. first + length - 1 of a row's paged blocks (`table`); out [group, dim].
-// A key is `key_offset` elements into its slot, its value `value_shift` elements after it.
-// The keys' addresses are listed first (one division per block, not per key); scores come
-// from one pass over the keys for all the group's heads, and the weighted sum of values from
-// one pass over the values per 16 accumulators, with the softmax's sum divided out at the end.
-// The next keys and values are prefetched: a KV head's rows are a slot's width apart.
-template <typename T>
-void attend(const float* queries, int64_t group, int64_t dim, const T* pool,
-            int64_t slot_width, int64_t key_offset, int64_t value_shift, const int64_t* table,
-            int64_t block_size, int64_t first, int64_t length, float scale, float* out) {
+// Lane k: the sum of v[k]'s 16 lanes. 45 shuffles and adds for 16 sums, where a horizontal
+// sum each costs 8.
+inline __m512 sums_of_16(const __m512* v) {
+    __m512 pairs[8], quads[4], halves[2];
+    for (int j = 0; j < 8; ++j)  // per 128 bits: v[2j] 0+2, v[2j+1] 0+2, v[2j] 1+3, v[2j+1] 1+3
+        pairs[j] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * j], v[2 * j + 1]),
+                                 _mm512_unpackhi_ps(v[2 * j], v[2 * j + 1]));
+    for (int j = 0; j < 4; ++j)  // per 128 bits: v[4j .. 4j + 3]'s partial sums
+        quads[j] = _mm512_add_ps(_mm512_shuffle_ps(pairs[2 * j], pairs[2 * j + 1], 0x44),
+                                 _mm512_shuffle_ps(pairs[2 * j], pairs[2 * j + 1], 0xEE));
+    for (int j = 0; j < 2; ++j)
+        halves[j] = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2 * j], quads[2 * j + 1], 0x88),
+                                  _mm512_shuffle_f32x4(quads[2 * j], quads[2 * j + 1], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(halves[0], halves[1], 0x88),
+                         _mm512_shuffle_f32x4(halves[0], halves[1], 0xDD));
+}
+
+// Softmax attention of G query heads (queries [G, dim]) over one KV head's keys at positions
+// `keys` (length of them, listed by `attend`); out [G, dim]. A value is `value_shift`
+// elements after its key. Scores: each key converted once for the G heads, 16 keys' dot
+// products summed together (sums_of_16). Values: passes of 16 accumulators (G heads times
+// 16 / G chunks of 16 elements), each value chunk converted once for the G heads; the
+// softmax's sum divided out at the end. The next keys and values are prefetched (a KV
+// head's rows are a slot's width apart).
+template <int G, typename T>
+void attend_heads(const float* queries, int64_t dim, const T* const* keys, int64_t length,
+                  int64_t value_shift, float scale, float* out) {
     constexpr int64_t kAhead = 16;
     constexpr int64_t kLine = 64 / sizeof(T);  // elements a cache line
-    thread_local std::vector<const T*> keys;
-    if (static_cast<int64_t>(keys.size()) < length) keys.resize(length);
-    for (int64_t i = 0, p = first; i < length;) {
-        const int64_t offset = p % block_size;
-        const T* base = pool + (table[p / block_size] * block_size) * slot_width + key_offset;
-        for (int64_t o = offset; o < block_size && i < length; ++o, ++i, ++p)
-            keys[i] = base + o * slot_width;
-    }
-    std::vector<float>& scores = score_buffer;  // [group, length]
-    if (static_cast<int64_t>(scores.size()) < group * length) scores.resize(group * length);
-    const int64_t chunks = dim / 16;  // head sizes are multiples of 16
-    for (int64_t i = 0; i < length; ++i) {
-        if (i + kAhead < length)
-            for (int64_t e = 0; e < dim; e += kLine) _mm_prefetch(keys[i + kAhead] + e, _MM_HINT_T0);
-        const T* key = keys[i];
-        for (int64_t g = 0; g < group; ++g) {
-            const float* q = queries + g * dim;
-            __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(q), load_cached(key));
-            for (int64_t c = 1; c < chunks; ++c)
-                acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * c), load_cached(key + 16 * c),
-                                      acc);
-            scores[g * length + i] = _mm512_reduce_add_ps(acc) * scale;
+    const int64_t chunks = dim / 16;           // head sizes are multiples of 16
+    std::vector<float>& scores = score_buffer;  // [G, length rounded up to 16]
+    const int64_t stride = (length + 15) / 16 * 16;
+    if (static_cast<int64_t>(scores.size()) < G * stride) scores.resize(G * stride);
+    for (int64_t i0 = 0; i0 < length; i0 += 16) {
+        __m512 dots[G][16];
+        for (int64_t k = 0; k < 16; ++k) {
+            const int64_t i = i0 + k;
+            if (i >= length) {
+                for (int g = 0; g < G; ++g) dots[g][k] = _mm512_setzero_ps();
+                continue;
+            }
+            if (i + kAhead < length)
+                for (int64_t e = 0; e < dim; e += kLine)
+                    _mm_prefetch(keys[i + kAhead] + e, _MM_HINT_T0);
+            __m512 acc[G];
+            for (int g = 0; g < G; ++g) acc[g] = _mm512_setzero_ps();
+            for (int64_t c = 0; c < chunks; ++c) {
+                const __m512 key = load_cached(keys[i] + 16 * c);
+                for (int g = 0; g < G; ++g)
+                    acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(queries + g * dim + 16 * c), key,
+                                             acc[g]);
+            }
+            for (int g = 0; g < G; ++g) dots[g][k] = acc[g];
         }
+        for (int g = 0; g < G; ++g)
+            _mm512_storeu_ps(scores.data() + g * stride + i0,
+                             _mm512_mul_ps(sums_of_16(dots[g]), _mm512_set1_ps(scale)));
     }
-    std::vector<float>& inverse = inverse_buffer;  // per query head: 1 / the softmax's sum
-    if (static_cast<int64_t>(inverse.size()) < group) inverse.resize(group);
-    for (int64_t g = 0; g < group; ++g) {
-        float* s = scores.data() + g * length;
+    float inverse[G];  // per query head: 1 / the softmax's sum
+    for (int g = 0; g < G; ++g) {
+        float* s = scores.data() + g * stride;
         const __m512 shift = _mm512_set1_ps(max_of(s, length));
         __m512 total = _mm512_setzero_ps();
         for (int64_t i = 0; i < length; i += 16) {
@@ -503,35 +522,62 @@ void attend(const float* queries, int64_t group, int64_t dim, const T* pool,
         }
         inverse[g] = 1.0f / _mm512_reduce_add_ps(total);
     }
-    // Accumulators j = g * chunks + c, 16 at a time: one pass over the values each.
-    constexpr int64_t kPass = 16;
-    const int64_t accumulators = group * chunks;
-    for (int64_t j0 = 0; j0 < accumulators; j0 += kPass) {
-        const int64_t n = std::min(kPass, accumulators - j0);
-        __m512 acc[kPass];
-        const float* weights[kPass];  // accumulator j's softmax weights and its 16 columns
-        int64_t column[kPass];
-        for (int64_t j = 0; j < kPass; ++j) {
-            acc[j] = _mm512_setzero_ps();
-            const int64_t k = std::min(j0 + j, accumulators - 1);
-            weights[j] = scores.data() + (k / chunks) * length;
-            column[j] = 16 * (k % chunks);
-        }
+    constexpr int64_t kChunks = 16 / G;  // value chunks a pass
+    for (int64_t c0 = 0; c0 < chunks; c0 += kChunks) {
+        const int64_t n = std::min(kChunks, chunks - c0);
+        __m512 acc[G][kChunks];
+        for (int g = 0; g < G; ++g)
+            for (int64_t c = 0; c < kChunks; ++c) acc[g][c] = _mm512_setzero_ps();
         for (int64_t i = 0; i < length; ++i) {
             if (i + kAhead < length)
                 for (int64_t e = 0; e < dim; e += kLine)
                     _mm_prefetch(keys[i + kAhead] + value_shift + e, _MM_HINT_T0);
-            const T* value = keys[i] + value_shift;
-#pragma GCC unroll 16
-            for (int64_t j = 0; j < kPass; ++j)
-                if (j < n)
-                    acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(weights[j][i]),
-                                             load_cached(value + column[j]), acc[j]);
+            const T* value = keys[i] + value_shift + 16 * c0;
+            __m512 weight[G];
+            for (int g = 0; g < G; ++g) weight[g] = _mm512_set1_ps(scores[g * stride + i]);
+            for (int64_t c = 0; c < kChunks; ++c) {
+                if (c >= n) break;
+                const __m512 v = load_cached(value + 16 * c);
+                for (int g = 0; g < G; ++g) acc[g][c] = _mm512_fmadd_ps(weight[g], v, acc[g][c]);
+            }
         }
-        for (int64_t j = 0; j < n; ++j) {
-            const int64_t g = (j0 + j) / chunks, c = (j0 + j) % chunks;
-            _mm512_storeu_ps(out + g * dim + 16 * c,
-                             _mm512_mul_ps(acc[j], _mm512_set1_ps(inverse[g])));
+        for (int g = 0; g < G; ++g)
+            for (int64_t c = 0; c < n; ++c)
+                _mm512_storeu_ps(out + g * dim + 16 * (c0 + c),
+                                 _mm512_mul_ps(acc[g][c], _mm512_set1_ps(inverse[g])));
+    }
+}
+
+// Softmax attention of `group` query heads (queries [group, dim]) over one KV head's keys at
+// positions first .. first + length - 1 of a row's paged blocks (`table`); out [group, dim].
+// A key is `key_offset` elements into its slot, its value `value_shift` elements after it.
+// The keys' addresses are listed once (one division per block, not per key), then up to 8
+// query heads at a time go through attend_heads.
+template <typename T>
+void attend(const float* queries, int64_t group, int64_t dim, const T* pool,
+            int64_t slot_width, int64_t key_offset, int64_t value_shift, const int64_t* table,
+            int64_t block_size, int64_t first, int64_t length, float scale, float* out) {
+    thread_local std::vector<const T*> keys;
+    if (static_cast<int64_t>(keys.size()) < length) keys.resize(length);
+    for (int64_t i = 0, p = first; i < length;) {
+        const int64_t offset = p % block_size;
+        const T* base = pool + (table[p / block_size] * block_size) * slot_width + key_offset;
+        for (int64_t o = offset; o < block_size && i < length; ++o, ++i, ++p)
+            keys[i] = base + o * slot_width;
+    }
+    for (int64_t g0 = 0; g0 < group; g0 += 8) {
+        const float* q = queries + g0 * dim;
+        float* o = out + g0 * dim;
+        const T* const* k = keys.data();
+        switch (std::min<int64_t>(8, group - g0)) {
+            case 1: attend_heads<1>(q, dim, k, length, value_shift, scale, o); break;
+            case 2: attend_heads<2>(q, dim, k, length, value_shift, scale, o); break;
+            case 3: attend_heads<3>(q, dim, k, length, value_shift, scale, o); break;
+            case 4: attend_heads<4>(q, dim, k, length, value_shift, scale, o); break;
+            case 5: attend_heads<5>(q, dim, k, length, value_shift, scale, o); break;
+            case 6: attend_heads<6>(q, dim, k, length, value_shift, scale, o); break;
+            case 7: attend_heads<7>(q, dim, k, length, value_shift, scale, o); break;
+            default: attend_heads<8>(q, dim, k, length, value_shift, scale, o); break;
         }
     }
 }
