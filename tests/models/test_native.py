@@ -53,12 +53,13 @@ def test_int4_matmul_is_the_dequantized_weight_times_the_rounded_activations(out
     assert relative_error(got, x @ dequantized.t()) < 1e-4  # 16 bits: near fp32's product
 
 
-def test_int8_matmul_is_the_dequantized_weight_times_the_rounded_activations():
+@pytest.mark.parametrize(("out", "width"), [(80, 96), (83, 640)])
+def test_int8_matmul_is_the_dequantized_weight_times_the_rounded_activations(out, width):
     torch.manual_seed(0)
-    weight = torch.randn(80, 96)
+    weight = torch.randn(out, width)
     scales = weight.abs().amax(dim=1) / 127
     q = torch.round(weight / scales[:, None]).to(torch.int8)
-    x = torch.randn(6, 96)
+    x = torch.randn(11, width)  # a tile of 8 rows, then 3
     dequantized = q.float() * scales[:, None]
     got = kernels.int8_matmul(x, native.pack_int8(q), scales)
     assert relative_error(got, rounded_activations(x) @ dequantized.t()) < 1e-5

@@ -151,7 +151,7 @@ def _linear(module: nn.Module | None) -> NativeLinear | None:
         bits, data, params = 8, module.qweight, module.scales
     else:
         return None
-    padded = data.shape[1] * (native.GROUP if bits == 4 else 1)
+    padded = native.padded_width(module.in_features)
     if module.in_features != padded:
         return None
     try:

@@ -99,7 +99,7 @@ class Kernels:
         self, x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor
     ) -> torch.Tensor:
         """x [rows, in] fp32 times the int8 weight (`pack_int8`) and its per-output scales."""
-        out, padded = weight.shape
+        out, padded = scales.shape[0], weight.shape[1] * 4
         x = _padded_rows(x, padded)
         y = torch.empty((x.shape[0], out), dtype=torch.float32)
         self._int8(
@@ -294,12 +294,16 @@ def pack_int4(
 
 
 def pack_int8(q: torch.Tensor) -> torch.Tensor:
-    """Symmetric int8 levels [out, in] (-127..127) -> the kernel's operand: q + 128 as uint8
-    (VNNI multiplies unsigned by signed bytes), padded with zero levels to a multiple of 64
-    inputs."""
-    missing = padded_width(q.shape[1]) - q.shape[1]
-    padded = torch.nn.functional.pad(q.to(torch.int16), (0, missing))
-    return (padded + 128).to(torch.uint8).contiguous()
+    """Symmetric int8 levels [out, in] (-127..127) -> the kernel's operand, by blocks of 16
+    outputs (padded with zero levels to multiples of 16 outputs and 64 inputs): [blocks,
+    in/4, 64] uint8, byte 4o + k of quad j holding output o's input 4j + k, + 128 (VNNI
+    multiplies unsigned by signed bytes)."""
+    out, width = q.shape
+    blocks, padded = -(-out // 16), padded_width(width)
+    levels = torch.zeros((blocks * 16, padded), dtype=torch.int16)
+    levels[:out, :width] = q
+    quads = (levels + 128).to(torch.uint8).view(blocks, 16, padded // 4, 4).transpose(1, 2)
+    return quads.reshape(blocks, padded // 4, 64).contiguous()
 
 
 @functools.cache

@@ -14,7 +14,8 @@
 //         nibbles [blocks, groups, 4, 64]: in run j, byte 4o + k holds output 16b + o's input
 //         32g + 8j + k (low nibble) and 32g + 8j + 4 + k (high); params [blocks, groups, 2, 16]:
 //         fp16 scales, then mins, of the block's 16 outputs: w = q * scale + min.
-//   int8: uint8 [out, in]: symmetric int8 levels + 128, one fp32 scale per output.
+//   int8: by blocks of 16 outputs, [blocks, in/4, 64] uint8: byte 4o + k of quad q holds
+//         output 16b + o's input 4q + k, a symmetric int8 level + 128; an fp32 scale per output.
 
 #include <immintrin.h>
 
@@ -74,15 +75,15 @@ inline float largest_magnitude(const float* x, int64_t n) {
 // One int8 alone (llama.cpp's Q8 activations, a scale per 32) cost the embedded models
 // perplexity and greedy agreement with fp32; these keep both (benchmarks/perplexity.py).
 // A product of 4 weights and 4 inputs is high's VNNI product times 256 plus low's.
-// Per row: high and low in the inputs' order; its scale (/ 256); 128 (256 sum(high) +
-// sum(low)), which int8 weights (stored + 128, unsigned) add; each group's exact fp32 sum
+// Per row: high and low in the inputs' order; its scale (/ 256); 128 sum(high) and
+// 128 sum(low), which int8 weights (stored + 128, unsigned) add; each group's exact fp32 sum
 // over the scale, which the int4 mins multiply.
 struct RoundedRows {
     int64_t groups, padded;
     const int8_t* high;      // [rows, padded]
     const int8_t* low;       // [rows, padded]
     const float* scales;     // [rows]
-    const int64_t* offsets;  // [rows]
+    const int32_t* offsets;  // [rows, 2]: 128 sum(high), 128 sum(low)
     const float* sums;       // [rows, groups]
 };
 
@@ -97,15 +98,15 @@ RoundedRows round_rows(const float* x, int64_t rows, int64_t padded) {
     int8_t* high = reinterpret_cast<int8_t*>(base);
     int8_t* low = high + rows * padded;
     float* sums = reinterpret_cast<float*>(low + rows * padded);
-    int64_t* offsets = reinterpret_cast<int64_t*>(sums + rows * groups);
-    float* scales = reinterpret_cast<float*>(offsets + rows);
+    int32_t* offsets = reinterpret_cast<int32_t*>(sums + rows * groups);
+    float* scales = reinterpret_cast<float*>(offsets + 2 * rows);
     const __m512i most = _mm512_set1_epi32(127), least = _mm512_set1_epi32(-127);
     for (int64_t r = 0; r < rows; ++r) {
         const float* row = x + r * padded;
         const float amax = largest_magnitude(row, padded);
         const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
         scales[r] = amax / (127.0f * 256.0f);
-        __m512i total = _mm512_setzero_si512();  // 256 high + low, by lane
+        __m512i high_total = _mm512_setzero_si512(), low_total = _mm512_setzero_si512();
         for (int64_t i = 0; i < padded; i += 16) {
             const __m512 v = _mm512_loadu_ps(row + i);
             const __m512 scaled = _mm512_mul_ps(v, _mm512_set1_ps(inverse));
@@ -120,14 +121,16 @@ RoundedRows round_rows(const float* x, int64_t rows, int64_t padded) {
                              _mm512_cvtepi32_epi8(h));
             _mm_storeu_si128(reinterpret_cast<__m128i*>(low + r * padded + i),
                              _mm512_cvtepi32_epi8(l));
-            total = _mm512_add_epi32(total, _mm512_add_epi32(_mm512_slli_epi32(h, 8), l));
+            high_total = _mm512_add_epi32(high_total, h);
+            low_total = _mm512_add_epi32(low_total, l);
             const float sum = _mm512_reduce_add_ps(v) * (inverse * 256.0f);
             if (i % kGroup == 0)
                 sums[r * groups + i / kGroup] = sum;
             else
                 sums[r * groups + i / kGroup] += sum;
         }
-        offsets[r] = 128 * static_cast<int64_t>(_mm512_reduce_add_epi32(total));
+        offsets[2 * r] = 128 * _mm512_reduce_add_epi32(high_total);
+        offsets[2 * r + 1] = 128 * _mm512_reduce_add_epi32(low_total);
     }
     return RoundedRows{groups, padded, high, low, scales, offsets, sums};
 }
@@ -180,28 +183,41 @@ void int4_tile(const RoundedRows& x, int64_t row0, const uint8_t* nibbles,
     }
 }
 
-// R rows times one output's int8 weights (stored + 128) per pass, in int32 throughout: the
-// weight's scale is per output and the row's per row, so both apply once, at the end, where
-// the row's offset takes the 128s back out. Exact while a lane's sum fits: inputs < 64k.
+// R rows times a block of 16 outputs' int8 weights (stored + 128), the outputs in the lanes,
+// in int32 throughout: a quad of 4 inputs of the 16 outputs is one register for all rows,
+// each row's 4 inputs broadcast against it. The weight's scale is per output and the row's
+// per row, so both apply once, at the end, where the row's offsets take the 128s back out.
+// Exact in int32 while a lane's sum fits: inputs < 64k.
 template <int R>
 void int8_tile(const RoundedRows& x, int64_t row0, const uint8_t* weights, const float* scales,
                int64_t begin, int64_t end, int64_t out, float* y) {
-    for (int64_t o = begin; o < end; ++o) {
-        const uint8_t* w = weights + o * x.padded;
+    const int64_t quads = x.padded / 4;
+    for (int64_t b = begin / 16; b < (end + 15) / 16; ++b) {
+        const uint8_t* w = weights + b * quads * 64;
         __m512i high[R], low[R];
         for (int r = 0; r < R; ++r) high[r] = low[r] = _mm512_setzero_si512();
-        for (int64_t i = 0; i < x.padded; i += 64) {
-            const __m512i wv = _mm512_loadu_si512(w + i);
+        for (int64_t q = 0; q < quads; ++q) {
+            const __m512i wv = _mm512_load_si512(w + 64 * q);
             for (int r = 0; r < R; ++r) {
-                const int64_t at = (row0 + r) * x.padded + i;
-                high[r] = _mm512_dpbusd_epi32(high[r], wv, _mm512_load_si512(x.high + at));
-                low[r] = _mm512_dpbusd_epi32(low[r], wv, _mm512_load_si512(x.low + at));
+                const int64_t at = (row0 + r) * x.padded + 4 * q;
+                high[r] = _mm512_dpbusd_epi32(
+                    high[r], wv, _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(x.high + at)));
+                low[r] = _mm512_dpbusd_epi32(
+                    low[r], wv, _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(x.low + at)));
             }
         }
+        const __mmask16 live = tail_mask(out - 16 * b);
+        const __m512 scale = _mm512_maskz_loadu_ps(live, scales + 16 * b);
         for (int r = 0; r < R; ++r) {
-            const int64_t total = 256 * static_cast<int64_t>(_mm512_reduce_add_epi32(high[r])) +
-                                  _mm512_reduce_add_epi32(low[r]) - x.offsets[row0 + r];
-            y[(row0 + r) * out + o] = scales[o] * x.scales[row0 + r] * static_cast<float>(total);
+            const int32_t* offset = x.offsets + 2 * (row0 + r);
+            const __m512 h = _mm512_cvtepi32_ps(
+                _mm512_sub_epi32(high[r], _mm512_set1_epi32(offset[0])));
+            const __m512 l = _mm512_cvtepi32_ps(
+                _mm512_sub_epi32(low[r], _mm512_set1_epi32(offset[1])));
+            const __m512 total = _mm512_fmadd_ps(h, _mm512_set1_ps(256.0f), l);
+            _mm512_mask_storeu_ps(
+                y + (row0 + r) * out + 16 * b, live,
+                _mm512_mul_ps(total, _mm512_mul_ps(scale, _mm512_set1_ps(x.scales[row0 + r]))));
         }
     }
 }
