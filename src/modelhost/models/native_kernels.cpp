@@ -69,6 +69,23 @@ inline float largest_magnitude(const float* x, int64_t n) {
     return _mm512_reduce_max_ps(top);
 }
 
+// Lane k: the sum of v[k]'s 16 lanes. 45 shuffles and adds for 16 sums, where a horizontal
+// sum each costs 8.
+inline __m512 sums_of_16(const __m512* v) {
+    __m512 pairs[8], quads[4], halves[2];
+    for (int j = 0; j < 8; ++j)  // per 128 bits: v[2j] 0+2, v[2j+1] 0+2, v[2j] 1+3, v[2j+1] 1+3
+        pairs[j] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * j], v[2 * j + 1]),
+                                 _mm512_unpackhi_ps(v[2 * j], v[2 * j + 1]));
+    for (int j = 0; j < 4; ++j)  // per 128 bits: v[4j .. 4j + 3]'s partial sums
+        quads[j] = _mm512_add_ps(_mm512_shuffle_ps(pairs[2 * j], pairs[2 * j + 1], 0x44),
+                                 _mm512_shuffle_ps(pairs[2 * j], pairs[2 * j + 1], 0xEE));
+    for (int j = 0; j < 2; ++j)
+        halves[j] = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2 * j], quads[2 * j + 1], 0x88),
+                                  _mm512_shuffle_f32x4(quads[2 * j], quads[2 * j + 1], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(halves[0], halves[1], 0x88),
+                         _mm512_shuffle_f32x4(halves[0], halves[1], 0xDD));
+}
+
 // Activations for the int4 and int8 kernels, rounded so that VNNI multiplies them exactly in
 // int32: each row has one scale (its largest magnitude / 127) and each input is
 // v = (high + low / 256) * scale with int8 high and low, 16 bits against the row's largest.
@@ -277,35 +294,47 @@ thread_local std::vector<uint8_t> ranking_input;
 
 // R rows of int8 inputs times int4 weights, 128 products per 64-byte load in two VNNI
 // instructions. Lane l of an accumulator only ever sees group l of the row (the layout
-// below), so each group's scale and min apply once, at the end.
+// below), so each group's scale and min apply once, at the end; 16 outputs' lanes are then
+// summed together (sums_of_16).
 template <int R>
 void int4_rank_tile(const int8_t* xs, int64_t row0, const float* x_scales, const float* x_sums,
                     const uint8_t* w, const uint16_t* w_params, int64_t begin, int64_t end,
                     int64_t loads, int64_t out, float* y) {
     const __m512i low = _mm512_set1_epi8(0x0F);
-    for (int64_t o = begin; o < end; ++o) {
-        const uint8_t* weights = w + o * loads * 64;
-        __m512i acc[R];
-        for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
-        for (int64_t j = 0; j < loads; ++j) {
-            const __m512i wv = _mm512_loadu_si512(weights + j * 64);
-            const __m512i lo = _mm512_and_si512(wv, low);
-            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(wv, 4), low);
-            for (int r = 0; r < R; ++r) {
-                const int8_t* in = xs + (row0 + r) * loads * 128 + j * 128;
-                acc[r] = _mm512_dpbusd_epi32(acc[r], lo, _mm512_load_si512(in));
-                acc[r] = _mm512_dpbusd_epi32(acc[r], hi, _mm512_load_si512(in + 64));
+    for (int64_t o0 = begin; o0 < end; o0 += 16) {
+        __m512 lanes[R][16];
+        for (int64_t i = 0; i < 16; ++i) {
+            const int64_t o = o0 + i;
+            if (o >= end) {
+                for (int r = 0; r < R; ++r) lanes[r][i] = _mm512_setzero_ps();
+                continue;
             }
+            const uint8_t* weights = w + o * loads * 64;
+            __m512i acc[R];
+            for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
+            for (int64_t j = 0; j < loads; ++j) {
+                const __m512i wv = _mm512_loadu_si512(weights + j * 64);
+                const __m512i lo = _mm512_and_si512(wv, low);
+                const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(wv, 4), low);
+                for (int r = 0; r < R; ++r) {
+                    const int8_t* in = xs + (row0 + r) * loads * 128 + j * 128;
+                    acc[r] = _mm512_dpbusd_epi32(acc[r], lo, _mm512_load_si512(in));
+                    acc[r] = _mm512_dpbusd_epi32(acc[r], hi, _mm512_load_si512(in + 64));
+                }
+            }
+            const __m256i* params = reinterpret_cast<const __m256i*>(w_params + o * 32);
+            const __m512 scales = _mm512_cvtph_ps(_mm256_loadu_si256(params));
+            const __m512 mins = _mm512_cvtph_ps(_mm256_loadu_si256(params + 1));
+            for (int r = 0; r < R; ++r)
+                lanes[r][i] = _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(acc[r]), scales,
+                    _mm512_mul_ps(mins, _mm512_load_ps(x_sums + (row0 + r) * 16)));
         }
-        const __m256i* params = reinterpret_cast<const __m256i*>(w_params + o * 32);
-        const __m512 scales = _mm512_cvtph_ps(_mm256_loadu_si256(params));
-        const __m512 mins = _mm512_cvtph_ps(_mm256_loadu_si256(params + 1));
-        for (int r = 0; r < R; ++r) {
-            const __m512 sums = _mm512_load_ps(x_sums + (row0 + r) * 16);
-            const __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), scales,
-                                             _mm512_mul_ps(mins, sums));
-            y[(row0 + r) * out + o] = x_scales[row0 + r] * _mm512_reduce_add_ps(t);
-        }
+        const __mmask16 live = tail_mask(end - o0);
+        for (int r = 0; r < R; ++r)
+            _mm512_mask_storeu_ps(
+                y + (row0 + r) * out + o0, live,
+                _mm512_mul_ps(sums_of_16(lanes[r]), _mm512_set1_ps(x_scales[row0 + r])));
     }
 }
 
@@ -464,23 +493,6 @@ thread_local std::vector<float> score_buffer;
 inline __m512 load_cached(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load_cached(const uint16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-
-// Lane k: the sum of v[k]'s 16 lanes. 45 shuffles and adds for 16 sums, where a horizontal
-// sum each costs 8.
-inline __m512 sums_of_16(const __m512* v) {
-    __m512 pairs[8], quads[4], halves[2];
-    for (int j = 0; j < 8; ++j)  // per 128 bits: v[2j] 0+2, v[2j+1] 0+2, v[2j] 1+3, v[2j+1] 1+3
-        pairs[j] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * j], v[2 * j + 1]),
-                                 _mm512_unpackhi_ps(v[2 * j], v[2 * j + 1]));
-    for (int j = 0; j < 4; ++j)  // per 128 bits: v[4j .. 4j + 3]'s partial sums
-        quads[j] = _mm512_add_ps(_mm512_shuffle_ps(pairs[2 * j], pairs[2 * j + 1], 0x44),
-                                 _mm512_shuffle_ps(pairs[2 * j], pairs[2 * j + 1], 0xEE));
-    for (int j = 0; j < 2; ++j)
-        halves[j] = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2 * j], quads[2 * j + 1], 0x88),
-                                  _mm512_shuffle_f32x4(quads[2 * j], quads[2 * j + 1], 0xDD));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(halves[0], halves[1], 0x88),
-                         _mm512_shuffle_f32x4(halves[0], halves[1], 0xDD));
 }
 
 // Softmax attention of G query heads (queries [G, dim]) over one KV head's keys at positions
