@@ -42,6 +42,9 @@ namespace {
 
 constexpr int64_t kGroup = 32;  // inputs sharing an int4 scale and min
 constexpr int kTile = 8;        // rows computed together per weight read
+// Weights are prefetched this many outputs, groups or quads' worth ahead: the hardware's
+// prefetchers alone left the kernels well short of memory's bandwidth.
+constexpr int64_t kAhead = 8;
 
 // The first count lanes (none for count <= 0, all 16 for count >= 16).
 inline __mmask16 tail_mask(int64_t count) {
@@ -167,6 +170,11 @@ void int4_tile(const RoundedRows& x, int64_t row0, const uint8_t* nibbles,
         for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
         for (int64_t g = 0; g < groups; ++g) {
             const uint8_t* run = nibbles + (b * groups + g) * 256;
+            for (int j = 0; j < 4; ++j)  // kAhead groups on (a prefetch never faults)
+                _mm_prefetch(reinterpret_cast<const char*>(run + kAhead * 256 + 64 * j),
+                             _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(params + (b * groups + g + kAhead) * 32),
+                         _MM_HINT_T0);
             __m512i w[8];
             for (int j = 0; j < 4; ++j) {
                 const __m512i v = _mm512_load_si512(run + 64 * j);
@@ -214,6 +222,7 @@ void int8_tile(const RoundedRows& x, int64_t row0, const uint8_t* weights, const
         __m512i high[R], low[R];
         for (int r = 0; r < R; ++r) high[r] = low[r] = _mm512_setzero_si512();
         for (int64_t q = 0; q < quads; ++q) {
+            _mm_prefetch(reinterpret_cast<const char*>(w + 64 * (q + 4 * kAhead)), _MM_HINT_T0);
             const __m512i wv = _mm512_load_si512(w + 64 * q);
             for (int r = 0; r < R; ++r) {
                 const int64_t at = (row0 + r) * x.padded + 4 * q;
@@ -310,6 +319,13 @@ void int4_rank_tile(const int8_t* xs, int64_t row0, const float* x_scales, const
                 continue;
             }
             const uint8_t* weights = w + o * loads * 64;
+            if (o + kAhead < end) {
+                for (int64_t j = 0; j < loads; ++j)
+                    _mm_prefetch(reinterpret_cast<const char*>(weights + (kAhead * loads + j) * 64),
+                                 _MM_HINT_T0);
+                _mm_prefetch(reinterpret_cast<const char*>(w_params + (o + kAhead) * 32),
+                             _MM_HINT_T0);
+            }
             __m512i acc[R];
             for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
             for (int64_t j = 0; j < loads; ++j) {
@@ -505,7 +521,7 @@ inline __m512 load_cached(const uint16_t* p) {
 template <int G, typename T>
 void attend_heads(const float* queries, int64_t dim, const T* const* keys, int64_t length,
                   int64_t value_shift, float scale, float* out) {
-    constexpr int64_t kAhead = 16;
+    constexpr int64_t kKeysAhead = 16;
     constexpr int64_t kLine = 64 / sizeof(T);  // elements a cache line
     const int64_t chunks = dim / 16;           // head sizes are multiples of 16
     std::vector<float>& scores = score_buffer;  // [G, length rounded up to 16]
@@ -519,9 +535,9 @@ void attend_heads(const float* queries, int64_t dim, const T* const* keys, int64
                 for (int g = 0; g < G; ++g) dots[g][k] = _mm512_setzero_ps();
                 continue;
             }
-            if (i + kAhead < length)
+            if (i + kKeysAhead < length)
                 for (int64_t e = 0; e < dim; e += kLine)
-                    _mm_prefetch(keys[i + kAhead] + e, _MM_HINT_T0);
+                    _mm_prefetch(keys[i + kKeysAhead] + e, _MM_HINT_T0);
             __m512 acc[G];
             for (int g = 0; g < G; ++g) acc[g] = _mm512_setzero_ps();
             for (int64_t c = 0; c < chunks; ++c) {
@@ -557,9 +573,9 @@ void attend_heads(const float* queries, int64_t dim, const T* const* keys, int64
         for (int g = 0; g < G; ++g)
             for (int64_t c = 0; c < kChunks; ++c) acc[g][c] = _mm512_setzero_ps();
         for (int64_t i = 0; i < length; ++i) {
-            if (i + kAhead < length)
+            if (i + kKeysAhead < length)
                 for (int64_t e = 0; e < dim; e += kLine)
-                    _mm_prefetch(keys[i + kAhead] + value_shift + e, _MM_HINT_T0);
+                    _mm_prefetch(keys[i + kKeysAhead] + value_shift + e, _MM_HINT_T0);
             const T* value = keys[i] + value_shift + 16 * c0;
             __m512 weight[G];
             for (int g = 0; g < G; ++g) weight[g] = _mm512_set1_ps(scores[g * stride + i]);
