@@ -110,16 +110,16 @@ class ModelRunner:
         sliding_mask = None
         if self.sliding_window is not None:
             sliding_mask = attn_mask & (distance < self.sliding_window)[:, None, None, :]
-        index = torch.arange(len(rows))
         device = self.model.device
+        index = torch.arange(len(rows), device=device)
         return ForwardBatch(
             input_ids=torch.tensor(
                 [row.seq.token_ids[row.start] for row in rows], dtype=torch.long, device=device
             ),
             positions=position_t.to(device),
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
-            query_index=index[:, None].to(device),
-            output_index=index.to(device),
+            query_index=index[:, None],
+            output_index=index,
             kv_blocks=torch.tensor(padded, dtype=torch.long, device=device),
             attn_mask=attn_mask.to(device),
             sliding_mask=None if sliding_mask is None else sliding_mask.to(device),
@@ -127,7 +127,7 @@ class ModelRunner:
                 [i for i, row in enumerate(rows) if row.samples], dtype=torch.long, device=device
             ),
             dense=True,
-            generated_index=index.to(device),
+            generated_index=index,
         )
 
     def _mixed_batch(self, rows: list[ScheduledRow]) -> ForwardBatch:

@@ -5,14 +5,14 @@ CPUs multiply without bf16 instructions. The native ones take fp32 activations a
 out: each row of activations is rounded to 16 bits (two int8 halves under one scale) and
 multiplied by the int4/int8 weights with AVX-512 VNNI integer dot products; each weight is
 read once for up to 8 rows, with the outputs split among all cores (one core alone cannot
-read memory at full speed). `decode_attention`, `rms_norm`
-and `gated_activation` replace a handful of small PyTorch ops each, and models/fused_decode.py
-runs a whole decode step through them. The library is built with the system's g++ into
+read memory at full speed). `decode_attention`, `rms_norm` and `gated_activation` replace a
+handful of small PyTorch ops each, and models/fused_decode.py runs a whole decode step
+through them. The library is built with the system's g++ into
 MODELHOST_HOME/cache/native/<hash of source and compiler>/ on first use (about three seconds)
 and loaded with ctypes, which releases the GIL for each call.
 
-Where there is no g++, the CPU lacks AVX-512 with VNNI, or `MODELHOST_NATIVE=0`, `kernels()` is None
-and the models run on PyTorch's ops and kernels instead.
+Where there is no g++, the CPU lacks AVX-512 with VNNI, or `MODELHOST_NATIVE=0`, `kernels()`
+is None and the models run on PyTorch's ops and kernels instead.
 """
 
 from __future__ import annotations

@@ -42,8 +42,9 @@ namespace {
 
 constexpr int64_t kGroup = 32;  // inputs sharing an int4 scale and min
 constexpr int kTile = 8;        // rows computed together per weight read
-// Weights are prefetched this many outputs, groups or quads' worth ahead: the hardware's
-// prefetchers alone left the kernels well short of memory's bandwidth.
+// Weights are prefetched ~2 KB ahead, kAhead int4 groups of a block (256 bytes each), 4 kAhead
+// int8 quads (64 bytes) or kAhead ranking outputs: the hardware's prefetchers alone left the
+// kernels well short of memory's bandwidth. A prefetch past the weights' end never faults.
 constexpr int64_t kAhead = 8;
 
 // The first count lanes (none for count <= 0, all 16 for count >= 16).
@@ -170,7 +171,7 @@ void int4_tile(const RoundedRows& x, int64_t row0, const uint8_t* nibbles,
         for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
         for (int64_t g = 0; g < groups; ++g) {
             const uint8_t* run = nibbles + (b * groups + g) * 256;
-            for (int j = 0; j < 4; ++j)  // kAhead groups on (a prefetch never faults)
+            for (int j = 0; j < 4; ++j)
                 _mm_prefetch(reinterpret_cast<const char*>(run + kAhead * 256 + 64 * j),
                              _MM_HINT_T0);
             _mm_prefetch(reinterpret_cast<const char*>(params + (b * groups + g + kAhead) * 32),
@@ -319,13 +320,10 @@ void int4_rank_tile(const int8_t* xs, int64_t row0, const float* x_scales, const
                 continue;
             }
             const uint8_t* weights = w + o * loads * 64;
-            if (o + kAhead < end) {
-                for (int64_t j = 0; j < loads; ++j)
-                    _mm_prefetch(reinterpret_cast<const char*>(weights + (kAhead * loads + j) * 64),
-                                 _MM_HINT_T0);
-                _mm_prefetch(reinterpret_cast<const char*>(w_params + (o + kAhead) * 32),
+            for (int64_t j = 0; j < loads; ++j)
+                _mm_prefetch(reinterpret_cast<const char*>(weights + (kAhead * loads + j) * 64),
                              _MM_HINT_T0);
-            }
+            _mm_prefetch(reinterpret_cast<const char*>(w_params + (o + kAhead) * 32), _MM_HINT_T0);
             __m512i acc[R];
             for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
             for (int64_t j = 0; j < loads; ++j) {
