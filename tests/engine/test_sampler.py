@@ -160,6 +160,19 @@ def test_sample_draws_low_probability_tokens_when_no_filter_is_set() -> None:
     assert set(_tokens(_peaked_logits(200), rows)) != {0}
 
 
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 5.0])
+def test_sample_draws_from_the_softmax_of_the_logits_over_the_temperature(
+    temperature: float,
+) -> None:
+    draws = 2000
+    rows = [_row(temperature=temperature, seed=seed) for seed in range(draws)]
+    expected = torch.softmax(_peaked_logits(1)[0] / temperature, dim=-1)[0].item()
+
+    share = _tokens(_peaked_logits(draws), rows).count(0) / draws
+
+    assert share == pytest.approx(expected, abs=0.03)
+
+
 def test_sample_drops_tokens_below_min_p_when_min_p_is_set() -> None:
     rows = [_row(temperature=1.0, min_p=0.1, seed=seed) for seed in range(200)]
 

@@ -78,7 +78,7 @@ class Kernels:
         self._refine.argtypes = [p, i64, i64, p, p, i64, p, i64, ctypes.c_int]
         self._refine.restype = None
         self._choose = library.mh_choose_tokens
-        self._choose.argtypes = [p, i64, i64, p, p, ctypes.c_int]
+        self._choose.argtypes = [p, i64, i64, p, p, p, ctypes.c_int]
         self._choose.restype = None
         # Threads per call: weights stream from memory, and one core alone cannot saturate it.
         self.threads = os.cpu_count() or 1
@@ -142,14 +142,21 @@ class Kernels:
             logits.data_ptr(), logits.shape[1], self.threads,
         )  # fmt: skip
 
-    def choose_tokens(self, logits: torch.Tensor, uniforms: torch.Tensor | None) -> torch.Tensor:
+    def choose_tokens(
+        self,
+        logits: torch.Tensor,
+        uniforms: torch.Tensor | None,
+        temperatures: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """One token id per row of contiguous fp32 logits [rows, n]: the argmax (uniforms None)
-        or an inverse-CDF draw from the row's softmax with its uniform in [0, 1) (fp32 [rows])."""
+        or an inverse-CDF draw from the row's softmax with its uniform in [0, 1) (fp32 [rows]),
+        of the logits over the row's temperature where `temperatures` (fp32 [rows]) is given."""
         rows, n = logits.shape
         chosen = torch.empty(rows, dtype=torch.int64)
         self._choose(
             logits.data_ptr(), rows, n, None if uniforms is None else uniforms.data_ptr(),
-            chosen.data_ptr(), self.threads,
+            None if temperatures is None else temperatures.data_ptr(), chosen.data_ptr(),
+            self.threads,
         )  # fmt: skip
         return chosen
 

@@ -571,7 +571,7 @@ void attend_heads(const float* queries, int64_t dim, const T* const* keys, int64
         for (int g = 0; g < G; ++g)
             for (int64_t c = 0; c < kChunks; ++c) acc[g][c] = _mm512_setzero_ps();
         for (int64_t i = 0; i < length; ++i) {
-            if (i + kKeysAhead < length)
+            if (c0 == 0 && i + kKeysAhead < length)  // later passes find the values cached
                 for (int64_t e = 0; e < dim; e += kLine)
                     _mm_prefetch(keys[i + kKeysAhead] + value_shift + e, _MM_HINT_T0);
             const T* value = keys[i] + value_shift + 16 * c0;
@@ -708,11 +708,14 @@ extern "C" void mh_refine(const float* x, int64_t rows, int64_t width, const flo
 }
 
 // Token choices for rows of n logits, one per row: with uniforms null, the first index of each
-// row's largest logit (torch.argmax); otherwise an inverse-CDF draw from softmax(row) with
+// row's largest logit (torch.argmax); otherwise an inverse-CDF draw from softmax(row / t) with
 // uniform u in [0, 1): the first index whose running probability mass exceeds u times the
-// total (-inf logits, the filtered ones, have none). Rows are independent tasks.
+// total (-inf logits, the filtered ones, have none). t is the row's temperature, or 1 where
+// temperatures is null; applied here, it saves the caller a pass over the logits.
+// Rows are independent tasks.
 extern "C" void mh_choose_tokens(const float* logits, int64_t rows, int64_t n,
-                                 const float* uniforms, int64_t* chosen, int threads) {
+                                 const float* uniforms, const float* temperatures,
+                                 int64_t* chosen, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1 && rows > 1)
     for (int64_t r = 0; r < rows; ++r) {
         const float* row = logits + r * n;
@@ -725,10 +728,13 @@ extern "C" void mh_choose_tokens(const float* logits, int64_t rows, int64_t n,
         }
         // Block b's 16 exponentials (none for -inf logits and lanes past the row).
         const __m512 shift = _mm512_set1_ps(best), floor = _mm512_set1_ps(-INFINITY);
+        const __m512 inverse =
+            _mm512_set1_ps(temperatures == nullptr ? 1.0f : 1.0f / temperatures[r]);
         auto exponentials = [&](int64_t b) {
             const __m512 x = _mm512_mask_loadu_ps(floor, tail_mask(n - 16 * b), row + 16 * b);
             const __mmask16 finite = _mm512_cmp_ps_mask(x, floor, _CMP_NEQ_OQ);
-            return _mm512_maskz_mov_ps(finite, exp16(_mm512_sub_ps(x, shift)));
+            return _mm512_maskz_mov_ps(finite,
+                                       exp16(_mm512_mul_ps(_mm512_sub_ps(x, shift), inverse)));
         };
         // Probability mass per block of 16, kept for the search below.
         const int64_t blocks = (n + 15) / 16;
