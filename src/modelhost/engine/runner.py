@@ -112,6 +112,7 @@ class ModelRunner:
             sliding_mask = attn_mask & (distance < self.sliding_window)[:, None, None, :]
         device = self.model.device
         index = torch.arange(len(rows), device=device)
+        tables = torch.tensor(padded, dtype=torch.long, device=device)
         return ForwardBatch(
             input_ids=torch.tensor(
                 [row.seq.token_ids[row.start] for row in rows], dtype=torch.long, device=device
@@ -120,7 +121,8 @@ class ModelRunner:
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
             query_index=index[:, None],
             output_index=index,
-            kv_blocks=torch.tensor(padded, dtype=torch.long, device=device),
+            kv_blocks=tables,
+            token_blocks=tables,
             attn_mask=attn_mask.to(device),
             sliding_mask=None if sliding_mask is None else sliding_mask.to(device),
             logits_index=torch.tensor(
@@ -181,6 +183,7 @@ class ModelRunner:
             query_index=query_index.to(device),
             output_index=output_index.to(device),
             kv_blocks=tables.to(device),
+            token_blocks=tables[row_of_token].to(device),
             attn_mask=attn_mask.to(device),
             sliding_mask=None if sliding_mask is None else sliding_mask.to(device),
             logits_index=torch.tensor(sample_last, dtype=torch.long, device=device),

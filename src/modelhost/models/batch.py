@@ -2,7 +2,8 @@
 
 Everything the forward pass needs is here as tensors; the model keeps no per-step state.
 Attention reads the paged KV cache through `kv_blocks`, one padded row of block ids per
-sequence: each layer gathers whole blocks (keys and values together, one copy) into a dense
+sequence. The native kernels read each token's row of it (`token_blocks`) in place; otherwise
+each layer gathers whole blocks (keys and values together, one copy) into a dense
 [rows, context, ...] tensor, so a step costs one gather and one SDPA call per layer whatever the
 mix of rows.
 """
@@ -22,6 +23,7 @@ class ForwardBatch:
     query_index: torch.Tensor  # [R, max_q] index into the T tokens for each row's queries (padded)
     output_index: torch.Tensor  # [T] position of each token in the flattened [R * max_q] grid
     kv_blocks: torch.Tensor  # [R, max_kv / block_size] KV blocks of each row (padded: zero block)
+    token_blocks: torch.Tensor  # [T, max_kv / block_size] each token's row of kv_blocks
     attn_mask: torch.Tensor  # [R, 1, max_q, max_kv] bool: causal and in-range
     sliding_mask: torch.Tensor | None  # same, also inside the sliding window (Gemma 3)
     logits_index: torch.Tensor  # [S] tokens whose next-token logits are wanted

@@ -175,8 +175,10 @@ class Kernels:
         window: int,
         scale: float,
     ) -> torch.Tensor:
-        """Attention for rows of one query each (see mh_decode_attention): [rows, heads * D].
-        qkv [rows, (heads + 2 kv_heads) D] fp32 contiguous is normed and rotated in place."""
+        """Attention for tokens of one query each, a decode step's rows or a prompt step's
+        tokens, each over its own row of `blocks` up to its position (see mh_decode_attention):
+        [tokens, heads * D]. qkv [tokens, (heads + 2 kv_heads) D] fp32 contiguous is normed and
+        rotated in place."""
         rows, width = qkv.shape
         out = torch.empty((rows, heads * width // (heads + 2 * kv_heads)), dtype=torch.float32)
         self._attention(

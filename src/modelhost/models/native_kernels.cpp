@@ -659,11 +659,13 @@ extern "C" void mh_store_keys(float* qkv, int64_t rows, int64_t heads, int64_t k
     }
 }
 
-// One decode step's attention for `rows` rows of one query each, over the paged KV pool
-// (models/batch.py): q/k norms (optional), rotary, the new key and value written at each
-// row's slot, then softmax attention of every query head over its row's visible keys
-// (all positions <= its own, within `window` of it when window > 0). qkv [rows, (H + 2 Hkv) D]
-// is modified in place; out is [rows, H D]. Rows and KV heads are independent tasks.
+// Attention for `rows` queries, each with its own position and table of blocks, over the paged
+// KV pool (models/batch.py): a decode step's rows, or a prompt step's tokens (a table per
+// token). q/k norms (optional), rotary, every new key and value written at its slot, then
+// softmax attention of every query head over its visible keys (all positions <= its own,
+// within `window` of it when window > 0), so a prompt's tokens see each other causally.
+// qkv [rows, (H + 2 Hkv) D] is modified in place; out is [rows, H D]. Rows and KV heads are
+// independent tasks.
 extern "C" void mh_decode_attention(float* qkv, int64_t rows, int64_t heads, int64_t kv_heads,
                                     int64_t dim, const float* qk_norm_weight, float eps,
                                     const float* cos, const float* sin, void* pool, int half,
