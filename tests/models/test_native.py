@@ -136,7 +136,7 @@ def reference_attention(qkv, heads, kv_heads, norm, rope, keys, values, position
 @pytest.mark.parametrize("window", [0, 5])
 @pytest.mark.parametrize("qk_norm", [False, True])
 @pytest.mark.parametrize("cached", [torch.float32, torch.float16])
-def test_decode_attention_matches_the_unfused_computation_over_a_paged_pool(
+def test_paged_attention_of_one_query_a_row_matches_the_unfused_computation(
     heads, kv_heads, dim, window, qk_norm, cached
 ):
     torch.manual_seed(0)
@@ -161,7 +161,7 @@ def test_decode_attention_matches_the_unfused_computation_over_a_paged_pool(
     )
     slots = slot[torch.arange(rows), positions]
     work = qkv.clone()  # normed and rotated in place
-    got = kernels.decode_attention(
+    got = kernels.paged_attention(
         work, heads, kv_heads, norm, (cos, sin), pool, slots, tables, block_size, positions,
         window, 0.2,
     )  # fmt: skip

@@ -153,7 +153,7 @@ class Attention(nn.Module):
             # Every token, a decode row's or a prompt's, attends over its own row's paged keys
             # up to its position, read in place: no gathered context, no mask, and (unlike SDPA
             # with a mask) no work above the causal diagonal.
-            out = kernels.decode_attention(
+            out = kernels.paged_attention(
                 qkv.contiguous(),
                 heads,
                 kv_heads,

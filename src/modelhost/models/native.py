@@ -5,7 +5,7 @@ CPUs multiply without bf16 instructions. The native ones take fp32 activations a
 out: each row of activations is rounded to 16 bits (two int8 halves under one scale) and
 multiplied by the int4/int8 weights with AVX-512 VNNI integer dot products; each weight is
 read once for up to 8 rows, with the outputs split among all cores (one core alone cannot
-read memory at full speed). `decode_attention`, `rms_norm` and `gated_activation` replace a
+read memory at full speed). `paged_attention`, `rms_norm` and `gated_activation` replace a
 handful of small PyTorch ops each, and models/fused_decode.py runs a whole decode step
 through them. The library is built with the system's g++ into
 MODELHOST_HOME/cache/native/<hash of source and compiler>/ on first use (about three seconds)
@@ -50,15 +50,11 @@ class Kernels:
         self._int8 = library.mh_int8_matmul
         self._int8.argtypes = [p, i64, p, p, i64, i64, p, ctypes.c_int]
         self._int8.restype = None
-        self._attention = library.mh_decode_attention
+        self._attention = library.mh_paged_attention
         self._attention.argtypes = [p, i64, i64, i64, i64, p, ctypes.c_float, p, p, p]
         self._attention.argtypes += [ctypes.c_int, p, p]
         self._attention.argtypes += [i64, i64, p, i64, ctypes.c_float, p, ctypes.c_int]
         self._attention.restype = None
-        self._store_keys = library.mh_store_keys
-        self._store_keys.argtypes = [p, i64, i64, i64, i64, p, ctypes.c_float, p, p, p]
-        self._store_keys.argtypes += [ctypes.c_int, p, ctypes.c_int]
-        self._store_keys.restype = None
         self._rms_norm = library.mh_rms_norm
         self._rms_norm.argtypes = [p, p, i64, i64, ctypes.c_float, p]
         self._rms_norm.restype = None
@@ -160,7 +156,7 @@ class Kernels:
         )  # fmt: skip
         return chosen
 
-    def decode_attention(
+    def paged_attention(
         self,
         qkv: torch.Tensor,
         heads: int,
@@ -176,7 +172,7 @@ class Kernels:
         scale: float,
     ) -> torch.Tensor:
         """Attention for tokens of one query each, a decode step's rows or a prompt step's
-        tokens, each over its own row of `blocks` up to its position (see mh_decode_attention):
+        tokens, each over its own row of `blocks` up to its position (see mh_paged_attention):
         [tokens, heads * D]. qkv [tokens, (heads + 2 kv_heads) D] fp32 contiguous is normed and
         rotated in place."""
         rows, width = qkv.shape
@@ -187,21 +183,6 @@ class Kernels:
             scale, out.data_ptr(), self.threads,
         )  # fmt: skip
         return out
-
-    def store_keys(
-        self,
-        qkv: torch.Tensor,
-        heads: int,
-        kv_heads: int,
-        qk_norm: tuple[torch.Tensor, float] | None,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        pool: torch.Tensor,
-        slots: torch.Tensor,
-    ) -> None:
-        """Norm and rotate the query and key heads of qkv [rows, (heads + 2 kv_heads) D] (fp32,
-        contiguous) in place and write each row's keys and values into its pool slot."""
-        arguments = _key_arguments(qkv, heads, kv_heads, qk_norm, rope, pool, slots)
-        self._store_keys(*arguments, self.threads)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """torch.rms_norm over the last dimension of a contiguous fp32 x, in one call."""
@@ -239,7 +220,8 @@ def _key_arguments(
     pool: torch.Tensor,
     slots: torch.Tensor,
 ) -> tuple[int | float | None, ...]:
-    """mh_store_keys' arguments, which mh_decode_attention's begin with."""
+    """mh_paged_attention's first arguments: the new tokens' qkv, heads, norms, rotary, pool
+    and slots."""
     rows, width = qkv.shape
     norm_weight, eps = qk_norm if qk_norm is not None else (None, 0.0)
     cos, sin = rope

@@ -624,17 +624,14 @@ void attend(const float* queries, int64_t group, int64_t dim, const T* pool,
     }
 }
 
-}  // namespace
-
 // Rows of qkv [rows, (heads + 2 kv_heads) dim] made ready for attention, in place: each query
 // and key head RMS-normed (qk_norm_weight [heads + kv_heads, dim], or null: none) and rotated
 // (cos, sin [rows, dim]: rotate-half with the signed sin), then each row's keys and values
 // copied into its pool slot: fp32, or rounded to fp16 where `half` (the pool then holds fp16
 // bits). Prompt steps (hundreds of rows) split the rows among threads.
-extern "C" void mh_store_keys(float* qkv, int64_t rows, int64_t heads, int64_t kv_heads,
-                              int64_t dim, const float* qk_norm_weight, float eps,
-                              const float* cos, const float* sin, void* pool, int half,
-                              const int64_t* slots, int threads) {
+void store_keys(float* qkv, int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim,
+                const float* qk_norm_weight, float eps, const float* cos, const float* sin,
+                void* pool, int half, const int64_t* slots, int threads) {
     const int64_t width = (heads + 2 * kv_heads) * dim;
     const int64_t slot_width = 2 * kv_heads * dim;  // a key and a value for every KV head
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && rows >= 64)
@@ -659,6 +656,8 @@ extern "C" void mh_store_keys(float* qkv, int64_t rows, int64_t heads, int64_t k
     }
 }
 
+}  // namespace
+
 // Attention for `rows` queries, each with its own position and table of blocks, over the paged
 // KV pool (models/batch.py): a decode step's rows, or a prompt step's tokens (a table per
 // token). q/k norms (optional), rotary, every new key and value written at its slot, then
@@ -666,14 +665,14 @@ extern "C" void mh_store_keys(float* qkv, int64_t rows, int64_t heads, int64_t k
 // within `window` of it when window > 0), so a prompt's tokens see each other causally.
 // qkv [rows, (H + 2 Hkv) D] is modified in place; out is [rows, H D]. Rows and KV heads are
 // independent tasks.
-extern "C" void mh_decode_attention(float* qkv, int64_t rows, int64_t heads, int64_t kv_heads,
+extern "C" void mh_paged_attention(float* qkv, int64_t rows, int64_t heads, int64_t kv_heads,
                                     int64_t dim, const float* qk_norm_weight, float eps,
                                     const float* cos, const float* sin, void* pool, int half,
                                     const int64_t* slots, const int64_t* blocks,
                                     int64_t blocks_per_row, int64_t block_size,
                                     const int64_t* positions, int64_t window, float scale,
                                     float* out, int threads) {
-    mh_store_keys(qkv, rows, heads, kv_heads, dim, qk_norm_weight, eps, cos, sin, pool, half,
+    store_keys(qkv, rows, heads, kv_heads, dim, qk_norm_weight, eps, cos, sin, pool, half,
                   slots, threads);
     const int64_t width = (heads + 2 * kv_heads) * dim;
     const int64_t slot_width = 2 * kv_heads * dim;
@@ -881,7 +880,7 @@ extern "C" void mh_decode_layers(float* hidden, const NativeLayer* layers, int64
         const bool local = l.window > 0;
         mh_rms_norm(hidden, l.input_norm, rows, width, l.eps, normed);
         linear(l.qkv, normed, rows, wide, step->threads);
-        mh_decode_attention(wide, rows, l.heads, l.kv_heads, l.dim, l.qk_norm, l.qk_eps,
+        mh_paged_attention(wide, rows, l.heads, l.kv_heads, l.dim, l.qk_norm, l.qk_eps,
                             local ? step->local_cos : step->cos,
                             local ? step->local_sin : step->sin, step->pools[i],
                             step->half_pools, step->slots, step->blocks, step->blocks_per_row,
