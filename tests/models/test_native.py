@@ -252,27 +252,18 @@ def test_choose_tokens_without_uniforms_is_torchs_argmax():
     assert torch.equal(kernels.choose_tokens(logits, None), logits.argmax(dim=-1))
 
 
-def test_choose_tokens_draws_in_proportion_to_the_softmax_and_never_a_filtered_token():
-    logits = torch.tensor([[0.0, 1.0, 2.0, float("-inf"), 0.5]])
-    draws = 20_000
-    uniforms = torch.rand(draws)
-    chosen = torch.cat([kernels.choose_tokens(logits, uniforms[i : i + 1]) for i in range(draws)])
-    frequency = torch.bincount(chosen, minlength=5).float() / draws
-    assert frequency[3] == 0
-    assert torch.allclose(frequency, torch.softmax(logits, dim=-1)[0], atol=0.015)
-
-
-@pytest.mark.parametrize("temperature", [0.5, 3.0])
-def test_choose_tokens_draws_from_the_softmax_of_the_logits_over_the_rows_temperature(
-    temperature: float,
+@pytest.mark.parametrize("temperature", [None, 0.5, 3.0])  # None: no temperatures given, 1
+def test_choose_tokens_draws_in_proportion_to_the_softmax_and_never_a_filtered_token(
+    temperature: float | None,
 ):
     logits = torch.tensor([[0.0, 1.0, 2.0, float("-inf"), 0.5]])
     draws = 20_000
     uniforms = torch.rand(draws)
-    temperatures = torch.tensor([temperature])
+    temperatures = None if temperature is None else torch.tensor([temperature])
     chosen = torch.cat(
         [kernels.choose_tokens(logits, uniforms[i : i + 1], temperatures) for i in range(draws)]
     )
     frequency = torch.bincount(chosen, minlength=5).float() / draws
     assert frequency[3] == 0
-    assert torch.allclose(frequency, torch.softmax(logits / temperature, dim=-1)[0], atol=0.015)
+    expected = torch.softmax(logits / (temperature or 1.0), dim=-1)[0]
+    assert torch.allclose(frequency, expected, atol=0.015)

@@ -176,9 +176,14 @@ class Kernels:
         [tokens, heads * D]. qkv [tokens, (heads + 2 kv_heads) D] fp32 contiguous is normed and
         rotated in place."""
         rows, width = qkv.shape
-        out = torch.empty((rows, heads * width // (heads + 2 * kv_heads)), dtype=torch.float32)
+        dim = width // (heads + 2 * kv_heads)
+        out = torch.empty((rows, heads * dim), dtype=torch.float32)
+        norm_weight, eps = qk_norm if qk_norm is not None else (None, 0.0)
+        cos, sin = rope
         self._attention(
-            *_key_arguments(qkv, heads, kv_heads, qk_norm, rope, pool, slots),
+            qkv.data_ptr(), rows, heads, kv_heads, dim,
+            None if norm_weight is None else norm_weight.data_ptr(), eps,
+            cos.data_ptr(), sin.data_ptr(), pool.data_ptr(), half_pool(pool), slots.data_ptr(),
             blocks.data_ptr(), blocks.shape[1], block_size, positions.data_ptr(), window,
             scale, out.data_ptr(), self.threads,
         )  # fmt: skip
@@ -209,27 +214,6 @@ class Kernels:
 def readable(x: torch.Tensor) -> bool:
     """Whether the kernels can read x as it is: contiguous fp32 on the CPU."""
     return x.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous()
-
-
-def _key_arguments(
-    qkv: torch.Tensor,
-    heads: int,
-    kv_heads: int,
-    qk_norm: tuple[torch.Tensor, float] | None,
-    rope: tuple[torch.Tensor, torch.Tensor],
-    pool: torch.Tensor,
-    slots: torch.Tensor,
-) -> tuple[int | float | None, ...]:
-    """mh_paged_attention's first arguments: the new tokens' qkv, heads, norms, rotary, pool
-    and slots."""
-    rows, width = qkv.shape
-    norm_weight, eps = qk_norm if qk_norm is not None else (None, 0.0)
-    cos, sin = rope
-    return (
-        qkv.data_ptr(), rows, heads, kv_heads, width // (heads + 2 * kv_heads),
-        None if norm_weight is None else norm_weight.data_ptr(), eps,
-        cos.data_ptr(), sin.data_ptr(), pool.data_ptr(), half_pool(pool), slots.data_ptr(),
-    )  # fmt: skip
 
 
 def cache_readable(pool: torch.Tensor) -> bool:

@@ -666,14 +666,14 @@ void store_keys(float* qkv, int64_t rows, int64_t heads, int64_t kv_heads, int64
 // qkv [rows, (H + 2 Hkv) D] is modified in place; out is [rows, H D]. Rows and KV heads are
 // independent tasks.
 extern "C" void mh_paged_attention(float* qkv, int64_t rows, int64_t heads, int64_t kv_heads,
-                                    int64_t dim, const float* qk_norm_weight, float eps,
-                                    const float* cos, const float* sin, void* pool, int half,
-                                    const int64_t* slots, const int64_t* blocks,
-                                    int64_t blocks_per_row, int64_t block_size,
-                                    const int64_t* positions, int64_t window, float scale,
-                                    float* out, int threads) {
-    store_keys(qkv, rows, heads, kv_heads, dim, qk_norm_weight, eps, cos, sin, pool, half,
-                  slots, threads);
+                                   int64_t dim, const float* qk_norm_weight, float eps,
+                                   const float* cos, const float* sin, void* pool, int half,
+                                   const int64_t* slots, const int64_t* blocks,
+                                   int64_t blocks_per_row, int64_t block_size,
+                                   const int64_t* positions, int64_t window, float scale,
+                                   float* out, int threads) {
+    store_keys(qkv, rows, heads, kv_heads, dim, qk_norm_weight, eps, cos, sin, pool, half, slots,
+               threads);
     const int64_t width = (heads + 2 * kv_heads) * dim;
     const int64_t slot_width = 2 * kv_heads * dim;
     const int64_t group = heads / kv_heads;  // query heads sharing one KV head
@@ -881,11 +881,11 @@ extern "C" void mh_decode_layers(float* hidden, const NativeLayer* layers, int64
         mh_rms_norm(hidden, l.input_norm, rows, width, l.eps, normed);
         linear(l.qkv, normed, rows, wide, step->threads);
         mh_paged_attention(wide, rows, l.heads, l.kv_heads, l.dim, l.qk_norm, l.qk_eps,
-                            local ? step->local_cos : step->cos,
-                            local ? step->local_sin : step->sin, step->pools[i],
-                            step->half_pools, step->slots, step->blocks, step->blocks_per_row,
-                            step->block_size, step->positions, l.window, l.scale, narrow,
-                            step->threads);
+                           local ? step->local_cos : step->cos,
+                           local ? step->local_sin : step->sin, step->pools[i],
+                           step->half_pools, step->slots, step->blocks, step->blocks_per_row,
+                           step->block_size, step->positions, l.window, l.scale, narrow,
+                           step->threads);
         linear(l.o, narrow, rows, normed, step->threads);
         if (l.attention_out_norm != nullptr)
             mh_rms_norm(normed, l.attention_out_norm, rows, width, l.eps, normed);
