@@ -216,8 +216,27 @@ def test_int4_ranking_of_a_row_does_not_depend_on_the_rows_beside_it():
         assert torch.equal(head(x[row : row + 1])[0], together[row])
 
 
-# Fewer blocks than k; SmolLM2's and Gemma 3's vocabularies with the ranking head's k.
-@pytest.mark.parametrize(("n", "k"), [(1000, 128), (49_152, 256), (262_144, 256)])
+@pytest.mark.parametrize("rows", [1, 11])  # one row; a tile of 8 and a tail of 3
+def test_int4_ranking_reports_the_largest_of_every_16_logits(rows):
+    torch.manual_seed(0)
+    head = quant.Int4RankingHead(torch.randn(1000, 128), kernels)  # 1000: a last run of 8
+    logits, maxima = head.rank(torch.randn(rows, 128))
+    expected = torch.nn.functional.pad(logits, (0, 8), value=float("-inf"))
+    assert torch.equal(maxima, expected.view(rows, -1, 16).amax(dim=-1))
+
+
+def test_top_candidates_from_the_rankings_maxima_are_those_found_without_them():
+    torch.manual_seed(0)
+    head = quant.Int4RankingHead(torch.randn(49_152, 64), kernels)
+    logits, maxima = head.rank(torch.randn(5, 64))
+    got = kernels.top_candidates(logits, 256, maxima).sort(dim=-1).values
+    assert torch.equal(got, kernels.top_candidates(logits, 256).sort(dim=-1).values)
+    assert torch.equal(got, logits.topk(256).indices.sort(dim=-1).values)
+
+
+# Fewer blocks than k; SmolLM2's and Gemma 3's vocabularies with the ranking head's k; a
+# vocabulary that ends in a partial run of 16 (and a partial block).
+@pytest.mark.parametrize(("n", "k"), [(1000, 128), (49_152, 256), (262_144, 256), (100_003, 256)])
 def test_top_candidates_are_the_indices_of_the_largest_scores(n, k):
     torch.manual_seed(0)
     scores = torch.randn(5, n)
@@ -238,11 +257,43 @@ def test_refine_writes_exact_dot_products_at_the_candidates_and_nothing_else():
     assert (logits == -7.0).sum() == 3 * (500 - 20)
 
 
+def test_top_candidates_are_found_when_they_crowd_into_a_few_blocks():
+    torch.manual_seed(0)
+    scores = torch.randn(2, 262_144)
+    scores[0, 5000:5300] += 50  # the best 256 all lie in two blocks of 256
+    scores[1] = torch.linspace(-1, 1, 262_144)  # ascending: the best are the last 256
+    got = kernels.top_candidates(scores, 256)
+    for row in range(2):
+        assert sorted(got[row].tolist()) == sorted(scores[row].topk(256).indices.tolist())
+
+
 def test_top_candidates_are_distinct_even_when_scores_are_nan():
     scores = torch.tensor([[3.0, float("nan"), 2.0, float("nan"), 1.0]])
     got = kernels.top_candidates(scores, 4)[0].tolist()
     assert len(set(got)) == 4
     assert {0, 2, 4} <= set(got)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_choose_tokens_draws_over_a_large_vocabulary_where_the_exact_cdf_puts_the_uniform(
+    temperature: float,
+):
+    torch.manual_seed(0)
+    logits = torch.randn(3, 262_144) * 3
+    logits[1, 1000:200_000] = float("-inf")  # whole blocks filtered
+    logits[2, :] = float("-inf")
+    logits[2, 123_456] = 0.0  # one token left
+    cdf = torch.softmax(logits.double() / temperature, dim=-1).cumsum(dim=-1)
+    for _ in range(50):
+        uniforms = torch.rand(3)
+        chosen = kernels.choose_tokens(logits, uniforms, torch.full((3,), temperature))
+        assert chosen[2] == 123_456
+        for row in range(2):
+            token = chosen[row].item()
+            assert logits[row, token] > float("-inf")
+            below = cdf[row, token - 1].item() if token > 0 else 0.0
+            # fp32 sums of 262,144 terms: the chosen token's CDF interval holds u up to rounding
+            assert below - 1e-5 <= uniforms[row].item() <= cdf[row, token].item() + 1e-5
 
 
 def test_choose_tokens_without_uniforms_is_torchs_argmax():

@@ -65,10 +65,10 @@ class Kernels:
         self._layers.argtypes = [p, p, i64, p]
         self._layers.restype = None
         self._rank = library.mh_int4_rank
-        self._rank.argtypes = [p, i64, i64, p, p, i64, i64, p, ctypes.c_int]
+        self._rank.argtypes = [p, i64, i64, p, p, i64, i64, p, p, ctypes.c_int]
         self._rank.restype = None
         self._top = library.mh_top_candidates
-        self._top.argtypes = [p, i64, i64, i64, p, ctypes.c_int]
+        self._top.argtypes = [p, i64, i64, i64, p, p, ctypes.c_int]
         self._top.restype = None
         self._refine = library.mh_refine
         self._refine.argtypes = [p, i64, i64, p, p, i64, p, i64, ctypes.c_int]
@@ -106,25 +106,31 @@ class Kernels:
 
     def int4_rank(
         self, x: torch.Tensor, nibbles: torch.Tensor, params: torch.Tensor, group: int
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Approximate x [rows, in] @ weight.T for ranking (see mh_int4_rank): the weight's
         nibbles [out, bytes] in 16 groups of `group` inputs and their fp16 scales and mins
-        [out, 32]."""
+        [out, 32]. Also the largest of each 16 consecutive outputs, [rows, out / 16 rounded
+        up], for top_candidates."""
         x = x.float().contiguous()
         out = nibbles.shape[0]
         y = torch.empty((x.shape[0], out), dtype=torch.float32)
+        maxima = torch.empty((x.shape[0], -(-out // 16)), dtype=torch.float32)
         self._rank(
             x.data_ptr(), x.shape[0], x.shape[1], nibbles.data_ptr(), params.data_ptr(), out,
-            group, y.data_ptr(), self.threads,
+            group, y.data_ptr(), maxima.data_ptr(), self.threads,
         )  # fmt: skip
-        return y
+        return y, maxima
 
-    def top_candidates(self, scores: torch.Tensor, k: int) -> torch.Tensor:
+    def top_candidates(
+        self, scores: torch.Tensor, k: int, maxima: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The indices [rows, k] of each row's k largest scores (contiguous fp32 [rows, n],
-        k <= n), in no particular order: torch.topk(sorted=False)'s set, ties aside."""
+        k <= n), in no particular order: torch.topk(sorted=False)'s set, ties aside. `maxima`:
+        int4_rank's largest of each 16 scores, which spares a pass over them."""
         rows, n = scores.shape
         indices = torch.empty((rows, k), dtype=torch.int64)
-        self._top(scores.data_ptr(), rows, n, k, indices.data_ptr(), self.threads)
+        runs = None if maxima is None else maxima.data_ptr()
+        self._top(scores.data_ptr(), rows, n, k, runs, indices.data_ptr(), self.threads)
         return indices
 
     def refine(

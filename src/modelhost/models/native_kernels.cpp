@@ -309,7 +309,8 @@ thread_local std::vector<uint8_t> ranking_input;
 template <int R>
 void int4_rank_tile(const int8_t* xs, int64_t row0, const float* x_scales, const float* x_sums,
                     const uint8_t* w, const uint16_t* w_params, int64_t begin, int64_t end,
-                    int64_t loads, int64_t out, float* y) {
+                    int64_t loads, int64_t out, float* y, float* maxima) {
+    const int64_t sixteens = (out + 15) / 16;
     const __m512i low = _mm512_set1_epi8(0x0F);
     for (int64_t o0 = begin; o0 < end; o0 += 16) {
         __m512 lanes[R][16];
@@ -345,10 +346,12 @@ void int4_rank_tile(const int8_t* xs, int64_t row0, const float* x_scales, const
                     _mm512_mul_ps(mins, _mm512_load_ps(x_sums + (row0 + r) * 16)));
         }
         const __mmask16 live = tail_mask(end - o0);
-        for (int r = 0; r < R; ++r)
-            _mm512_mask_storeu_ps(
-                y + (row0 + r) * out + o0, live,
-                _mm512_mul_ps(sums_of_16(lanes[r]), _mm512_set1_ps(x_scales[row0 + r])));
+        for (int r = 0; r < R; ++r) {
+            const __m512 logits =
+                _mm512_mul_ps(sums_of_16(lanes[r]), _mm512_set1_ps(x_scales[row0 + r]));
+            _mm512_mask_storeu_ps(y + (row0 + r) * out + o0, live, logits);
+            maxima[(row0 + r) * sixteens + o0 / 16] = _mm512_mask_reduce_max_ps(live, logits);
+        }
     }
 }
 
@@ -360,9 +363,11 @@ void int4_rank_tile(const int8_t* xs, int64_t row0, const float* x_scales, const
 // x is rounded to int8 with one scale per row. A group's inputs are padded to `loads` * 8 and
 // dealt to one lane: byte 4l + k of the j-th 64-byte load holds group l's input 8j + k (low
 // nibble) and 8j + 4 + k (high). The mins multiply each row's sum of inputs per group.
+// maxima [rows, out / 16 rounded up]: the largest of each 16 consecutive outputs, for
+// mh_top_candidates (which would otherwise read the whole row again to find them).
 extern "C" void mh_int4_rank(const float* x, int64_t rows, int64_t in, const uint8_t* w,
                              const uint16_t* w_params, int64_t out, int64_t group, float* y,
-                             int threads) {
+                             float* maxima, int threads) {
     const int64_t loads = (group + 7) / 8;
     const int64_t row_bytes = loads * 128;
     std::vector<uint8_t>& buffer = ranking_input;
@@ -391,43 +396,67 @@ extern "C" void mh_int4_rank(const float* x, int64_t rows, int64_t in, const uin
     }
     by_tiles(rows, out, threads, [&](int64_t row0, auto r, int64_t begin, int64_t end) {
         int4_rank_tile<decltype(r)::value>(xs, row0, x_scales.data(), x_sums, w, w_params,
-                                           begin, end, loads, out, y);
+                                           begin, end, loads, out, y, maxima);
     });
 }
 
+namespace {
+
+thread_local std::vector<float> run_maxima;
+
+}  // namespace
+
 // The indices of the k largest of each row's n scores, in no particular order (torch.topk's
-// set, ties aside): the k-th largest of the row's block maxima bounds the answer from below,
-// so one vectorised pass collects the few values at or above it and a selection over those
-// finishes. About 5x faster than torch.topk on a 262,144-token vocabulary.
+// set, ties aside). The k-th largest of the row's block maxima bounds the answer from below;
+// only the runs of 16 scores that reach it (at most k of them with a value at or above it, a
+// few more on ties) are read to collect those values, and a selection over them finishes.
+// maxima [rows, n / 16 rounded up], the largest of each 16 consecutive scores, come from
+// mh_int4_rank; null: computed here, in one pass over the scores. About 5x faster than
+// torch.topk on a 262,144-token vocabulary without maxima, another ~4x with them.
 extern "C" void mh_top_candidates(const float* scores, int64_t rows, int64_t n, int64_t k,
-                                  int64_t* indices, int threads) {
-    // Blocks of up to 256 scores, and at least 2k of them where n allows (SmolLM2's 49,152
-    // tokens and k = 256: blocks of 64), so the bound leaves few values to select among.
-    int64_t block = 256;
-    while (block > 16 && (n + block - 1) / block < 2 * k) block /= 2;
+                                  const float* maxima, int64_t* indices, int threads) {
+    const int64_t sixteens = (n + 15) / 16;
+    // Blocks of up to 16 runs, and at least 2k of them where n allows (SmolLM2's 49,152
+    // tokens and k = 256: blocks of 4 runs), so the bound leaves few values to select among.
+    int64_t block = 16;
+    while (block > 1 && (sixteens + block - 1) / block < 2 * k) block /= 2;
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1 && rows > 1)
     for (int64_t r = 0; r < rows; ++r) {
         const float* row = scores + r * n;
+        const float* runs = maxima + r * sixteens;
+        if (maxima == nullptr) {
+            if (static_cast<int64_t>(run_maxima.size()) < sixteens) run_maxima.resize(sixteens);
+            for (int64_t g = 0; g < sixteens; ++g)
+                run_maxima[g] = max_of(row + 16 * g, std::min<int64_t>(16, n - 16 * g));
+            runs = run_maxima.data();
+        }
         int64_t* picked = indices + r * k;
-        const int64_t blocks = (n + block - 1) / block;
+        const int64_t blocks = (sixteens + block - 1) / block;
         float bound = -INFINITY;
         if (blocks > k) {
-            std::vector<float> maxima(blocks);
+            std::vector<float> tops(blocks);
             for (int64_t b = 0; b < blocks; ++b)
-                maxima[b] = max_of(row + b * block, std::min(block, n - b * block));
-            std::nth_element(maxima.begin(), maxima.begin() + (k - 1), maxima.end(),
+                tops[b] = max_of(runs + b * block, std::min(block, sixteens - b * block));
+            std::nth_element(tops.begin(), tops.begin() + (k - 1), tops.end(),
                              std::greater<float>());
-            bound = maxima[k - 1];
+            bound = tops[k - 1];
         }
         std::vector<std::pair<float, int64_t>> found;
         const __m512 limit = _mm512_set1_ps(bound);
-        for (int64_t i = 0; i < n; i += 16) {
-            const __mmask16 live = tail_mask(n - i);
-            __mmask16 hits = _mm512_mask_cmp_ps_mask(live, _mm512_maskz_loadu_ps(live, row + i),
-                                                     limit, _CMP_GE_OQ);
-            for (; hits; hits &= hits - 1) {
-                const int64_t j = i + __builtin_ctz(hits);
-                found.emplace_back(row[j], j);
+        for (int64_t g0 = 0; g0 < sixteens; g0 += 16) {
+            // The runs that may reach the bound (not below it: a NaN maximum is read too).
+            const __mmask16 live_runs = tail_mask(sixteens - g0);
+            __mmask16 reaching = _mm512_mask_cmp_ps_mask(
+                live_runs, _mm512_maskz_loadu_ps(live_runs, runs + g0), limit, _CMP_NLT_UQ);
+            for (; reaching; reaching &= reaching - 1) {
+                const int64_t i = 16 * (g0 + __builtin_ctz(reaching));
+                const __mmask16 live = tail_mask(n - i);
+                __mmask16 hits = _mm512_mask_cmp_ps_mask(
+                    live, _mm512_maskz_loadu_ps(live, row + i), limit, _CMP_GE_OQ);
+                for (; hits; hits &= hits - 1) {
+                    const int64_t j = i + __builtin_ctz(hits);
+                    found.emplace_back(row[j], j);
+                }
             }
         }
         if (static_cast<int64_t>(found.size()) < k) {  // NaN scores never compare: pad (k <= n)
@@ -708,6 +737,85 @@ extern "C" void mh_refine(const float* x, int64_t rows, int64_t width, const flo
     }
 }
 
+namespace {
+
+constexpr int64_t kDrawBlock = 256;  // logits a draw's block: its mass summed in one pass
+
+thread_local std::vector<float> block_mass, block_top;
+
+// An inverse-CDF draw from softmax(row / t) (inverse = 1 / t) with uniform u; see
+// mh_choose_tokens. One pass over the row: each block of kDrawBlock logits is read into L1
+// for its largest value, then summed as exponentials against it; the blocks' masses are
+// rescaled to the row's largest afterwards, a vector pass over n / kDrawBlock values. Only
+// the block the draw falls in is read again. Returns -1 when every logit is -inf.
+int64_t draw(const float* row, int64_t n, float u, float inverse) {
+    const int64_t blocks = (n + kDrawBlock - 1) / kDrawBlock;
+    const int64_t padded = (blocks + 15) / 16 * 16;
+    if (static_cast<int64_t>(block_mass.size()) < padded) {
+        block_mass.resize(padded);
+        block_top.resize(padded);
+    }
+    float* mass = block_mass.data();
+    float* top = block_top.data();
+    const __m512 none = _mm512_set1_ps(-INFINITY), scale = _mm512_set1_ps(inverse);
+    // 16 exponentials against `shift` (none for -inf logits and lanes past the row).
+    auto exponentials = [&](const float* x, int64_t count, __m512 shift) {
+        const __m512 v = _mm512_mask_loadu_ps(none, tail_mask(count), x);
+        const __mmask16 finite = _mm512_cmp_ps_mask(v, none, _CMP_NEQ_OQ);
+        return _mm512_maskz_mov_ps(finite, exp16(_mm512_mul_ps(_mm512_sub_ps(v, shift), scale)));
+    };
+    float best = -INFINITY;
+    for (int64_t b = 0; b < blocks; ++b) {
+        const float* x = row + b * kDrawBlock;
+        const int64_t count = std::min(kDrawBlock, n - b * kDrawBlock);
+        top[b] = max_of(x, count);
+        best = std::max(best, top[b]);
+        __m512 sum = _mm512_setzero_ps();
+        if (top[b] != -INFINITY) {
+            const __m512 shift = _mm512_set1_ps(top[b]);
+            for (int64_t i = 0; i < count; i += 16)
+                sum = _mm512_add_ps(sum, exponentials(x + i, count - i, shift));
+        }
+        mass[b] = _mm512_reduce_add_ps(sum);
+    }
+    if (best == -INFINITY) return -1;
+    for (int64_t b = blocks; b < padded; ++b) mass[b] = 0.0f, top[b] = -INFINITY;
+    const __m512 shift = _mm512_set1_ps(best);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t b = 0; b < padded; b += 16) {  // each block's mass against the row's best
+        const __m512 rescaled =
+            _mm512_mul_ps(_mm512_loadu_ps(mass + b),
+                          exp16(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(top + b), shift),
+                                              scale)));
+        _mm512_storeu_ps(mass + b, rescaled);
+        sum = _mm512_add_ps(sum, rescaled);
+    }
+    const float total = _mm512_reduce_add_ps(sum);
+    const float target = std::min(u * total, std::nextafter(total, 0.0f));
+    float running = 0.0f;
+    int64_t b = 0;
+    while (b < blocks - 1 && running + mass[b] <= target) running += mass[b++];
+    // Within the block, the exponentials one by one against the row's best; summed in another
+    // order they may round short of the target, and then the block's last token with mass is
+    // chosen.
+    const float* x = row + b * kDrawBlock;
+    const int64_t count = std::min(kDrawBlock, n - b * kDrawBlock);
+    int64_t at = -1;
+    alignas(64) float e[16];
+    for (int64_t i = 0; i < count; i += 16) {
+        _mm512_store_ps(e, exponentials(x + i, count - i, shift));
+        for (int64_t k = 0; k < 16 && i + k < count; ++k) {
+            if (e[k] == 0.0f) continue;
+            at = b * kDrawBlock + i + k;
+            running += e[k];
+            if (running > target) return at;
+        }
+    }
+    return at < 0 ? b * kDrawBlock : at;
+}
+
+}  // namespace
+
 // Token choices for rows of n logits, one per row: with uniforms null, the first index of each
 // row's largest logit (torch.argmax); otherwise an inverse-CDF draw from softmax(row / t) with
 // uniform u in [0, 1): the first index whose running probability mass exceeds u times the
@@ -720,47 +828,14 @@ extern "C" void mh_choose_tokens(const float* logits, int64_t rows, int64_t n,
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1 && rows > 1)
     for (int64_t r = 0; r < rows; ++r) {
         const float* row = logits + r * n;
-        const float best = max_of(row, n);
-        if (uniforms == nullptr || best == -INFINITY) {
-            int64_t at = 0;
-            while (at < n - 1 && !(row[at] == best)) ++at;
-            chosen[r] = at;
-            continue;
-        }
-        // Block b's 16 exponentials (none for -inf logits and lanes past the row).
-        const __m512 shift = _mm512_set1_ps(best), floor = _mm512_set1_ps(-INFINITY);
-        const __m512 inverse =
-            _mm512_set1_ps(temperatures == nullptr ? 1.0f : 1.0f / temperatures[r]);
-        auto exponentials = [&](int64_t b) {
-            const __m512 x = _mm512_mask_loadu_ps(floor, tail_mask(n - 16 * b), row + 16 * b);
-            const __mmask16 finite = _mm512_cmp_ps_mask(x, floor, _CMP_NEQ_OQ);
-            return _mm512_maskz_mov_ps(finite,
-                                       exp16(_mm512_mul_ps(_mm512_sub_ps(x, shift), inverse)));
-        };
-        // Probability mass per block of 16, kept for the search below.
-        const int64_t blocks = (n + 15) / 16;
-        std::vector<float> mass(blocks);
-        float total = 0.0f;
-        for (int64_t b = 0; b < blocks; ++b) {
-            mass[b] = _mm512_reduce_add_ps(exponentials(b));
-            total += mass[b];
-        }
-        const float target = std::min(uniforms[r] * total, std::nextafter(total, 0.0f));
-        float running = 0.0f;
-        int64_t b = 0;
-        while (b < blocks - 1 && running + mass[b] <= target) running += mass[b++];
-        // Within the block, the same exponentials one by one; summed in another order they
-        // may round short of the target, and then the block's last token with mass is chosen.
-        alignas(64) float e[16];
-        _mm512_store_ps(e, exponentials(b));
         int64_t at = -1;
-        for (int64_t i = 0; i < 16 && 16 * b + i < n; ++i) {
-            if (e[i] == 0.0f) continue;
-            at = 16 * b + i;
-            running += e[i];
-            if (running > target) break;
+        if (uniforms != nullptr)
+            at = draw(row, n, uniforms[r], temperatures == nullptr ? 1.0f : 1.0f / temperatures[r]);
+        if (at < 0) {  // greedy, or a row of -inf logits only: the first of its largest
+            const float best = max_of(row, n);
+            at = 0;
+            while (at < n - 1 && !(row[at] == best)) ++at;
         }
-        if (at < 0) at = 16 * b;  // a block of no mass: only when every logit is filtered
         chosen[r] = at;
     }
 }

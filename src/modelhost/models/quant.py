@@ -235,8 +235,13 @@ class Int4RankingHead(nn.Module):
         return nibbles.reshape(out, -1).contiguous(), torch.cat([scales, low], dim=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.reshape(-1, x.shape[-1])
-        return self.kernels.int4_rank(x, self.nibbles, self.params, self.group)
+        return self.rank(x)[0]
+
+    def rank(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The logits and the largest of each 16 of them (Kernels.int4_rank)."""
+        return self.kernels.int4_rank(
+            x.reshape(-1, x.shape[-1]), self.nibbles, self.params, self.group
+        )
 
 
 class RefinedHead(nn.Module):
@@ -255,12 +260,16 @@ class RefinedHead(nn.Module):
         self.top = top
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = self.approx(x).float()
+        maxima = None
+        if isinstance(self.approx, Int4RankingHead):
+            logits, maxima = self.approx.rank(x)
+        else:
+            logits = self.approx(x).float()
         if x.shape[0] == 0:
             return logits
         kernels = native.kernels()
         if kernels is not None and native.readable(logits):
-            index = kernels.top_candidates(logits, self.top)  # [S, top]
+            index = kernels.top_candidates(logits, self.top, maxima)  # [S, top]
             x = x.float().contiguous()
             if native.readable(self.weight):
                 kernels.refine(x, self.weight, index, logits)
