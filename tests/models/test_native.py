@@ -173,17 +173,19 @@ def test_paged_attention_of_one_query_a_row_matches_the_unfused_computation(
     assert torch.equal(pool[slots, 1].reshape(rows, -1), qkv[:, key_part.stop :].to(cached))
 
 
-def test_rms_norm_is_torchs():
+@pytest.mark.parametrize("rows", [3, 300])  # a decode step's rows; a prompt's, threaded
+def test_rms_norm_is_torchs(rows):
     torch.manual_seed(0)
-    x, weight = torch.randn(3, 72), torch.rand(72)  # 72: a partial vector at the end
+    x, weight = torch.randn(rows, 72), torch.rand(72)  # 72: a partial vector at the end
     expected = torch.rms_norm(x, (72,), weight, 1e-6)
     assert torch.allclose(kernels.rms_norm(x, weight, 1e-6), expected, atol=1e-6)
 
 
+@pytest.mark.parametrize("rows", [3, 300])
 @pytest.mark.parametrize("name", ["silu", "gelu_tanh"])
-def test_gated_activation_is_the_activated_gate_times_up(name):
+def test_gated_activation_is_the_activated_gate_times_up(name, rows):
     torch.manual_seed(0)
-    gate_up = torch.randn(3, 2 * 40) * 4
+    gate_up = torch.randn(rows, 2 * 40) * 4
     gate, up = gate_up.split(40, dim=-1)
     act = torch.nn.functional.silu if name == "silu" else layers.gelu_tanh
     got = kernels.gated_activation(gate_up, native.ACTIVATIONS[name])

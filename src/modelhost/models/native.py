@@ -56,10 +56,10 @@ class Kernels:
         self._attention.argtypes += [i64, i64, p, i64, ctypes.c_float, p, ctypes.c_int]
         self._attention.restype = None
         self._rms_norm = library.mh_rms_norm
-        self._rms_norm.argtypes = [p, p, i64, i64, ctypes.c_float, p]
+        self._rms_norm.argtypes = [p, p, i64, i64, ctypes.c_float, p, ctypes.c_int]
         self._rms_norm.restype = None
         self._gated = library.mh_gated_activation
-        self._gated.argtypes = [p, i64, i64, ctypes.c_int, p]
+        self._gated.argtypes = [p, i64, i64, ctypes.c_int, p, ctypes.c_int]
         self._gated.restype = None
         self._layers = library.mh_decode_layers
         self._layers.argtypes = [p, p, i64, p]
@@ -199,14 +199,18 @@ class Kernels:
         """torch.rms_norm over the last dimension of a contiguous fp32 x, in one call."""
         out = torch.empty_like(x)
         dim = x.shape[-1]
-        self._rms_norm(x.data_ptr(), weight.data_ptr(), x.numel() // dim, dim, eps, out.data_ptr())
+        rows = x.numel() // dim
+        self._rms_norm(
+            x.data_ptr(), weight.data_ptr(), rows, dim, eps, out.data_ptr(), self.threads
+        )  # fmt: skip
         return out
 
     def gated_activation(self, gate_up: torch.Tensor, act: int) -> torch.Tensor:
         """act(gate) * up for contiguous fp32 rows of (gate, up); act: one of `ACTIVATIONS`."""
         width = gate_up.shape[-1] // 2
         out = gate_up.new_empty((*gate_up.shape[:-1], width))
-        self._gated(gate_up.data_ptr(), gate_up.numel() // (2 * width), width, act, out.data_ptr())
+        rows = gate_up.numel() // (2 * width)
+        self._gated(gate_up.data_ptr(), rows, width, act, out.data_ptr(), self.threads)
         return out
 
     def decode_layers(

@@ -840,9 +840,15 @@ extern "C" void mh_choose_tokens(const float* logits, int64_t rows, int64_t n,
     }
 }
 
+// Prompt steps (hundreds of rows) split the rows of the row-wise kernels below among threads;
+// a decode step's few rows stay on the calling thread.
+constexpr int64_t kThreadedRows = 64;
+
 // out[r] = rms_norm(x[r]) * weight for rows of `dim` (torch.rms_norm).
 extern "C" void mh_rms_norm(const float* x, const float* weight, int64_t rows, int64_t dim,
-                            float eps, float* out) {
+                            float eps, float* out, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) \
+    if (threads > 1 && rows >= kThreadedRows)
     for (int64_t r = 0; r < rows; ++r) rms_norm(x + r * dim, weight, dim, eps, out + r * dim);
 }
 
@@ -850,8 +856,10 @@ extern "C" void mh_rms_norm(const float* x, const float* weight, int64_t rows, i
 // act 0 is SiLU, x / (1 + e^-x); act 1 is GELU's tanh form, x / (1 + e^(-2u)) with
 // u = sqrt(2 / pi) (x + 0.044715 x^3) (the same function: 0.5 (1 + tanh u) = 1 / (1 + e^-2u)).
 extern "C" void mh_gated_activation(const float* gate_up, int64_t rows, int64_t width, int act,
-                                    float* out) {
+                                    float* out, int threads) {
     const __m512 one = _mm512_set1_ps(1.0f);
+#pragma omp parallel for num_threads(threads) schedule(static) \
+    if (threads > 1 && rows >= kThreadedRows)
     for (int64_t r = 0; r < rows; ++r) {
         const float* gate = gate_up + r * 2 * width;
         const float* up = gate + width;
@@ -953,7 +961,7 @@ extern "C" void mh_decode_layers(float* hidden, const NativeLayer* layers, int64
     for (int64_t i = 0; i < num_layers; ++i) {
         const NativeLayer& l = layers[i];
         const bool local = l.window > 0;
-        mh_rms_norm(hidden, l.input_norm, rows, width, l.eps, normed);
+        mh_rms_norm(hidden, l.input_norm, rows, width, l.eps, normed, step->threads);
         linear(l.qkv, normed, rows, wide, step->threads);
         mh_paged_attention(wide, rows, l.heads, l.kv_heads, l.dim, l.qk_norm, l.qk_eps,
                            local ? step->local_cos : step->cos,
@@ -963,14 +971,14 @@ extern "C" void mh_decode_layers(float* hidden, const NativeLayer* layers, int64
                            step->threads);
         linear(l.o, narrow, rows, normed, step->threads);
         if (l.attention_out_norm != nullptr)
-            mh_rms_norm(normed, l.attention_out_norm, rows, width, l.eps, normed);
+            mh_rms_norm(normed, l.attention_out_norm, rows, width, l.eps, normed, step->threads);
         add_into(hidden, normed, rows * width);
-        mh_rms_norm(hidden, l.mlp_in_norm, rows, width, l.eps, normed);
+        mh_rms_norm(hidden, l.mlp_in_norm, rows, width, l.eps, normed, step->threads);
         linear(l.gate_up, normed, rows, wide, step->threads);
-        mh_gated_activation(wide, rows, l.gate_up.out / 2, l.act, narrow);
+        mh_gated_activation(wide, rows, l.gate_up.out / 2, l.act, narrow, step->threads);
         linear(l.down, narrow, rows, normed, step->threads);
         if (l.mlp_out_norm != nullptr)
-            mh_rms_norm(normed, l.mlp_out_norm, rows, width, l.eps, normed);
+            mh_rms_norm(normed, l.mlp_out_norm, rows, width, l.eps, normed, step->threads);
         add_into(hidden, normed, rows * width);
     }
 }
