@@ -39,20 +39,49 @@ class RMSNorm(nn.Module):
 
 
 class Rotary:
-    """NEOX-style rotary embedding (rotate halves), computed once per step per base."""
+    """NEOX-style rotary embedding (rotate halves), computed once per step per base.
+
+    The first TABLE_POSITIONS positions' values are kept in a table, grown as positions are
+    first seen: a decode step then takes its rows' values in one gather, where computing them
+    took ~10 small ops (~75 us a step, per base)."""
+
+    TABLE_POSITIONS = 4096
 
     def __init__(self, head_dim: int, theta: float, scaling_factor: float = 1.0) -> None:
         exponent = torch.arange(0, head_dim, 2, dtype=torch.float32, device="cpu") / head_dim
         self.inv_freq = 1.0 / (theta**exponent) / scaling_factor
+        self._table: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin [P, head_dim]
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        """cos and a signed sin, [T, 1, head_dim] each: see `apply_rotary_`."""
+    def _compute(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.to(torch.float32)[:, None] * self.inv_freq.to(positions.device)[None]
         cos = freqs.cos()
         sin = freqs.sin()
-        cos = torch.cat((cos, cos), dim=-1)[:, None, :]
-        sin = torch.cat((-sin, sin), dim=-1)[:, None, :]
-        return cos.to(dtype), sin.to(dtype)
+        return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """cos and a signed sin, [T, 1, head_dim] each: see `apply_rotary_`."""
+        if positions.numel() == 0:
+            cos, sin = self._compute(positions)
+        else:
+            table = self._table_for(positions)
+            if table is None:
+                cos, sin = self._compute(positions)
+            else:
+                cos, sin = (values.index_select(0, positions) for values in table)
+        return cos[:, None, :].to(dtype), sin[:, None, :].to(dtype)
+
+    def _table_for(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The table on positions' device, covering them (grown by doubling), or None past
+        TABLE_POSITIONS."""
+        needed = int(positions.max()) + 1
+        if needed > self.TABLE_POSITIONS:
+            return None
+        table = self._table
+        if table is None or table[0].shape[0] < needed or table[0].device != positions.device:
+            size = min(self.TABLE_POSITIONS, max(256, 1 << (needed - 1).bit_length()))
+            table = self._compute(torch.arange(size, device=positions.device))
+            self._table = table
+        return table
 
 
 def apply_rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
