@@ -408,8 +408,8 @@ thread_local std::vector<float> run_maxima;
 
 // The indices of the k largest of each row's n scores, in no particular order (torch.topk's
 // set, ties aside). The k-th largest of the row's block maxima bounds the answer from below;
-// only the runs of 16 scores that reach it (at most k of them with a value at or above it, a
-// few more on ties) are read to collect those values, and a selection over them finishes.
+// only the runs of 16 scores whose largest reaches it (those of at most k blocks, ties aside)
+// are read to collect the values at or above it, and a selection over those finishes.
 // maxima [rows, n / 16 rounded up], the largest of each 16 consecutive scores, come from
 // mh_int4_rank; null: computed here, in one pass over the scores. About 5x faster than
 // torch.topk on a 262,144-token vocabulary without maxima, another ~4x with them.
@@ -779,7 +779,10 @@ int64_t draw(const float* row, int64_t n, float u, float inverse) {
         mass[b] = _mm512_reduce_add_ps(sum);
     }
     if (best == -INFINITY) return -1;
-    for (int64_t b = blocks; b < padded; ++b) mass[b] = 0.0f, top[b] = -INFINITY;
+    for (int64_t b = blocks; b < padded; ++b) {  // the last vector's lanes past the row
+        mass[b] = 0.0f;
+        top[b] = -INFINITY;
+    }
     const __m512 shift = _mm512_set1_ps(best);
     __m512 sum = _mm512_setzero_ps();
     for (int64_t b = 0; b < padded; b += 16) {  // each block's mass against the row's best
