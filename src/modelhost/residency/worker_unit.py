@@ -20,6 +20,7 @@ from starlette.types import Receive, Scope, Send
 
 from modelhost.residency.supervisor import MAX_RESTARTS, WorkerFailed, WorkerProcess
 from modelhost.residency.worker import worker_config
+from modelhost.residency.worker_transport import worker_transport
 from modelhost.server.anthropic_wire import anthropic_error_json, event
 from modelhost.server.http import wait_for_disconnect
 from modelhost.server.openai_wire import openai_error_json, sse
@@ -139,7 +140,7 @@ class WorkerUnit:
             old, self._client = self._client, None
             if old is not None:
                 asyncio.get_running_loop().create_task(old.aclose())
-            transport = httpx.AsyncHTTPTransport(uds=socket_path)
+            transport = worker_transport(socket_path)
             timeout = httpx.Timeout(connect=10.0, read=None, write=60.0, pool=60.0)
             self._client = httpx.AsyncClient(
                 transport=transport, base_url="http://worker", timeout=timeout
