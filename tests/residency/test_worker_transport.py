@@ -49,6 +49,7 @@ async def test_a_streamed_body_arrives_chunk_by_chunk(tmp_path: Path):
         writer.write(b"0\r\n\r\n")
         await writer.drain()
         writer.close()
+        await writer.wait_closed()
 
     server = await serve(path, handler)
     async with server, client(path) as http, http.stream("POST", "/v1/x") as response:
@@ -66,6 +67,7 @@ async def test_a_worker_that_closes_mid_body_is_a_transport_error(tmp_path: Path
         writer.write(HEAD + chunk(b"data: 1\n\n"))
         await writer.drain()
         writer.close()  # no last chunk: the worker died mid-stream
+        await writer.wait_closed()
 
     server = await serve(path, handler)
     async with server, client(path) as http, http.stream("POST", "/v1/x") as response:
@@ -90,6 +92,7 @@ async def test_a_connection_the_worker_closed_while_idle_is_not_reused(tmp_path:
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
         await writer.drain()
         writer.close()  # keep-alive offered, then the worker's end closes (a restart)
+        await writer.wait_closed()
 
     server = await serve(path, handler)
     async with server, client(path) as http:
@@ -101,11 +104,15 @@ async def test_a_connection_the_worker_closed_while_idle_is_not_reused(tmp_path:
 
 async def test_a_read_past_its_timeout_is_a_read_timeout(tmp_path: Path):
     path = tmp_path / "w.sock"
+    answered = asyncio.Event()
+    closed = asyncio.Event()
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
-        await asyncio.sleep(5)  # never answers in time
+        await answered.wait()  # not in time
         writer.close()
+        await writer.wait_closed()
+        closed.set()
 
     server = await serve(path, handler)
     stream = await AsyncioUnixBackend().connect_unix_socket(str(path))
@@ -113,4 +120,6 @@ async def test_a_read_past_its_timeout_is_a_read_timeout(tmp_path: Path):
         await stream.write(b"GET / HTTP/1.1\r\nhost: worker\r\n\r\n")
         with pytest.raises(httpcore.ReadTimeout):
             await stream.read(1024, timeout=0.05)
+        answered.set()
+        await closed.wait()
         await stream.aclose()
