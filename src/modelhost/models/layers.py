@@ -60,14 +60,11 @@ class Rotary:
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         """cos and a signed sin, [T, 1, head_dim] each: see `apply_rotary_`."""
-        if positions.numel() == 0:
+        table = self._table_for(positions) if positions.numel() else None
+        if table is None:
             cos, sin = self._compute(positions)
         else:
-            table = self._table_for(positions)
-            if table is None:
-                cos, sin = self._compute(positions)
-            else:
-                cos, sin = (values.index_select(0, positions) for values in table)
+            cos, sin = (values.index_select(0, positions) for values in table)
         return cos[:, None, :].to(dtype), sin[:, None, :].to(dtype)
 
     def _table_for(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:

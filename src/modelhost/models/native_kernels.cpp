@@ -46,6 +46,9 @@ constexpr int kTile = 8;        // rows computed together per weight read
 // int8 quads (64 bytes) or kAhead ranking outputs: the hardware's prefetchers alone left the
 // kernels well short of memory's bandwidth. A prefetch past the weights' end never faults.
 constexpr int64_t kAhead = 8;
+// Row-wise kernels (key storing, RMSNorm, gated activations) split a prompt step's rows (hundreds)
+// among threads; a decode step's few rows stay on the calling thread.
+constexpr int64_t kThreadedRows = 64;
 
 // The first count lanes (none for count <= 0, all 16 for count >= 16).
 inline __mmask16 tail_mask(int64_t count) {
@@ -663,7 +666,8 @@ void store_keys(float* qkv, int64_t rows, int64_t heads, int64_t kv_heads, int64
                 void* pool, int half, const int64_t* slots, int threads) {
     const int64_t width = (heads + 2 * kv_heads) * dim;
     const int64_t slot_width = 2 * kv_heads * dim;  // a key and a value for every KV head
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && rows >= 64)
+#pragma omp parallel for num_threads(threads) schedule(static) \
+    if (threads > 1 && rows >= kThreadedRows)
     for (int64_t r = 0; r < rows; ++r) {
         float* row = qkv + r * width;
         for (int64_t h = 0; h < heads + kv_heads; ++h) {
@@ -842,10 +846,6 @@ extern "C" void mh_choose_tokens(const float* logits, int64_t rows, int64_t n,
         chosen[r] = at;
     }
 }
-
-// Prompt steps (hundreds of rows) split the rows of the row-wise kernels below among threads;
-// a decode step's few rows stay on the calling thread.
-constexpr int64_t kThreadedRows = 64;
 
 // out[r] = rms_norm(x[r]) * weight for rows of `dim` (torch.rms_norm).
 extern "C" void mh_rms_norm(const float* x, const float* weight, int64_t rows, int64_t dim,

@@ -93,11 +93,12 @@ def worker_transport(socket_path: str) -> httpx.AsyncHTTPTransport:
     # httpx takes no network backend of its own, so its pool is swapped for an equal one
     # on ours; should a later httpx keep its pool elsewhere, anyio's streams stay.
     if isinstance(getattr(transport, "_pool", None), httpcore.AsyncConnectionPool):
+        limits = httpx.Limits()  # httpx's defaults, as its own pool had them
         transport._pool = httpcore.AsyncConnectionPool(
             uds=socket_path,
-            max_connections=httpx.Limits().max_connections,
-            max_keepalive_connections=httpx.Limits().max_keepalive_connections,
-            keepalive_expiry=httpx.Limits().keepalive_expiry,
+            max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry,
             network_backend=AsyncioUnixBackend(),
         )
     return transport
