@@ -27,6 +27,9 @@ pytestmark = pytest.mark.slow
 
 ASK = [{"role": "user", "content": "What is the capital of France?"}]
 TIGHT_CONTEXT = 128  # tokens the tight server's memory budget should leave room for
+# A request that holds the tight server's one row for all the context it has left (~90 tokens):
+# stopped early by EOS, it could finish before a second request has waited a heartbeat.
+HOG = {"messages": ASK, "max_tokens": 1000, "temperature": 0.8, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
@@ -286,12 +289,9 @@ def test_a_third_concurrent_request_is_a_429_with_batch_1_and_max_queue_1(
     tight_server: Any,
 ) -> None:
     statuses: list[int] = []
-    body = {"messages": ASK, "max_tokens": 40, "temperature": 0.8}
 
     def ask() -> None:
-        response = httpx.post(
-            f"{tight_server.base_url}/v1/chat/completions", json=body, timeout=120
-        )
+        response = httpx.post(f"{tight_server.base_url}/v1/chat/completions", json=HOG, timeout=120)
         statuses.append(response.status_code)
         if response.status_code == 429:
             assert response.json()["error"]["code"] == "queue_full"
@@ -308,7 +308,7 @@ def test_a_queued_stream_gets_keep_alive_comments_while_it_waits(tight_server: A
     hog = threading.Thread(
         target=httpx.post,
         args=(f"{tight_server.base_url}/v1/chat/completions",),
-        kwargs={"json": {"messages": ASK, "max_tokens": 40, "temperature": 0.8}, "timeout": 120},
+        kwargs={"json": HOG, "timeout": 120},
     )
     hog.start()
     assert wait_until(lambda: stats(tight_server)["batch"]["active_rows"] == 1)
