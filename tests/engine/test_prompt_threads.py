@@ -1,20 +1,26 @@
-"""`EngineConfig.prompt_threads`: prompt-heavy steps on more intra-op threads, decode steps not."""
+"""`EngineConfig.prompt_threads`: prompt-heavy steps on more intra-op threads; decode steps too
+where PyTorch's matmuls, not the native kernels, stream the weights."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import pytest
 import torch
 
+from modelhost.engine import runner
 from modelhost.engine.engine import Engine, EngineConfig
 from modelhost.engine.runner import PROMPT_THREADS_MIN_TOKENS
 from modelhost.engine.sampling_params import SamplingParams
 from modelhost.models.loaded import LoadedModel
 
 
-async def test_a_long_prompt_step_runs_on_the_prompt_threads_and_decode_steps_on_the_others(
-    smollm2: LoadedModel, monkeypatch
-):
+async def threads_per_step(
+    smollm2: LoadedModel, monkeypatch: pytest.MonkeyPatch, prompt_threads: int
+) -> list[tuple[int, int]]:
+    """(prompt tokens in the step, threads while it ran) for a long prompt and 4 tokens."""
     network = smollm2.network
-    seen: list[tuple[int, int]] = []  # (prompt tokens in the step, threads while it ran)
+    seen: list[tuple[int, int]] = []
 
     def recording_forward(batch, kv):
         prompt = 0 if batch.prompt_index is None else batch.prompt_index.numel()
@@ -22,8 +28,7 @@ async def test_a_long_prompt_step_runs_on_the_prompt_threads_and_decode_steps_on
         return type(network).forward(network, batch, kv)
 
     monkeypatch.setattr(network, "forward", recording_forward)
-    serving_threads = torch.get_num_threads()
-    engine = Engine(smollm2, EngineConfig(batch=2, prompt_threads=serving_threads + 1))
+    engine = Engine(smollm2, EngineConfig(batch=2, prompt_threads=prompt_threads))
     try:
         prompt = smollm2.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 12)
         assert len(prompt) >= PROMPT_THREADS_MIN_TOKENS
@@ -32,5 +37,27 @@ async def test_a_long_prompt_step_runs_on_the_prompt_threads_and_decode_steps_on
     finally:
         engine.close()
     assert sum(len(event.token_ids) for event in events) == 4
-    assert seen[0] == (len(prompt), serving_threads + 1)
-    assert seen[1:] and all(step == (0, serving_threads) for step in seen[1:])
+    assert seen[0][0] == len(prompt) and len(seen) > 1
+    return seen
+
+
+async def test_with_native_kernels_decode_steps_stay_on_the_serving_threads(
+    smollm2: LoadedModel, monkeypatch: pytest.MonkeyPatch
+):
+    kernels = SimpleNamespace(threads=1)  # the runner only hands the kernels their threads
+    monkeypatch.setattr(runner, "native", SimpleNamespace(kernels=lambda: kernels))
+    serving_threads = torch.get_num_threads()
+    seen = await threads_per_step(smollm2, monkeypatch, serving_threads + 1)
+    assert kernels.threads == serving_threads + 1
+    assert seen[0][1] == serving_threads + 1
+    assert all(step == (0, serving_threads) for step in seen[1:])
+
+
+async def test_without_native_kernels_every_step_runs_on_the_prompt_threads(
+    smollm2: LoadedModel, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(runner, "native", SimpleNamespace(kernels=lambda: None))
+    serving_threads = torch.get_num_threads()
+    seen = await threads_per_step(smollm2, monkeypatch, serving_threads + 1)
+    assert all(threads == serving_threads + 1 for _, threads in seen)
+    assert torch.get_num_threads() == serving_threads
