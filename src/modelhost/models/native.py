@@ -3,16 +3,17 @@
 PyTorch's CPU kernels for weight-only int4/int8 matmuls want bf16 activations, which these
 CPUs multiply without bf16 instructions. The native ones take fp32 activations and give fp32
 out: each row of activations is rounded to 16 bits (two int8 halves under one scale) and
-multiplied by the int4/int8 weights with AVX-512 VNNI integer dot products; each weight is
-read once for up to 8 rows, with the outputs split among all cores (one core alone cannot
+multiplied by the int4/int8 weights with AVX-512 VNNI integer dot products (on CPUs without
+it, such as AMD's Zen 3, the same source built for AVX2: native_avx2.h); each weight is read
+once for up to 8 rows, with the outputs split among all cores (one core alone cannot
 read memory at full speed). `paged_attention`, `rms_norm` and `gated_activation` replace a
 handful of small PyTorch ops each, and models/fused_decode.py runs a whole decode step
 through them. The library is built with the system's g++ into
 MODELHOST_HOME/cache/native/<hash of source and compiler>/ on first use (about three seconds)
 and loaded with ctypes, which releases the GIL for each call.
 
-Where there is no g++, the CPU lacks AVX-512 with VNNI, or `MODELHOST_NATIVE=0`, `kernels()`
-is None and the models run on PyTorch's ops and kernels instead.
+Where there is no g++, the CPU has neither AVX-512 VNNI nor AVX2 with FMA and F16C, or
+`MODELHOST_NATIVE=0`, `kernels()` is None and the models run on PyTorch's ops and kernels.
 """
 
 from __future__ import annotations
@@ -33,7 +34,10 @@ from modelhost.paths import modelhost_home
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native_kernels.cpp")
+AVX2_HEADER = Path(__file__).with_name("native_avx2.h")
 FLAGS = ["-O3", "-shared", "-fPIC", "-std=c++17", "-fopenmp"]
+# Builds of the one source, the first whose CPU check passes loads: each is built once.
+VARIANTS = {"AVX-512 VNNI": [], "AVX2": ["-DMH_AVX2"]}
 PAD = 64  # the kernels read inputs in runs of 64
 GROUP = 32  # inputs sharing an int4 scale and min
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # mh_gated_activation's `act`
@@ -296,28 +300,33 @@ def kernels() -> Kernels | None:
     """The native kernels, or None where they cannot run here (see the module's docstring)."""
     if os.environ.get("MODELHOST_NATIVE", "1") == "0":
         return None
-    try:
-        library = ctypes.CDLL(str(_build()))
-    except subprocess.CalledProcessError as error:
-        log.warning("native kernels failed to build, using PyTorch's:\n%s", error.stderr[-2000:])
-        return None
-    except OSError as error:  # no compiler, or the library does not load
-        log.warning("native kernels unavailable (%s): using PyTorch's", error)
-        return None
-    if not library.mh_cpu_supported():
-        log.info("this CPU has no AVX-512 VNNI: using PyTorch's int4/int8 kernels")
-        return None
-    return Kernels(library)
+    for name, flags in VARIANTS.items():
+        try:
+            library = ctypes.CDLL(str(_build(flags)))
+        except subprocess.CalledProcessError as error:
+            log.warning("native kernels (%s) failed to build:\n%s", name, error.stderr[-2000:])
+            continue
+        except OSError as error:  # no compiler, or the library does not load
+            log.warning("native kernels unavailable (%s): using PyTorch's", error)
+            return None
+        if library.mh_cpu_supported():
+            log.info("native kernels: %s", name)
+            return Kernels(library)
+    log.info("this CPU has neither AVX-512 VNNI nor AVX2: using PyTorch's int4/int8 kernels")
+    return None
 
 
-def _build() -> Path:
+def _build(variant_flags: list[str]) -> Path:
     compiler = shutil.which(os.environ.get("CXX", "g++"))
     if compiler is None:
         raise FileNotFoundError("no C++ compiler (g++) on PATH")
     version = subprocess.run(
         [compiler, "--version"], capture_output=True, text=True, check=True
     ).stdout
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + version.encode())
+    flags = FLAGS + variant_flags
+    key = hashlib.sha256(
+        SOURCE.read_bytes() + AVX2_HEADER.read_bytes() + " ".join(flags).encode() + version.encode()
+    )
     target = modelhost_home() / "cache" / "native" / key.hexdigest()[:16] / "libmodelhost.so"
     if target.exists():
         return target
@@ -326,7 +335,7 @@ def _build() -> Path:
     # never load a half-written library.
     partial = target.with_suffix(f".{os.getpid()}.partial")
     subprocess.run(
-        [compiler, *FLAGS, "-o", str(partial), str(SOURCE)],
+        [compiler, *flags, "-o", str(partial), str(SOURCE)],
         capture_output=True,
         text=True,
         check=True,

@@ -1,8 +1,9 @@
-// Int4 and int8 weights times a few rows of fp32 activations, on AVX-512 VNNI; a decode
-// step's attention over the paged KV cache (fp32 or fp16), the keys' norm, rotary and store
-// for prompt steps too, RMSNorm and gated activations; a whole decode step through the decoder
-// layers (mh_decode_layers); and for the LM head and sampler, a grouped-int4 ranking of the
-// vocabulary (VNNI), its top candidates, their exact logits and each row's token.
+// Int4 and int8 weights times a few rows of fp32 activations, on AVX-512 VNNI (or on AVX2,
+// built with MH_AVX2: native_avx2.h); a decode step's attention over the paged KV cache (fp32
+// or fp16), the keys' norm, rotary and store for prompt steps too, RMSNorm and gated
+// activations; a whole decode step through the decoder layers (mh_decode_layers); and for the
+// LM head and sampler, a grouped-int4 ranking of the vocabulary (VNNI), its top candidates,
+// their exact logits and each row's token.
 //
 // Built and loaded by models/native.py (g++, ctypes); the torch kernels stay the fallback.
 // A weight byte is read from memory once for up to 8 rows, and the outputs are split among
@@ -30,13 +31,25 @@
 
 extern "C" int mh_cpu_supported() {
     __builtin_cpu_init();
+#ifdef MH_AVX2
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+#else
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("f16c");
+#endif
 }
 
 #pragma GCC push_options
+#ifdef MH_AVX2  // the same kernels on pairs of 256-bit registers (native_avx2.h)
+#pragma GCC target("avx2,fma,f16c")
+#include "native_avx2.h"
+#else
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")
+// Unsigned bytes below 128 (int4 nibbles) times signed ones: AVX2 does these in fewer steps.
+#define dpbusd_nibbles _mm512_dpbusd_epi32
+#endif
 
 namespace {
 
@@ -196,8 +209,8 @@ void int4_tile(const RoundedRows& x, int64_t row0, const uint8_t* nibbles,
                 const int32_t* low = reinterpret_cast<const int32_t*>(x.low + at);
                 __m512i h = _mm512_setzero_si512(), l = _mm512_setzero_si512();
                 for (int q = 0; q < 8; ++q) {
-                    h = _mm512_dpbusd_epi32(h, w[q], _mm512_set1_epi32(high[q]));
-                    l = _mm512_dpbusd_epi32(l, w[q], _mm512_set1_epi32(low[q]));
+                    h = dpbusd_nibbles(h, w[q], _mm512_set1_epi32(high[q]));
+                    l = dpbusd_nibbles(l, w[q], _mm512_set1_epi32(low[q]));
                 }
                 const __m512i d = _mm512_add_epi32(_mm512_slli_epi32(h, 8), l);
                 acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), scale, acc[r]);
@@ -336,8 +349,8 @@ void int4_rank_tile(const int8_t* xs, int64_t row0, const float* x_scales, const
                 const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(wv, 4), low);
                 for (int r = 0; r < R; ++r) {
                     const int8_t* in = xs + (row0 + r) * loads * 128 + j * 128;
-                    acc[r] = _mm512_dpbusd_epi32(acc[r], lo, _mm512_load_si512(in));
-                    acc[r] = _mm512_dpbusd_epi32(acc[r], hi, _mm512_load_si512(in + 64));
+                    acc[r] = dpbusd_nibbles(acc[r], lo, _mm512_load_si512(in));
+                    acc[r] = dpbusd_nibbles(acc[r], hi, _mm512_load_si512(in + 64));
                 }
             }
             const __m256i* params = reinterpret_cast<const __m256i*>(w_params + o * 32);

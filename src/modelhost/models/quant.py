@@ -12,8 +12,8 @@ of three implementations:
   reproduces the dequantized weights exactly; `exact_int4` finds each group's grid.
 
 The quantized linears run the native kernels (models/native.py: activations rounded to 16
-bits per row, integer dot products with AVX-512 VNNI). Where those cannot run they fall back
-to PyTorch's (`aten._weight_int4pack_mm_for_cpu`, `aten._weight_int8pack_mm`), which are
+bits per row, integer dot products with AVX-512 VNNI or AVX2). Where those cannot run they fall
+back to PyTorch's (`aten._weight_int4pack_mm_for_cpu`, `aten._weight_int8pack_mm`), which are
 vectorised only for bf16 activations here, so the linear then rounds its input to bf16 and
 returns bf16 (and keeps bf16 scales); the residual stream, norms, attention and softmax stay
 fp32 either way.
