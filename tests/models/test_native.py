@@ -68,6 +68,21 @@ def test_int8_matmul_is_the_dequantized_weight_times_the_rounded_activations(out
     assert relative_error(got, x @ dequantized.t()) < 1e-4
 
 
+def test_int8_matmul_is_exact_where_every_product_is_at_the_extremes():
+    # Levels of +-127 (stored as 255 and 1) against inputs at the row's largest magnitude: on
+    # AVX2 a pair of such byte products overflows int16 unless the weights' top bit is split off.
+    width = 128
+    q = torch.full((32, width), 127, dtype=torch.int8)
+    q[16:] = -127
+    q[8:24, ::3] *= -1
+    scales = torch.full((32,), 0.5)
+    x = torch.ones(3, width)
+    x[1] = -1.0
+    x[2, ::2] = -1.0
+    got = kernels.int8_matmul(x, native.pack_int8(q), scales)
+    assert torch.equal(got, x @ (q.float() * 0.5).t())
+
+
 def test_rounding_keeps_16_bits_of_a_row_with_an_outlier():
     torch.manual_seed(0)
     dequantized, operands = int4_operands(80, 128)
