@@ -96,13 +96,20 @@ def test_a_row_of_zeros_gives_zeros():
     assert torch.equal(kernels.int4_matmul(torch.zeros(2, 64), *operands), torch.zeros(2, 32))
 
 
-def test_a_rows_result_does_not_depend_on_the_rows_beside_it():
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it(bits):
     torch.manual_seed(0)
-    _, operands = int4_operands(64, 128)
+    if bits == 4:
+        _, operands = int4_operands(64, 128)
+        matmul = kernels.int4_matmul
+    else:
+        q = torch.randint(-127, 128, (64, 128), dtype=torch.int8)
+        operands = (native.pack_int8(q), torch.rand(64))
+        matmul = kernels.int8_matmul
     x = torch.randn(11, 128)  # a tile of 8, then 3
-    together = kernels.int4_matmul(x, *operands)
+    together = matmul(x, *operands)
     for row in range(11):
-        assert torch.equal(kernels.int4_matmul(x[row : row + 1], *operands)[0], together[row])
+        assert torch.equal(matmul(x[row : row + 1], *operands)[0], together[row])
 
 
 def test_results_do_not_depend_on_the_thread_count(monkeypatch):
