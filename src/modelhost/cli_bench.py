@@ -6,9 +6,29 @@ import argparse
 import asyncio
 import json
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
-from modelhost.bench import BenchConfig, BenchError, LevelResult, format_table, run_bench
+from modelhost.bench import (
+    BenchConfig,
+    BenchError,
+    BenchReport,
+    LevelResult,
+    format_table,
+    run_bench,
+)
+
+
+def _run_client(work: Coroutine[Any, Any, BenchReport]) -> BenchReport:
+    """Runs the clients on uvloop where it is installed: the client shares the machine with
+    the server it measures, and uvloop cut its CPU a streamed token from ~320 to ~220 us."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(work)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(work)
 
 
 def _levels(text: str) -> tuple[int, ...]:
@@ -65,7 +85,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         )
 
     try:
-        report = asyncio.run(run_bench(config, progress))
+        report = _run_client(run_bench(config, progress))
     except BenchError as exc:
         print(f"modelhost bench: {exc}", file=sys.stderr)
         return 1
