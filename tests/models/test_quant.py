@@ -66,7 +66,10 @@ def test_prompt_tokens_take_the_fp32_weight_and_generated_tokens_the_int4_kernel
     prompt, generated = torch.tensor([0, 3]), torch.tensor([1, 2, 4])
     with token_roles(prompt, generated):
         mixed = linear(x)
-    assert torch.equal(mixed[prompt], fp32[prompt])
+    # The prompt rows' own fp32 product: sgemm need not give a row the same bits in a
+    # product of 2 rows as of 5 (MKL's AVX2 kernels do not).
+    assert torch.equal(mixed[prompt], x[prompt] @ linear.prompt_weight_t)
+    assert torch.allclose(mixed[prompt], fp32[prompt], rtol=1e-5, atol=1e-5)
     assert torch.equal(mixed[generated], linear(x[generated]).float())
 
 
