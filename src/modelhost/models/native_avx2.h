@@ -2,13 +2,9 @@
 // is a pair of 256-bit ones, each 16-lane mask a uint16_t as before. Included (with MH_AVX2
 // defined) by the build for CPUs without AVX-512 VNNI, such as AMD's Zen 3; the kernels' source
 // stays one, and so do their layouts, their order of operations per row and their results up
-// to the order of horizontal sums.
-//
-// VNNI's unsigned-by-signed byte dot product becomes vpmaddubsw (pairs of products summed to
-// saturating int16) and vpmaddwd (pairs of those to int32). A pair saturates only where the
-// unsigned bytes reach 128: dpbusd_small, for int4 nibbles, takes one of each; the general
-// _mm512_dpbusd_epi32 (int8 weights stored + 128) splits the bytes' top bit off first, so
-// both halves stay exact.
+// to the order of horizontal sums. VNNI's byte dot products have no counterpart here: int4
+// nibbles take dpbusd_small below, and the int8 matmul has an AVX2 body of its own in
+// native_kernels.cpp.
 
 #pragma once
 
@@ -48,7 +44,8 @@ inline void store_ps(float* p, F16 v) {
 // Masked loads and stores never touch the lanes outside the mask (no fault past an array).
 inline F16 maskz_loadu_ps(uint16_t m, const float* p) {
     if (m == 0xFFFF) return loadu_ps(p);
-    return {_mm256_maskload_ps(p, lane_mask(m & 0xFF)), _mm256_maskload_ps(p + 8, lane_mask(m >> 8))};
+    return {_mm256_maskload_ps(p, lane_mask(m & 0xFF)),
+            _mm256_maskload_ps(p + 8, lane_mask(m >> 8))};
 }
 inline F16 mask_loadu_ps(F16 src, uint16_t m, const float* p) {
     if (m == 0xFFFF) return loadu_ps(p);
@@ -198,25 +195,14 @@ inline __m128i cvtepi32_epi8(I16 v) {
     return _mm_unpacklo_epi64(_mm256_castsi256_si128(a), _mm256_castsi256_si128(b));
 }
 
-// acc + the sums of 4 products of unsigned bytes u < 128 and signed bytes s, per int32 lane.
+// acc + the sums of 4 products of unsigned bytes u < 128 (int4 nibbles) and signed bytes s,
+// per int32 lane: vpmaddubsw's int16 pairs cannot saturate.
 inline __m256i dpbusd_small(__m256i acc, __m256i u, __m256i s) {
     return _mm256_add_epi32(
         acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 }
 inline I16 dpbusd_small(I16 acc, I16 u, I16 s) {
     return {dpbusd_small(acc.lo, u.lo, s.lo), dpbusd_small(acc.hi, u.hi, s.hi)};
-}
-// The same for any unsigned bytes: their top bit (128) and the rest multiplied apart.
-inline I16 dpbusd(I16 acc, I16 u, I16 s) {
-    const __m256i top = _mm256_set1_epi8(static_cast<char>(0x80));
-    acc = dpbusd_small(acc, {_mm256_andnot_si256(top, u.lo), _mm256_andnot_si256(top, u.hi)}, s);
-    acc.lo = _mm256_add_epi32(acc.lo, _mm256_madd_epi16(_mm256_maddubs_epi16(
-                                                            _mm256_and_si256(top, u.lo), s.lo),
-                                                        _mm256_set1_epi16(1)));
-    acc.hi = _mm256_add_epi32(acc.hi, _mm256_madd_epi16(_mm256_maddubs_epi16(
-                                                            _mm256_and_si256(top, u.hi), s.hi),
-                                                        _mm256_set1_epi16(1)));
-    return acc;
 }
 
 }  // namespace mh_avx2
@@ -272,5 +258,4 @@ inline I16 dpbusd(I16 acc, I16 u, I16 s) {
 #define _mm512_castsi512_ps mh_avx2::castsi512_ps
 #define _mm512_reduce_add_epi32 mh_avx2::reduce_add_epi32
 #define _mm512_cvtepi32_epi8 mh_avx2::cvtepi32_epi8
-#define _mm512_dpbusd_epi32 mh_avx2::dpbusd
 #define dpbusd_nibbles mh_avx2::dpbusd_small

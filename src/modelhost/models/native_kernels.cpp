@@ -47,7 +47,7 @@ extern "C" int mh_cpu_supported() {
 #include "native_avx2.h"
 #else
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")
-// Unsigned bytes below 128 (int4 nibbles) times signed ones: AVX2 does these in fewer steps.
+// Unsigned bytes below 128 (int4 nibbles) times signed ones: AVX2 takes fewer steps for these.
 #define dpbusd_nibbles _mm512_dpbusd_epi32
 #endif
 
@@ -172,7 +172,8 @@ RoundedRows round_rows(const float* x, int64_t rows, int64_t padded) {
         offsets[2 * r + 1] = 128 * _mm512_reduce_add_epi32(low_total);
 #ifdef MH_AVX2
         for (int64_t i = 0; i < padded; ++i)
-            wide[r * padded + i] = static_cast<int16_t>(high[r * padded + i] * 256 + low[r * padded + i]);
+            wide[r * padded + i] =
+                static_cast<int16_t>(high[r * padded + i] * 256 + low[r * padded + i]);
 #endif
     }
     return RoundedRows{groups, padded, high, low, scales, offsets, sums, wide};
@@ -183,7 +184,6 @@ RoundedRows round_rows(const float* x, int64_t rows, int64_t padded) {
 // of each output) for all rows, each row's 4 inputs broadcast against them. A group's int32
 // products take its 16 scales and 16 mins once per row, so 512 products cost 16 VNNI
 // instructions and 4 others (a layout with the inputs in the lanes needed 5 per 64).
-#ifndef MH_AVX2
 template <int R>
 void int4_tile(const RoundedRows& x, int64_t row0, const uint8_t* nibbles,
                const uint16_t* params, int64_t begin, int64_t end, int64_t out, float* y) {
@@ -231,66 +231,6 @@ void int4_tile(const RoundedRows& x, int64_t row0, const uint8_t* nibbles,
                                   _mm512_mul_ps(acc[r], _mm512_set1_ps(x.scales[row0 + r])));
     }
 }
-#else
-// The same on AVX2, one half of the block's outputs (8 lanes) at a time: a half's weights for
-// a group fill 8 of the 16 registers. Each row's 8 byte products of an output pair are summed
-// in int16 (vpmaddubsw, at most 8 x 2 x 15 x 127 = 30,480) and widened to int32 once a group,
-// so the int32 sums, and the results, are the AVX-512 kernel's.
-template <int R>
-void int4_tile(const RoundedRows& x, int64_t row0, const uint8_t* nibbles,
-               const uint16_t* params, int64_t begin, int64_t end, int64_t out, float* y) {
-    const int64_t groups = x.groups;
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
-    const __m256i ones = _mm256_set1_epi16(1), shifted = _mm256_set1_epi16(256);
-    for (int64_t b = begin / 16; b < (end + 15) / 16; ++b) {
-        __m256 acc[R][2];
-        for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-        for (int64_t g = 0; g < groups; ++g) {
-            const uint8_t* run = nibbles + (b * groups + g) * 256;
-            for (int j = 0; j < 4; ++j)
-                _mm_prefetch(reinterpret_cast<const char*>(run + kAhead * 256 + 64 * j),
-                             _MM_HINT_T0);
-            _mm_prefetch(reinterpret_cast<const char*>(params + (b * groups + g + kAhead) * 32),
-                         _MM_HINT_T0);
-            const uint16_t* p = params + (b * groups + g) * 32;
-            for (int half = 0; half < 2; ++half) {
-                __m256i w[8];
-                for (int j = 0; j < 4; ++j) {
-                    const __m256i v = _mm256_load_si256(
-                        reinterpret_cast<const __m256i*>(run + 64 * j + 32 * half));
-                    w[2 * j] = _mm256_and_si256(v, low4);
-                    w[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-                }
-                const __m256 scale = _mm256_cvtph_ps(
-                    _mm_load_si128(reinterpret_cast<const __m128i*>(p + 8 * half)));
-                const __m256 min = _mm256_cvtph_ps(
-                    _mm_load_si128(reinterpret_cast<const __m128i*>(p + 16 + 8 * half)));
-                for (int r = 0; r < R; ++r) {
-                    const int64_t at = (row0 + r) * x.padded + kGroup * g;
-                    const int32_t* high = reinterpret_cast<const int32_t*>(x.high + at);
-                    const int32_t* low = reinterpret_cast<const int32_t*>(x.low + at);
-                    __m256i h = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(high[0]));
-                    __m256i l = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(low[0]));
-                    for (int q = 1; q < 8; ++q) {
-                        h = _mm256_add_epi16(h, _mm256_maddubs_epi16(w[q], _mm256_set1_epi32(high[q])));
-                        l = _mm256_add_epi16(l, _mm256_maddubs_epi16(w[q], _mm256_set1_epi32(low[q])));
-                    }
-                    const __m256i d = _mm256_add_epi32(_mm256_madd_epi16(h, shifted),
-                                                       _mm256_madd_epi16(l, ones));
-                    acc[r][half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), scale, acc[r][half]);
-                    acc[r][half] = _mm256_fmadd_ps(
-                        min, _mm256_set1_ps(x.sums[(row0 + r) * groups + g]), acc[r][half]);
-                }
-            }
-        }
-        const __mmask16 live = tail_mask(out - 16 * b);
-        for (int r = 0; r < R; ++r)
-            _mm512_mask_storeu_ps(y + (row0 + r) * out + 16 * b, live,
-                                  _mm512_mul_ps(__m512{acc[r][0], acc[r][1]},
-                                                _mm512_set1_ps(x.scales[row0 + r])));
-    }
-}
-#endif
 
 // R rows times a block of 16 outputs' int8 weights (stored + 128), the outputs in the lanes,
 // in int32 throughout: a quad of 4 inputs of the 16 outputs is one register for all rows,
@@ -336,43 +276,54 @@ void int8_tile(const RoundedRows& x, int64_t row0, const uint8_t* weights, const
 // The same on AVX2, where a byte product of a weight (up to 255 stored) and an input saturates
 // vpmaddubsw's pairs: the weights are widened to signed 16 bits (stored - 128) and multiplied
 // by each input's 16 bits at once (high * 256 + low) with vpmaddwd, 4 outputs' 4 inputs a
-// register. A quarter of the block's outputs at a time keeps a row's sums in one register;
-// each lane holds an output's pair of inputs, exact in int32 over 64 quads (at most 64 x 2 x
-// 127 x 32,639), then summed in fp32. No offsets: the weights are already signed.
+// register. Each lane holds an output's pair of inputs, exact in int32 over 64 quads (at most
+// 64 x 2 x 127 x 32,639), then summed in fp32. Up to 2 rows take the block's 4 quarters in one
+// pass over its weights; more rows take a quarter a pass, their sums in a register each. No
+// offsets: the weights are already signed.
 template <int R>
 void int8_tile(const RoundedRows& x, int64_t row0, const uint8_t* weights, const float* scales,
                int64_t begin, int64_t end, int64_t out, float* y) {
     constexpr int64_t kExactQuads = 64;
+    constexpr int kQuarters = R <= 2 ? 4 : 1;  // quarters a pass
     const int64_t quads = x.padded / 4;
     const __m256i stored_zero = _mm256_set1_epi16(128);
     for (int64_t b = begin / 16; b < (end + 15) / 16; ++b) {
         const uint8_t* w = weights + b * quads * 64;
         alignas(32) float pairs[R][4][8];  // per row and quarter: 4 outputs' two pair sums
-        for (int quarter = 0; quarter < 4; ++quarter) {
-            __m256 total[R];
-            for (int r = 0; r < R; ++r) total[r] = _mm256_setzero_ps();
+        for (int first = 0; first < 4; first += kQuarters) {
+            __m256 total[R][kQuarters];
+            for (int r = 0; r < R; ++r)
+                for (int t = 0; t < kQuarters; ++t) total[r][t] = _mm256_setzero_ps();
             for (int64_t q0 = 0; q0 < quads; q0 += kExactQuads) {
-                __m256i part[R];
-                for (int r = 0; r < R; ++r) part[r] = _mm256_setzero_si256();
+                __m256i part[R][kQuarters];
+                for (int r = 0; r < R; ++r)
+                    for (int t = 0; t < kQuarters; ++t) part[r][t] = _mm256_setzero_si256();
                 for (int64_t q = q0; q < std::min(quads, q0 + kExactQuads); ++q) {
-                    if (quarter == 0)
+                    if (first == 0)
                         _mm_prefetch(reinterpret_cast<const char*>(w + 64 * (q + 4 * kAhead)),
                                      _MM_HINT_T0);
-                    const __m256i wq = _mm256_sub_epi16(
-                        _mm256_cvtepu8_epi16(_mm_load_si128(
-                            reinterpret_cast<const __m128i*>(w + 64 * q + 16 * quarter))),
-                        stored_zero);
+                    __m256i wq[kQuarters];
+                    for (int t = 0; t < kQuarters; ++t)
+                        wq[t] = _mm256_sub_epi16(
+                            _mm256_cvtepu8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(
+                                w + 64 * q + 16 * (first + t)))),
+                            stored_zero);
                     for (int r = 0; r < R; ++r) {
                         int64_t inputs;  // the row's 4 inputs of this quad, 16 bits each
                         std::memcpy(&inputs, x.wide + (row0 + r) * x.padded + 4 * q, 8);
-                        part[r] = _mm256_add_epi32(
-                            part[r], _mm256_madd_epi16(wq, _mm256_set1_epi64x(inputs)));
+                        const __m256i four = _mm256_set1_epi64x(inputs);
+                        for (int t = 0; t < kQuarters; ++t)
+                            part[r][t] =
+                                _mm256_add_epi32(part[r][t], _mm256_madd_epi16(wq[t], four));
                     }
                 }
                 for (int r = 0; r < R; ++r)
-                    total[r] = _mm256_add_ps(total[r], _mm256_cvtepi32_ps(part[r]));
+                    for (int t = 0; t < kQuarters; ++t)
+                        total[r][t] = _mm256_add_ps(total[r][t], _mm256_cvtepi32_ps(part[r][t]));
             }
-            for (int r = 0; r < R; ++r) _mm256_store_ps(pairs[r][quarter], total[r]);
+            for (int r = 0; r < R; ++r)
+                for (int t = 0; t < kQuarters; ++t)
+                    _mm256_store_ps(pairs[r][first + t], total[r][t]);
         }
         const int64_t live = std::min<int64_t>(16, out - 16 * b);
         for (int r = 0; r < R; ++r)
