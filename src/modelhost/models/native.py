@@ -9,8 +9,9 @@ once for up to 8 rows, with the outputs split among all cores (one core alone ca
 read memory at full speed). `paged_attention`, `rms_norm` and `gated_activation` replace a
 handful of small PyTorch ops each, and models/fused_decode.py runs a whole decode step
 through them. The library is built with the system's g++ into
-MODELHOST_HOME/cache/native/<hash of source and compiler>/ on first use (about three seconds)
-and loaded with ctypes, which releases the GIL for each call.
+MODELHOST_HOME/cache/native/<hash of source, flags and compiler>/ on first use (a few seconds
+a variant; on an AVX2-only CPU the AVX-512 one is built and refused first) and loaded with
+ctypes, which releases the GIL for each call.
 
 Where there is no g++, the CPU has neither AVX-512 VNNI nor AVX2 with FMA and F16C, or
 `MODELHOST_NATIVE=0`, `kernels()` is None and the models run on PyTorch's ops and kernels.
