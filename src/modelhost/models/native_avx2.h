@@ -3,7 +3,7 @@
 // defined) by the build for CPUs without AVX-512 VNNI, such as AMD's Zen 3; the kernels' source
 // stays one, and so do their layouts, their order of operations per row and their results up
 // to the order of horizontal sums. VNNI's byte dot products have no counterpart here: int4
-// nibbles take dpbusd_small below, and the int8 matmul has an AVX2 body of its own in
+// nibbles take dpbusd_nibble_pair below, and the int8 matmul has an AVX2 body of its own in
 // native_kernels.cpp.
 
 #pragma once
@@ -195,14 +195,16 @@ inline __m128i cvtepi32_epi8(I16 v) {
     return _mm_unpacklo_epi64(_mm256_castsi256_si128(a), _mm256_castsi256_si128(b));
 }
 
-// acc + the sums of 4 products of unsigned bytes u < 128 (int4 nibbles) and signed bytes s,
-// per int32 lane: vpmaddubsw's int16 pairs cannot saturate.
-inline __m256i dpbusd_small(__m256i acc, __m256i u, __m256i s) {
-    return _mm256_add_epi32(
-        acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+// acc + u . s + v . t per int32 lane (4 byte products each) for unsigned bytes u, v < 16
+// (int4 nibbles) and signed s, t: a vpmaddubsw pair is at most 2 x 15 x 128 = 3,840 in
+// magnitude, so the two sum exactly in int16 before one vpmaddwd widens them.
+inline __m256i dpbusd_nibble_pair(__m256i acc, __m256i u, __m256i s, __m256i v, __m256i t) {
+    const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(u, s), _mm256_maddubs_epi16(v, t));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 }
-inline I16 dpbusd_small(I16 acc, I16 u, I16 s) {
-    return {dpbusd_small(acc.lo, u.lo, s.lo), dpbusd_small(acc.hi, u.hi, s.hi)};
+inline I16 dpbusd_nibble_pair(I16 acc, I16 u, I16 s, I16 v, I16 t) {
+    return {dpbusd_nibble_pair(acc.lo, u.lo, s.lo, v.lo, t.lo),
+            dpbusd_nibble_pair(acc.hi, u.hi, s.hi, v.hi, t.hi)};
 }
 
 }  // namespace mh_avx2
@@ -258,4 +260,3 @@ inline I16 dpbusd_small(I16 acc, I16 u, I16 s) {
 #define _mm512_castsi512_ps mh_avx2::castsi512_ps
 #define _mm512_reduce_add_epi32 mh_avx2::reduce_add_epi32
 #define _mm512_cvtepi32_epi8 mh_avx2::cvtepi32_epi8
-#define dpbusd_nibbles mh_avx2::dpbusd_small

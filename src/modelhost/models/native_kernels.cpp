@@ -45,10 +45,20 @@ extern "C" int mh_cpu_supported() {
 #ifdef MH_AVX2  // the same kernels on pairs of 256-bit registers (native_avx2.h)
 #pragma GCC target("avx2,fma,f16c")
 #include "native_avx2.h"
+using mh_avx2::dpbusd_nibble_pair;
 #else
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")
-// Unsigned bytes below 128 (int4 nibbles) times signed ones: AVX2 takes fewer steps for these.
-#define dpbusd_nibbles _mm512_dpbusd_epi32
+
+namespace {
+
+// acc + u . s + v . t in each int32 lane (4 byte products each), for unsigned bytes below 16
+// (int4 nibbles) times signed ones: two VNNI instructions (AVX2 sums both in int16 first:
+// native_avx2.h's).
+inline __m512i dpbusd_nibble_pair(__m512i acc, __m512i u, __m512i s, __m512i v, __m512i t) {
+    return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc, u, s), v, t);
+}
+
+}  // namespace
 #endif
 
 namespace {
@@ -215,9 +225,11 @@ void int4_tile(const RoundedRows& x, int64_t row0, const uint8_t* nibbles,
                 const int32_t* high = reinterpret_cast<const int32_t*>(x.high + at);
                 const int32_t* low = reinterpret_cast<const int32_t*>(x.low + at);
                 __m512i h = _mm512_setzero_si512(), l = _mm512_setzero_si512();
-                for (int q = 0; q < 8; ++q) {
-                    h = dpbusd_nibbles(h, w[q], _mm512_set1_epi32(high[q]));
-                    l = dpbusd_nibbles(l, w[q], _mm512_set1_epi32(low[q]));
+                for (int q = 0; q < 8; q += 2) {
+                    h = dpbusd_nibble_pair(h, w[q], _mm512_set1_epi32(high[q]), w[q + 1],
+                                           _mm512_set1_epi32(high[q + 1]));
+                    l = dpbusd_nibble_pair(l, w[q], _mm512_set1_epi32(low[q]), w[q + 1],
+                                           _mm512_set1_epi32(low[q + 1]));
                 }
                 const __m512i d = _mm512_add_epi32(_mm512_slli_epi32(h, 8), l);
                 acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), scale, acc[r]);
@@ -420,8 +432,8 @@ void int4_rank_tile(const int8_t* xs, int64_t row0, const float* x_scales, const
                 const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(wv, 4), low);
                 for (int r = 0; r < R; ++r) {
                     const int8_t* in = xs + (row0 + r) * loads * 128 + j * 128;
-                    acc[r] = dpbusd_nibbles(acc[r], lo, _mm512_load_si512(in));
-                    acc[r] = dpbusd_nibbles(acc[r], hi, _mm512_load_si512(in + 64));
+                    acc[r] = dpbusd_nibble_pair(acc[r], lo, _mm512_load_si512(in), hi,
+                                                _mm512_load_si512(in + 64));
                 }
             }
             const __m256i* params = reinterpret_cast<const __m256i*>(w_params + o * 32);
