@@ -2,7 +2,7 @@
 // is a pair of 256-bit ones, each 16-lane mask a uint16_t as before. Included (with MH_AVX2
 // defined) by the build for CPUs without AVX-512 VNNI, such as AMD's Zen 3; the kernels' source
 // stays one, and so do their layouts, their order of operations per row and their results up
-// to the order of horizontal sums. VNNI's byte dot products have no counterpart here: int4
+// to the order of fp32 sums. VNNI's byte dot products have no counterpart here: int4
 // nibbles take dpbusd_nibble_pair below, and the int8 matmul has an AVX2 body of its own in
 // native_kernels.cpp.
 
