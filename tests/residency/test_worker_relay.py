@@ -30,10 +30,14 @@ class DyingStream(httpx.AsyncByteStream):
 
 
 async def relayed(
-    path: str, first: bytes, content_type: str = "text/event-stream"
+    path: str,
+    first: bytes,
+    content_type: str = "text/event-stream",
+    *,
+    unit: WorkerUnit | None = None,
 ) -> tuple[list[dict[str, Any]], bytes]:
     """What the client is sent when the worker's answer breaks after `first`."""
-    unit = WorkerUnit("tiny-a", 1, WorkerProcess([]))
+    unit = unit or WorkerUnit("tiny-a", 1, WorkerProcess([]))
     upstream = httpx.Response(
         200, headers={"content-type": content_type}, stream=DyingStream(first)
     )
@@ -80,6 +84,15 @@ async def test_a_responses_stream_ends_with_one_responses_error_event():
     assert lines[-2] == "event: error" and lines.count("event: error") == 1
     frame = json.loads(lines[-1].removeprefix("data: "))
     assert frame["type"] == "error" and frame["code"] == "engine_unavailable"
+
+
+async def test_a_stream_cut_by_the_servers_own_shutdown_ends_as_closed_not_as_a_failure():
+    unit = WorkerUnit("tiny-a", 1, WorkerProcess([]))
+    unit.interrupt()  # the shutdown's deadline came; the worker's connection then breaks
+    _, body = await relayed("/v1/chat/completions", b'data: {"choices":[]}\n\n', unit=unit)
+    lines = frames(body)
+    error = json.loads(lines[-1].removeprefix("data: "))["error"]
+    assert error["code"] == "closed" and error["type"] == "server_closing" and len(lines) == 2
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])

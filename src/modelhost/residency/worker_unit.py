@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 from starlette.types import Receive, Scope, Send
 
+from modelhost.inference.contracts import EngineUnavailable
 from modelhost.residency.supervisor import MAX_RESTARTS, WorkerFailed, WorkerProcess
 from modelhost.residency.worker import worker_config
 from modelhost.residency.worker_transport import worker_transport
@@ -78,6 +79,10 @@ class WorkerUnit:
         self.load_ms = 0.0
         self._measured: int | None = None
         self._closed = False
+        # Set once the server's shutdown ends this unit's requests (interrupt, close): a stream
+        # then cut by the worker's connection closing ends as the shutdown's `closed`, not as
+        # a worker failure (whichever of the worker's frame and the break comes first).
+        self._ending = False
         self._client: httpx.AsyncClient | None = None
         self._client_socket: str | None = None
         self.card_row: dict[str, Any] | None = None
@@ -114,6 +119,7 @@ class WorkerUnit:
     def interrupt(self) -> None:
         """End every request now (a forced shutdown; any thread): the worker's own drain ends
         each with its protocol's `closed` error; a worker that does not answer is killed."""
+        self._ending = True
         if not self.worker.alive():
             return
         try:
@@ -127,7 +133,7 @@ class WorkerUnit:
 
     async def close(self) -> bool:
         if not self._closed:
-            self._closed = True
+            self._closed = self._ending = True
             if self._client is not None:
                 with contextlib.suppress(Exception):
                     await self._client.aclose()
@@ -230,13 +236,8 @@ class WorkerUnit:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
             except httpx.TransportError:
                 if is_stream:
-                    why = "it stopped in the middle of the stream"
-                    frame = stream_error_frame(
-                        scope["path"], 502, unavailable_body(self.model_id, why)
-                    )
-                    await send(
-                        {"type": "http.response.body", "body": frame.encode(), "more_body": True}
-                    )
+                    frame = self._cut_stream_frame(scope["path"])
+                    await send({"type": "http.response.body", "body": frame, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
         writer = asyncio.create_task(write())
@@ -251,6 +252,13 @@ class WorkerUnit:
             error = writer.exception()
             if not isinstance(error, OSError):
                 raise error  # type: ignore[misc]
+
+    def _cut_stream_frame(self, path: str) -> bytes:
+        if self._ending:
+            closing = EngineUnavailable("the server is shutting down")
+            return stream_error_frame(path, closing.status, closing.body).encode()
+        why = "it stopped in the middle of the stream"
+        return stream_error_frame(path, 502, unavailable_body(self.model_id, why)).encode()
 
 
 def worker_loader(

@@ -56,7 +56,9 @@ async def drain(request: Request) -> Response:
         await asyncio.sleep(0.05)
     remaining = _in_flight(stage)
     if remaining and body.get("force") is True:
-        stage.close()
+        # Off the loop: closing waits for the engine's current step, and the loop meanwhile
+        # sends each interrupted request's `closed` frame.
+        await asyncio.to_thread(stage.close)
     return JSONResponse({"drained": remaining == 0, "in_flight": remaining, "pid": os.getpid()})
 
 
