@@ -11,7 +11,7 @@ import time
 from modelhost.cli_bench import add_bench_parser, run_bench_command
 from modelhost.cli_jobs import add_jobs_parser, run_jobs
 from modelhost.cli_ls import add_ls_parser, run_ls
-from modelhost.cli_serve import add_serve_parser, run_serve
+from modelhost.cli_serve_args import add_serve_parser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_jobs(args)
     _set_threads(args.threads)
     if args.command == "serve":
+        from modelhost.cli_serve import run_serve  # PyTorch and the server: only to serve
+
         return run_serve(args)
     return run_generate(args)
 

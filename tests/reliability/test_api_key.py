@@ -13,7 +13,7 @@ import openai
 import pytest
 from reliability_support import HELLO, AppFactory, ClientFactory
 
-from modelhost import cli_serve
+from modelhost import cli_serve, cli_serve_args
 
 KEY = "sk-local-test-key"
 MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
@@ -154,7 +154,7 @@ async def test_keys_are_compared_in_constant_time(
 
 def parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="modelhost")
-    cli_serve.add_serve_parser(parser.add_subparsers(dest="command"))
+    cli_serve_args.add_serve_parser(parser.add_subparsers(dest="command"))
     return parser.parse_args(["serve", *argv])
 
 

@@ -10,12 +10,12 @@ import pytest
 from starlette.testclient import TestClient
 from tiny_models import make_tiny_checkpoint
 
-from modelhost import cli_serve
+from modelhost import cli_serve, cli_serve_args
 
 
 def parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="modelhost")
-    cli_serve.add_serve_parser(parser.add_subparsers(dest="command"))
+    cli_serve_args.add_serve_parser(parser.add_subparsers(dest="command"))
     return parser.parse_args(["serve", *argv])
 
 

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 
 import pytest
 from scripted_engine import scripted_model
 
-from modelhost import cli_serve
+from modelhost import cli_serve, cli_serve_args
 
 
 def parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="modelhost")
-    cli_serve.add_serve_parser(parser.add_subparsers(dest="command"))
+    cli_serve_args.add_serve_parser(parser.add_subparsers(dest="command"))
     return parser.parse_args(["serve", *argv])
 
 
@@ -49,6 +51,25 @@ def test_serve_flags_become_the_servers_settings() -> None:
         0.9,
         5,
     )
+
+
+def test_the_body_cap_is_32_mib_unless_max_body_mb_says_otherwise() -> None:
+    assert cli_serve.settings_from_args(parse()).max_body_bytes == 32 * 1024 * 1024
+    assert cli_serve.settings_from_args(parse("--max-body-mb", "0.5")).max_body_bytes == 512 * 1024
+
+
+def test_the_command_line_parses_without_importing_pytorch_or_the_server() -> None:
+    # `modelhost bench` and `modelhost jobs` are clients: they start in a fraction of a second.
+    code = """
+import contextlib, io, sys
+from modelhost.cli import main
+for command in ("bench", "jobs"):
+    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):
+        main([command, "--help"])
+print(sorted(m for m in ("torch", "fastapi", "modelhost.cli_serve") if m in sys.modules))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_serve_in_process_refuses_a_memory_budget_below_the_weights_before_it_listens(
