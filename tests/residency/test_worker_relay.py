@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -16,6 +18,7 @@ from modelhost.residency.supervisor import WorkerProcess
 from modelhost.residency.worker import worker_config
 from modelhost.residency.worker_unit import WorkerUnit
 from modelhost.server.app import ServeSettings
+from modelhost.server.metrics import Metrics, ObservedRequests
 
 
 class DyingStream(httpx.AsyncByteStream):
@@ -93,6 +96,41 @@ async def test_a_stream_cut_by_the_servers_own_shutdown_ends_as_closed_not_as_a_
     lines = frames(body)
     error = json.loads(lines[-1].removeprefix("data: "))["error"]
     assert error["code"] == "closed" and error["type"] == "server_closing" and len(lines) == 2
+
+
+class EndlessStream(httpx.AsyncByteStream):
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while True:
+            yield b'data: {"choices":[]}\n\n'
+            await asyncio.sleep(0.01)
+
+
+async def test_a_client_that_leaves_a_relayed_stream_is_logged_and_counted_as_499(
+    caplog: pytest.LogCaptureFixture,
+):
+    caplog.set_level(logging.INFO, logger="modelhost.server")
+    unit = WorkerUnit("tiny-a", 1, WorkerProcess([]))
+    upstream = httpx.Response(
+        200, headers={"content-type": "text/event-stream"}, stream=EndlessStream()
+    )
+    sent: list[dict[str, Any]] = []
+
+    async def relay(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await unit._relay(upstream, scope, receive, send)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        while len(sent) < 3:  # the response started and two frames came through
+            await asyncio.sleep(0.01)
+        return {"type": "http.disconnect"}
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []}
+    metrics = Metrics(SimpleNamespace())
+    await ObservedRequests(relay, metrics)(scope, receive, send)
+    assert "POST /v1/chat/completions 499 " in caplog.text
+    assert 'status="499"' in metrics.render().decode()
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])

@@ -24,6 +24,7 @@ from modelhost.residency.worker import worker_config
 from modelhost.residency.worker_transport import worker_transport
 from modelhost.server.anthropic_wire import anthropic_error_json, event
 from modelhost.server.http import wait_for_disconnect
+from modelhost.server.metrics import current_request
 from modelhost.server.openai_wire import openai_error_json, sse
 from modelhost.server.responses_wire import responses_error_json
 
@@ -244,6 +245,9 @@ class WorkerUnit:
         listener = asyncio.create_task(wait_for_disconnect(receive))
         try:
             await asyncio.wait({writer, listener}, return_when=asyncio.FIRST_COMPLETED)
+            context = current_request()
+            if context is not None and not writer.done():
+                context.status = 499  # the client left: logged and counted as the worker does
         finally:
             for task in (writer, listener):
                 task.cancel()
