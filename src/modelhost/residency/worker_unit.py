@@ -23,7 +23,7 @@ from modelhost.residency.supervisor import MAX_RESTARTS, WorkerFailed, WorkerPro
 from modelhost.residency.worker import worker_config
 from modelhost.residency.worker_transport import worker_transport
 from modelhost.server.anthropic_wire import anthropic_error_json, event
-from modelhost.server.http import wait_for_disconnect
+from modelhost.server.http import stream_status, wait_for_disconnect
 from modelhost.server.metrics import current_request
 from modelhost.server.openai_wire import openai_error_json, sse
 from modelhost.server.responses_wire import responses_error_json
@@ -245,9 +245,9 @@ class WorkerUnit:
         listener = asyncio.create_task(wait_for_disconnect(receive))
         try:
             await asyncio.wait({writer, listener}, return_when=asyncio.FIRST_COMPLETED)
-            context = current_request()
-            if context is not None and not writer.done():
-                context.status = 499  # the client left: logged and counted as the worker does
+            context, status = current_request(), stream_status(writer)
+            if context is not None and status is not None:
+                context.status = status  # the front logs and counts what the worker does
         finally:
             for task in (writer, listener):
                 task.cancel()

@@ -391,7 +391,7 @@ class EventStreamResponse:
         status: int | None = 503  # unless the wait below ends: the server cancelled us
         try:
             await asyncio.wait({writer, listener}, return_when=asyncio.FIRST_COMPLETED)
-            status = _stream_status(writer)
+            status = stream_status(writer)
         finally:
             for task in (writer, listener):
                 task.cancel()
@@ -403,7 +403,10 @@ class EventStreamResponse:
             writer.result()  # a bug in writing: let the server log it
 
 
-def _stream_status(writer: asyncio.Task[None]) -> int | None:
+def stream_status(writer: asyncio.Task[None]) -> int | None:
+    """The final status of a stream whose writer raced the client's disconnect: 499 when the
+    client left, 503 when the server cancelled the writer, 500 for a bug in writing, None
+    when the stream ended on its own."""
     if not writer.done():
         return 499  # the client left first
     if writer.cancelled():
