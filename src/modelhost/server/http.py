@@ -321,39 +321,6 @@ def respond_stream(
     )
 
 
-async def with_heartbeat(
-    frames: AsyncIterator[str], interval_s: float, heartbeat: str = HEARTBEAT
-) -> AsyncIterator[str]:
-    """`frames`, with `heartbeat` whenever nothing came for `interval_s` seconds."""
-    end = object()
-
-    async def next_frame() -> Any:
-        try:
-            return await anext(frames)
-        except StopAsyncIteration:
-            return end
-
-    pending: asyncio.Task[Any] | None = None
-    try:
-        while True:
-            if pending is None:
-                pending = asyncio.create_task(next_frame())
-            done, _ = await asyncio.wait({pending}, timeout=interval_s)
-            if not done:
-                yield heartbeat
-                continue
-            frame, pending = pending.result(), None
-            if frame is end:
-                return
-            yield frame
-    finally:
-        if pending is not None and not pending.done():
-            pending.cancel()
-            await asyncio.wait({pending})
-        with contextlib.suppress(RuntimeError):
-            await frames.aclose()  # type: ignore[attr-defined]
-
-
 class EventStreamResponse:
     """An ASGI `text/event-stream` response that stops its frames when the client leaves.
 
@@ -377,13 +344,34 @@ class EventStreamResponse:
         self.on_done = on_done
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        loop = asyncio.get_running_loop()
+        last_write = loop.time()
+
+        async def write_frame(frame: str) -> None:
+            nonlocal last_write
+            await send({"type": "http.response.body", "body": frame.encode(), "more_body": True})
+            last_write = loop.time()
+
+        async def keep_alive() -> None:
+            """The heartbeat whenever no frame went out for `heartbeat_s`. One timer for the
+            stream: racing a timeout against each frame cost a task and a wait a token."""
+            with contextlib.suppress(OSError):  # the peer is gone: the listener reports it
+                while True:
+                    await asyncio.sleep(last_write + self.heartbeat_s - loop.time())
+                    if loop.time() - last_write >= self.heartbeat_s:
+                        await write_frame(self.heartbeat)
+
         async def write() -> None:
+            nonlocal last_write
             headers = [(k.encode(), v.encode()) for k, v in self.headers.items()]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
-            async for frame in with_heartbeat(self.frames, self.heartbeat_s, self.heartbeat):
-                await send(
-                    {"type": "http.response.body", "body": frame.encode(), "more_body": True}
-                )
+            last_write = loop.time()
+            beats = asyncio.create_task(keep_alive())
+            try:
+                async for frame in self.frames:
+                    await write_frame(frame)
+            finally:
+                beats.cancel()
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
         writer = asyncio.create_task(write())
