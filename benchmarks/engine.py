@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/engine.py [--models smollm2-135m-instruct gemma-3-270m]
                                           [--modes none auto] [--streams 1 4 8 16]
-                                          [--threads N] [--tokens 128] [--out FILE]
+                                          [--threads N] [--prompt-threads N] [--tokens 128]
+                                          [--out FILE]
 
 Runs the engine directly (no HTTP), greedy, EOS ignored so every stream makes its full length.
 Each `--modes` entry loads the model with that CPU linear mode (models/quant.py); with several,
@@ -49,7 +50,8 @@ async def timed_stream(engine: Engine, prompt: list[int], max_tokens: int) -> tu
 
 
 async def measure(model: LoadedModel, args: argparse.Namespace) -> dict[str, float]:
-    engine = Engine(model, EngineConfig(batch=16, max_num_batched_tokens=512))
+    config = EngineConfig(batch=16, max_num_batched_tokens=512, prompt_threads=args.prompt_threads)
+    engine = Engine(model, config)
     try:
         await timed_stream(engine, prompt_of(model, 32, 0), 4)  # warm-up
         prefill = []
@@ -81,7 +83,12 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["smollm2-135m-instruct", "gemma-3-270m"])
     parser.add_argument("--modes", nargs="+", default=[None], choices=MODES)
     parser.add_argument("--streams", nargs="+", type=int, default=[1, 4, 8, 16])
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    # `modelhost serve`'s defaults: PyTorch on all cores but one, prompt steps and the native
+    # kernels on all. PyTorch on every core too made SmolLM2's one-row decode 88 tok/s
+    # against 144 (AMD EPYC, 2 cores): its idle threads spin while the kernels' threads run.
+    cores = os.cpu_count() or 1
+    parser.add_argument("--threads", type=int, default=max(1, cores - 1))
+    parser.add_argument("--prompt-threads", type=int, default=cores)
     parser.add_argument("--tokens", type=int, default=128, help="generated tokens per stream")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -107,6 +114,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {
         "threads": args.threads,
+        "prompt_threads": args.prompt_threads,
         "tokens": args.tokens,
         "torch": torch.__version__,
         "loadavg_end": os.getloadavg(),

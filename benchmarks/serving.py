@@ -7,10 +7,12 @@
 One process, one model, one engine: the same greedy stream (EOS ignored) is decoded straight
 from the engine and through a real HTTP server on 127.0.0.1 (the OpenAI chat route, streamed,
 read by httpx in a child process, as a user's client would be), alternately, so both see the
-same machine. The overhead is the HTTP stream's
-time per token over the engine's. Then a conversation with a `--prefix-tokens` system prompt:
-the second turn's time to first token against the first's (its prefix comes from the KV cache).
-Prints a table and writes JSON (default benchmarks/results/serving-<time>.json).
+same machine. The overhead is the HTTP stream's time per token over the engine's. On a machine
+with few cores that figure also holds the client's own reading and whatever else shares the
+cores, so the CPU a token of the server's event-loop thread (HTTP, SSE framing, the socket
+writes) and of the client are reported beside it. Then a conversation with a `--prefix-tokens`
+system prompt: the second turn's time to first token against the first's (its prefix comes from
+the KV cache). Prints a table and writes JSON (default benchmarks/results/serving-<time>.json).
 """
 
 from __future__ import annotations
@@ -66,11 +68,19 @@ async def engine_stream(app: Any, messages: list[dict[str, str]], tokens: int) -
     return (stamps[-1] - stamps[0]) / max(len(stamps) - 1, 1)
 
 
+def thread_cpu_s(native_id: int) -> float:
+    """CPU seconds one thread of this process has used (Linux), for the server's event loop."""
+    fields = Path(f"/proc/self/task/{native_id}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def http_stream_in_child(
     url: str, messages: list[dict[str, str]], tokens: int
-) -> tuple[float, float]:
-    """(seconds to the first token, seconds per token after it) through HTTP + SSE."""
+) -> tuple[float, float, float]:
+    """(seconds to the first token, seconds per token after it, the client's CPU seconds)
+    through HTTP + SSE."""
     started = time.perf_counter()
+    cpu = time.process_time()
     stamps = []
     with (
         httpx.Client(timeout=600) as client,
@@ -83,7 +93,7 @@ def http_stream_in_child(
             if line.startswith("data: {") and CONTENT.search(line):
                 stamps.append(time.perf_counter())
     per_token = (stamps[-1] - stamps[0]) / max(len(stamps) - 1, 1)
-    return stamps[0] - started, per_token
+    return stamps[0] - started, per_token, time.process_time() - cpu
 
 
 def main() -> None:
@@ -110,17 +120,24 @@ def main() -> None:
     # engine thread and the server's event loop, and count its own parsing as server overhead.
     client = multiprocessing.get_context("spawn").Pool(1)
 
-    def http_stream(messages: list[dict[str, str]], tokens: int) -> tuple[float, float]:
+    def http_stream(messages: list[dict[str, str]], tokens: int) -> tuple[float, float, float]:
         return client.apply(http_stream_in_child, (url, messages, tokens))
 
     try:
         hello = [{"role": "user", "content": "Tell me a long story."}]
         http_stream(hello, 8)  # warm-up
         direct, served = [], []
+        # CPU summed over the streams: the kernel counts it in 10 ms ticks.
+        loop_cpu_s = client_cpu_s = 0.0
         for _ in range(args.repeats):
-            served.append(http_stream(hello, args.tokens)[1])
+            loop_before = thread_cpu_s(thread.native_id)
+            _, per_token, cpu_s = http_stream(hello, args.tokens)
+            loop_cpu_s += thread_cpu_s(thread.native_id) - loop_before
+            client_cpu_s += cpu_s
+            served.append(per_token)
             direct.append(asyncio.run(engine_stream(app, hello, args.tokens)))
         overhead = statistics.median(served) / statistics.median(direct) - 1
+        streamed_tokens = args.repeats * args.tokens
 
         first_ttft, second_ttft = [], []
         for _ in range(args.repeats):
@@ -143,16 +160,28 @@ def main() -> None:
         "engine_ms_per_token": statistics.median(direct) * 1000,
         "http_ms_per_token": statistics.median(served) * 1000,
         "http_overhead": overhead,
+        "server_loop_cpu_us_per_token": loop_cpu_s / streamed_tokens * 1e6,
+        "client_cpu_us_per_token": client_cpu_s / streamed_tokens * 1e6,
         "prefix_tokens": args.prefix_tokens,
         "turn1_ttft_ms": statistics.median(first_ttft) * 1000,
         "turn2_ttft_ms": statistics.median(second_ttft) * 1000,
     }
     result["turn2_over_turn1"] = result["turn2_ttft_ms"] / result["turn1_ttft_ms"]
+    result["server_loop_share"] = (
+        result["server_loop_cpu_us_per_token"] / 1000 / result["http_ms_per_token"]
+    )
     print(f"{'figure':<28} {'value':>10}")
-    for key in ("engine_ms_per_token", "http_ms_per_token", "turn1_ttft_ms", "turn2_ttft_ms"):
-        print(f"{key:<28} {result[key]:>10.1f}")
-    print(f"{'http_overhead':<28} {result['http_overhead']:>10.1%}")
-    print(f"{'turn2_over_turn1':<28} {result['turn2_over_turn1']:>10.1%}")
+    for key in (
+        "engine_ms_per_token",
+        "http_ms_per_token",
+        "server_loop_cpu_us_per_token",
+        "client_cpu_us_per_token",
+        "turn1_ttft_ms",
+        "turn2_ttft_ms",
+    ):
+        print(f"{key:<30} {result[key]:>10.1f}")
+    for key in ("http_overhead", "server_loop_share", "turn2_over_turn1"):
+        print(f"{key:<30} {result[key]:>10.1%}")
     out = Path(args.out or f"benchmarks/results/serving-{int(time.time())}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
