@@ -208,6 +208,18 @@ async def test_closing_the_stage_from_another_thread_ends_its_requests() -> None
         await asyncio.wait_for(running, timeout=1)
 
 
+async def test_a_request_its_caller_cancels_as_the_stage_closes_ends_cancelled() -> None:
+    engine = ScriptedEngine(["a", "b"], stall_after=1, stall_s=60)
+    stage = stage_over(engine)
+    admitted = await stage.admit(text_request())
+    running = asyncio.ensure_future(admitted.run())
+    await asyncio.sleep(0.01)
+    running.cancel()
+    stage.close()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(running, timeout=1)
+
+
 async def test_a_closed_stage_refuses_new_requests_with_503() -> None:
     stage = stage_over(ScriptedEngine())
     await stage.admit(text_request())

@@ -309,6 +309,8 @@ class AdmittedRequest:
         self._used = False
         self._cancelled = False
         self._interrupted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiter: asyncio.Task[Any] | None = None  # the task awaiting the engine's next event
+        self._interrupting = False  # `interrupt` cancelled `_waiter`
 
     def cancel(self) -> None:
         if not self._cancelled:
@@ -320,6 +322,9 @@ class AdmittedRequest:
         if not self._interrupted.done():
             self._interrupted.set_exception(error)
             self._interrupted.exception()  # retrieved: a request never run must not warn
+            if self._waiter is not None:
+                self._interrupting = True
+                self._waiter.cancel()
         self.cancel()
 
     async def events(self) -> AsyncIterator[CompletionEvent]:
@@ -346,18 +351,24 @@ class AdmittedRequest:
             self.cancel()
 
     async def _next_event(self) -> EngineEvent | None:
-        """The engine's next event (None at its end), unless the request is interrupted first."""
+        """The engine's next event (None at its end), unless the request is interrupted first.
+
+        `interrupt` cancels this wait and the cancellation becomes the interruption's error:
+        racing the event against an interrupt future instead cost a task and an
+        `asyncio.wait` a token, on the loop that shares the cores with the engine."""
         if self._interrupted.done():
             self._interrupted.result()
-        step = asyncio.ensure_future(anext(self._stream, None))
+        waiter = self._waiter = asyncio.current_task()
         try:
-            await asyncio.wait({step, self._interrupted}, return_when=asyncio.FIRST_COMPLETED)
+            return await anext(self._stream, None)
+        except asyncio.CancelledError:
+            if self._interrupting and waiter is not None:
+                self._interrupting = False
+                if waiter.uncancel() == 0:  # nobody else cancelled the task too
+                    self._interrupted.result()  # raises the interruption
+            raise
         finally:
-            if not step.done():
-                step.cancel()
-        if not step.done() or step.cancelled():
-            self._interrupted.result()  # raises the interruption
-        return step.result()
+            self._waiter = None
 
     async def run(self) -> InferenceResult:
         text: list[str] = []
