@@ -29,6 +29,7 @@ from modelhost.engine.events import (
 from modelhost.engine.events import TokenLogprob as EngineLogprob
 from modelhost.inference.admission import AdmissionPolicy, check_placement
 from modelhost.inference.contracts import (
+    SERVER_SHUTTING_DOWN,
     AdmissionLimits,
     BatchStats,
     ChatPrompt,
@@ -257,7 +258,7 @@ class InferenceStage:
 
     def _interrupt_all(self) -> None:
         for admitted in list(self._live):
-            admitted.interrupt(EngineUnavailable("the server is shutting down"))
+            admitted.interrupt(EngineUnavailable(SERVER_SHUTTING_DOWN))
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
@@ -310,7 +311,6 @@ class AdmittedRequest:
         self._cancelled = False
         self._interrupted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiter: asyncio.Task[Any] | None = None  # the task awaiting the engine's next event
-        self._interrupting = False  # `interrupt` cancelled `_waiter`
 
     def cancel(self) -> None:
         if not self._cancelled:
@@ -323,7 +323,6 @@ class AdmittedRequest:
             self._interrupted.set_exception(error)
             self._interrupted.exception()  # retrieved: a request never run must not warn
             if self._waiter is not None:
-                self._interrupting = True
                 self._waiter.cancel()
         self.cancel()
 
@@ -362,10 +361,11 @@ class AdmittedRequest:
         try:
             return await anext(self._stream, None)
         except asyncio.CancelledError:
-            if self._interrupting and waiter is not None:
-                self._interrupting = False
-                if waiter.uncancel() == 0:  # nobody else cancelled the task too
-                    self._interrupted.result()  # raises the interruption
+            # Once interrupted, the cancellation is `interrupt`'s (an interrupted request never
+            # waits here again: the check above raises first); `uncancel` leaves 0 when nobody
+            # else cancelled the task too.
+            if self._interrupted.done() and waiter is not None and waiter.uncancel() == 0:
+                self._interrupted.result()  # raises the interruption
             raise
         finally:
             self._waiter = None
