@@ -275,6 +275,11 @@ class UnsupportedExecution(RequestError):
         self.reasons = tuple(reasons)
 
 
+# What a request cut by the server's own shutdown is told, by the stage and by the front's
+# relay alike.
+SERVER_SHUTTING_DOWN = "the server is shutting down"
+
+
 class EngineUnavailable(RequestError):
     """The engine closed (shutdown) while the request waited or ran (503)."""
 

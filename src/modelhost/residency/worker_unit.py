@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 from starlette.types import Receive, Scope, Send
 
-from modelhost.inference.contracts import EngineUnavailable
+from modelhost.inference.contracts import SERVER_SHUTTING_DOWN, EngineUnavailable
 from modelhost.residency.supervisor import MAX_RESTARTS, WorkerFailed, WorkerProcess
 from modelhost.residency.worker import worker_config
 from modelhost.residency.worker_transport import worker_transport
@@ -259,7 +259,7 @@ class WorkerUnit:
 
     def _cut_stream_frame(self, path: str) -> bytes:
         if self._ending:
-            closing = EngineUnavailable("the server is shutting down")
+            closing = EngineUnavailable(SERVER_SHUTTING_DOWN)
             return stream_error_frame(path, closing.status, closing.body).encode()
         why = "it stopped in the middle of the stream"
         return stream_error_frame(path, 502, unavailable_body(self.model_id, why)).encode()
