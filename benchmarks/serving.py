@@ -170,7 +170,7 @@ def main() -> None:
     result["server_loop_share"] = (
         result["server_loop_cpu_us_per_token"] / 1000 / result["http_ms_per_token"]
     )
-    print(f"{'figure':<28} {'value':>10}")
+    print(f"{'figure':<30} {'value':>10}")
     for key in (
         "engine_ms_per_token",
         "http_ms_per_token",
