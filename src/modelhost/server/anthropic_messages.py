@@ -43,6 +43,7 @@ from modelhost.server.http import (
     respond_stream,
     serving_stage,
 )
+from modelhost.server.sse_frames import TextFrames
 
 ROUTE = "POST /v1/messages"
 COUNT_ROUTE = "POST /v1/messages/count_tokens"
@@ -189,6 +190,7 @@ class MessageStream:
         self.prompt_tokens = prompt_tokens
         self.index = -1  # the current block's index
         self.open: str | None = None  # the current block's type, while it is open
+        self._deltas: TextFrames | None = None  # the open text or thinking block's deltas
 
     def start(self) -> list[str]:
         message = {
@@ -205,13 +207,24 @@ class MessageStream:
     def delta(self, event: CompletionEvent) -> list[str]:
         frames: list[str] = []
         if event.reasoning:
-            frames += self._block({"type": "thinking", "thinking": ""})
-            delta = {"type": "thinking_delta", "thinking": event.reasoning}
-            frames.append(self._delta(delta))
+            frames += self._text_block("thinking")
+            frames.append(self._text_delta(event.reasoning))
         if event.text:
-            frames += self._block({"type": "text", "text": ""})
-            frames.append(self._delta({"type": "text_delta", "text": event.text}))
+            frames += self._text_block("text")
+            frames.append(self._text_delta(event.text))
         return frames
+
+    def _text_block(self, kind: str) -> list[str]:
+        """Open a `kind` block ("text" or "thinking") unless it is open, with its deltas."""
+        frames = self._block({"type": kind, kind: ""})
+        if frames:
+            delta = f"{kind}_delta"
+            self._deltas = TextFrames(lambda text: self._delta({"type": delta, kind: text}))
+        return frames
+
+    def _text_delta(self, text: str) -> str:
+        assert self._deltas is not None
+        return self._deltas(text)
 
     def finish(self, event: CompletionEvent) -> list[str]:
         assert event.usage is not None and event.finish_reason is not None

@@ -21,6 +21,7 @@ from modelhost.inference.contracts import GrammarSpec, InvalidRequest
 from modelhost.inference.media import MEDIA_PARTS, media_kinds
 from modelhost.inference.tool_choice import forced_call
 from modelhost.server import openai_fields as fields
+from modelhost.server.sse_frames import compact_json
 
 ROLES = ("user", "assistant", "system")
 PING = 'event: ping\ndata: {"type":"ping"}\n\n'
@@ -39,8 +40,7 @@ def new_message_id() -> str:
 
 
 def event(name: str, payload: Mapping[str, Any]) -> str:
-    data = json.dumps({"type": name, **payload}, ensure_ascii=False, separators=(",", ":"))
-    return f"event: {name}\ndata: {data}\n\n"
+    return f"event: {name}\ndata: {compact_json({'type': name, **payload})}\n\n"
 
 
 # ---------------------------------------------------------------------------------------------

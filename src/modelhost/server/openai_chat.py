@@ -47,6 +47,7 @@ from modelhost.server.openai_wire import (
     tool_calls_json,
     usage_json,
 )
+from modelhost.server.sse_frames import TextFrames
 
 ROUTE = "POST /v1/chat/completions"
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
@@ -253,6 +254,8 @@ class ChatStream:
         self.meta = {**meta, "object": "chat.completion.chunk"}
         self.include_usage = include_usage
         self.want_logprobs = want_logprobs
+        self._content = TextFrames(lambda text: self._chunk({"content": text}, None))
+        self._reasoning = TextFrames(lambda text: self._chunk({"reasoning": text}, None))
 
     def _chunk(
         self, delta: dict[str, Any], finish_reason: str | None, logprobs: Any = None, **extra: Any
@@ -266,13 +269,14 @@ class ChatStream:
     def delta(self, event: CompletionEvent) -> list[str]:
         frames = []
         if event.reasoning:
-            frames.append(self._chunk({"reasoning": event.reasoning}, None))
+            frames.append(self._reasoning(event.reasoning))
         if not event.text and not event.logprobs:
             return frames
-        logprobs = None
         if self.want_logprobs and event.logprobs:
             logprobs = chat_logprobs_json(event.logprobs)
-        frames.append(self._chunk({"content": event.text}, None, logprobs))
+            frames.append(self._chunk({"content": event.text}, None, logprobs))
+        else:
+            frames.append(self._content(event.text))
         return frames
 
     def finish(self, event: CompletionEvent) -> list[str]:

@@ -47,6 +47,7 @@ from modelhost.server.openai_wire import (
     text_logprobs_json,
     usage_json,
 )
+from modelhost.server.sse_frames import TextFrames
 
 ROUTE = "POST /v1/completions"
 MAX_LOGPROBS = 5
@@ -171,6 +172,7 @@ class TextStream:
         self.want_logprobs = want_logprobs
         self.echo = echo  # the prompt, until the first chunk has carried it
         self.text_offset = 0
+        self._text = TextFrames(lambda text: self._chunk(text, None))
 
     def _chunk(self, text: str, finish_reason: str | None, logprobs: Any = None, **extra: Any):
         choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
@@ -184,11 +186,13 @@ class TextStream:
         text = prefix + event.text
         if not text and not event.logprobs:
             return []
-        logprobs = None
         if self.want_logprobs and (event.logprobs or event.prompt_logprobs):
             logprobs = echo_logprobs_json(event.prompt_logprobs, event.logprobs, self.text_offset)
+            frame = self._chunk(text, None, logprobs)
+        else:
+            frame = self._text(text)
         self.text_offset += len(text)
-        return [self._chunk(text, None, logprobs)]
+        return [frame]
 
     def finish(self, event: CompletionEvent) -> list[str]:
         assert event.usage is not None

@@ -17,7 +17,6 @@ item (first) and `function_call` items (last). A forced `tool_choice` and `text.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Mapping
@@ -60,6 +59,7 @@ from modelhost.server.responses_wire import (
     text_format,
     usage_json,
 )
+from modelhost.server.sse_frames import compact_json
 
 ROUTE = "POST /v1/responses"
 
@@ -241,8 +241,7 @@ class ResponseStream:
     def _event(self, kind: str, payload: Mapping[str, Any]) -> str:
         body = {"type": kind, "sequence_number": self.sequence_number, **payload}
         self.sequence_number += 1
-        data = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
-        return f"event: {kind}\ndata: {data}\n\n"
+        return f"event: {kind}\ndata: {compact_json(body)}\n\n"
 
     @property
     def _where(self) -> dict[str, Any]:

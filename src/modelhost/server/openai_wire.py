@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import uuid
 from collections.abc import Mapping, Sequence
@@ -11,6 +10,7 @@ from typing import Any
 from starlette.responses import JSONResponse, Response
 
 from modelhost.inference.contracts import CompletionUsage, TokenLogprob
+from modelhost.server.sse_frames import compact_json
 from modelhost.text.tool_calls import ToolCall
 
 DONE = "data: [DONE]\n\n"
@@ -22,7 +22,7 @@ def new_id(prefix: str) -> str:
 
 
 def sse(payload: Mapping[str, Any]) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    return f"data: {compact_json(payload)}\n\n"
 
 
 def usage_json(usage: CompletionUsage) -> dict[str, Any]:
