@@ -81,7 +81,34 @@ class EngineConfig:
         return max(2, budget // block_bytes)
 
 
-_Delivery = tuple[asyncio.Queue, EngineEvent | BaseException]  # a stream's queue and its item
+class _RowEvents:
+    """One row's events on its event loop, for its one reader: what an `asyncio.Queue` does
+    here without its bounds, task counting and waiter lists, which ran for every token."""
+
+    __slots__ = ("_items", "_loop", "_waiter")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._items: deque[EngineEvent | BaseException] = deque()
+        self._loop = loop
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, item: EngineEvent | BaseException) -> None:
+        """On the loop's thread."""
+        self._items.append(item)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def get(self) -> EngineEvent | BaseException:
+        while not self._items:  # a cancelled wait leaves the items for the next one
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._items.popleft()
+
+
+_Delivery = tuple[_RowEvents, EngineEvent | BaseException]  # a stream's events and one more
 
 
 class RequestStream:
@@ -91,11 +118,11 @@ class RequestStream:
         self.request_id = seq_id
         self._engine = engine
         self._loop = loop
-        self._queue: asyncio.Queue[EngineEvent | BaseException] = asyncio.Queue()
+        self._events = _RowEvents(loop)
         self._done = False
 
     def _post(self, item: EngineEvent | BaseException) -> None:
-        self._engine._outbox.setdefault(self._loop, []).append((self._queue, item))
+        self._engine._outbox.setdefault(self._loop, []).append((self._events, item))
 
     def __aiter__(self) -> AsyncIterator[EngineEvent]:
         return self
@@ -103,7 +130,7 @@ class RequestStream:
     async def __anext__(self) -> EngineEvent:
         if self._done:
             raise StopAsyncIteration
-        item = await self._queue.get()
+        item = await self._events.get()
         if isinstance(item, BaseException):
             self._done = True
             raise item
@@ -348,8 +375,8 @@ class Engine:
 
 
 def _put_all(items: list[_Delivery]) -> None:
-    for queue, item in items:
-        queue.put_nowait(item)
+    for events, item in items:
+        events.put(item)
 
 
 def _output(seq: Sequence) -> RowOutput:

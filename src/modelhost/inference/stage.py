@@ -401,8 +401,8 @@ class AdmittedRequest:
             self.completion_tokens += len(event.token_ids)
             if self.first_token_at is None:
                 self.first_token_at = self._clock()
-        logprobs = tuple(_logprob(lp) for lp in event.logprobs or ())
-        prompt_logprobs = tuple(_logprob(lp) for lp in event.prompt_logprobs or ())
+        logprobs = tuple(map(_logprob, event.logprobs or ()))
+        prompt_logprobs = tuple(map(_logprob, event.prompt_logprobs or ()))
         if event.finish_reason is None:
             if not event.text and not event.token_ids and not logprobs:
                 return None

@@ -27,6 +27,8 @@ class _AsyncioStream(httpcore.AsyncNetworkStream):
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         try:
+            if timeout is None:  # a relayed stream's reads (no read timeout): one a token
+                return await self._reader.read(max_bytes)
             async with asyncio.timeout(timeout):
                 return await self._reader.read(max_bytes)
         except TimeoutError as exc:
