@@ -108,7 +108,7 @@ class _RowEvents:
         return self._items.popleft()
 
 
-_Delivery = tuple[_RowEvents, EngineEvent | BaseException]  # a stream's events and one more
+_Delivery = tuple[_RowEvents, EngineEvent | BaseException]  # a stream's buffer and its next item
 
 
 class RequestStream:
