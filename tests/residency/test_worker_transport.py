@@ -7,11 +7,10 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import httpcore
 import httpx
 import pytest
 
-from modelhost.residency.worker_transport import AsyncioUnixBackend, worker_transport
+from modelhost.residency.worker_transport import worker_transport
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -82,44 +81,67 @@ async def test_a_missing_socket_is_a_connect_error(tmp_path: Path):
             await http.get("/stats")
 
 
-async def test_a_connection_the_worker_closed_while_idle_is_not_reused(tmp_path: Path):
+async def test_each_request_has_its_own_connection_which_asks_the_worker_to_close_it(
+    tmp_path: Path,
+):
     path = tmp_path / "w.sock"
-    connections = []
+    requests: list[bytes] = []
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connections.append(writer)
-        await read_request(reader)
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        requests.append(head + await reader.readexactly(length))
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
         await writer.drain()
-        writer.close()  # keep-alive offered, then the worker's end closes (a restart)
+        writer.close()
         await writer.wait_closed()
 
     server = await serve(path, handler)
     async with server, client(path) as http:
-        assert (await http.get("/a")).text == "ok"
-        await asyncio.sleep(0.05)  # the close reaches the idle connection
-        assert (await http.get("/b")).text == "ok"
-    assert len(connections) == 2
+        first = await http.post("/v1/a?x=1", content=b'{"model":"m"}')
+        second = await http.post("/v1/b", content=b"{}")
+    assert (first.status_code, first.text, second.text) == (200, "ok", "ok")
+    assert len(requests) == 2
+    assert requests[0].startswith(b"POST /v1/a?x=1 HTTP/1.1\r\n")
+    assert requests[0].endswith(b'\r\n\r\n{"model":"m"}')
+    assert requests[0].lower().count(b"connection:") == 1
+    assert b"connection: close\r\n" in requests[0].lower()
+
+
+async def test_a_json_answer_arrives_whole_with_its_headers(tmp_path: Path):
+    path = tmp_path / "w.sock"
+    body = b'{"object":"list","data":[]}'
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(
+            b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\n"
+            b"x-request-id: r1\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+
+    server = await serve(path, handler)
+    async with server, client(path) as http:
+        response = await http.get("/v1/models/x")
+    assert response.status_code == 404
+    assert response.headers["x-request-id"] == "r1"
+    assert response.json() == {"object": "list", "data": []}
 
 
 async def test_a_read_past_its_timeout_is_a_read_timeout(tmp_path: Path):
     path = tmp_path / "w.sock"
     answered = asyncio.Event()
-    closed = asyncio.Event()
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
         await answered.wait()  # not in time
         writer.close()
         await writer.wait_closed()
-        closed.set()
 
     server = await serve(path, handler)
-    stream = await AsyncioUnixBackend().connect_unix_socket(str(path))
-    async with server:
-        await stream.write(b"GET / HTTP/1.1\r\nhost: worker\r\n\r\n")
-        with pytest.raises(httpcore.ReadTimeout):
-            await stream.read(1024, timeout=0.05)
+    async with server, client(path) as http:
+        with pytest.raises(httpx.ReadTimeout):
+            await http.get("/stats", timeout=0.05)
         answered.set()
-        await closed.wait()
-        await stream.aclose()
