@@ -145,3 +145,41 @@ async def test_a_read_past_its_timeout_is_a_read_timeout(tmp_path: Path):
         with pytest.raises(httpx.ReadTimeout):
             await http.get("/stats", timeout=0.05)
         answered.set()
+
+
+async def test_an_interim_100_continue_before_the_answer_is_skipped(tmp_path: Path):
+    path = tmp_path / "w.sock"
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.05)  # the interim answer arrives alone
+        writer.write(b"HTTP/1.1 201 Created\r\nx-answer: yes\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+
+    server = await serve(path, handler)
+    async with server, client(path) as http:
+        response = await http.post("/v1/x", content=b"{}")
+    assert (response.status_code, response.text) == (201, "ok")
+    assert response.headers["x-answer"] == "yes"
+
+
+async def test_a_clients_expect_header_is_not_forwarded_to_the_worker(tmp_path: Path):
+    path = tmp_path / "w.sock"
+    heads: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        heads.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+
+    server = await serve(path, handler)
+    async with server, client(path) as http:
+        response = await http.post("/v1/x", content=b"{}", headers={"expect": "100-continue"})
+    assert response.text == "ok"
+    assert b"expect" not in heads[0].lower()

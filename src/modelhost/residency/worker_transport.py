@@ -18,22 +18,32 @@ import httptools
 import httpx
 
 READ_BYTES = 65536
+# Ours says `connection: close`; the body goes out with the head, so nothing waits for a
+# `100 Continue` (a client's `expect` would have the worker send one first).
+_NOT_FORWARDED = frozenset({b"connection", b"expect"})
 
 
 class _Message:
-    """httptools' callbacks for one response: its headers, then its body's pieces."""
+    """httptools' callbacks for one response: its headers, then its body's pieces. An interim
+    (1xx) response before it is skipped, as httpx's own transports do."""
 
     def __init__(self, head_only: bool) -> None:
         self.head_only = head_only  # a HEAD request's response has headers only
+        self.parser = httptools.HttpResponseParser(self)
         self.headers: list[tuple[bytes, bytes]] = []
         self.headers_done = False
         self.body: deque[bytes] = deque()
         self.complete = False
+        self._interim = False
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        self._interim = self.parser.get_status_code() < 200
+        if self._interim:
+            self.headers.clear()
+            return
         self.headers_done = True
         self.complete = self.head_only
 
@@ -41,6 +51,9 @@ class _Message:
         self.body.append(body)
 
     def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
         self.complete = True
 
 
@@ -57,7 +70,6 @@ class _Connection:
         self.reader = reader
         self.writer = writer
         self.message = _Message(head_only=request.method == "HEAD")
-        self.parser = httptools.HttpResponseParser(self.message)
         self.read_timeout: float | None = request.extensions.get("timeout", {}).get("read")
 
     async def send_request(self, timeout: float | None) -> None:
@@ -67,7 +79,7 @@ class _Connection:
         lines += [
             name + b": " + value
             for name, value in request.headers.raw
-            if name.lower() != b"connection"  # ours says close
+            if name.lower() not in _NOT_FORWARDED
         ]
         head = b"\r\n".join([*lines, b"connection: close", b"", b""])
         try:
@@ -78,8 +90,10 @@ class _Connection:
                 await self.writer.drain()
         except TimeoutError as exc:
             raise httpx.WriteTimeout(str(exc), request=request) from exc
-        except OSError as exc:
-            raise httpx.WriteError(str(exc), request=request) from exc
+        except OSError:
+            # The worker may have answered and closed before taking the whole body (as
+            # httpcore does, read its answer; a worker that sent none fails that read).
+            pass
 
     async def read_more(self) -> None:
         """Feed the parser what the worker sent next; the worker closing first is an error."""
@@ -98,7 +112,7 @@ class _Connection:
                 "the worker closed the connection before the response ended", request=self.request
             )
         try:
-            self.parser.feed_data(data)
+            self.message.parser.feed_data(data)
         except httptools.HttpParserError as exc:
             raise httpx.RemoteProtocolError(str(exc), request=self.request) from exc
 
@@ -147,7 +161,7 @@ class WorkerTransport(httpx.AsyncBaseTransport):
             connection.close()
             raise
         return httpx.Response(
-            connection.parser.get_status_code(),
+            connection.message.parser.get_status_code(),
             headers=connection.message.headers,
             stream=_Body(connection),
             extensions={"http_version": b"HTTP/1.1"},
