@@ -26,6 +26,14 @@ def chunk(data: bytes) -> bytes:
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 
 
+async def answer_and_close(writer: asyncio.StreamWriter, data: bytes) -> None:
+    """The worker's last bytes on this connection, then its end closes."""
+    writer.write(data)
+    await writer.drain()
+    writer.close()
+    await writer.wait_closed()
+
+
 async def serve(path: Path, handler: Handler) -> asyncio.AbstractServer:
     return await asyncio.start_unix_server(handler, path=str(path))
 
@@ -91,10 +99,7 @@ async def test_each_request_has_its_own_connection_which_asks_the_worker_to_clos
         head = await reader.readuntil(b"\r\n\r\n")
         length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
         requests.append(head + await reader.readexactly(length))
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-        await writer.drain()
-        writer.close()
-        await writer.wait_closed()
+        await answer_and_close(writer, b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
 
     server = await serve(path, handler)
     async with server, client(path) as http:
@@ -114,13 +119,11 @@ async def test_a_json_answer_arrives_whole_with_its_headers(tmp_path: Path):
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
-        writer.write(
+        await answer_and_close(
+            writer,
             b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\n"
-            b"x-request-id: r1\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+            b"x-request-id: r1\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body),
         )
-        await writer.drain()
-        writer.close()
-        await writer.wait_closed()
 
     server = await serve(path, handler)
     async with server, client(path) as http:
@@ -155,10 +158,9 @@ async def test_an_interim_100_continue_before_the_answer_is_skipped(tmp_path: Pa
         writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         await writer.drain()
         await asyncio.sleep(0.05)  # the interim answer arrives alone
-        writer.write(b"HTTP/1.1 201 Created\r\nx-answer: yes\r\ncontent-length: 2\r\n\r\nok")
-        await writer.drain()
-        writer.close()
-        await writer.wait_closed()
+        await answer_and_close(
+            writer, b"HTTP/1.1 201 Created\r\nx-answer: yes\r\ncontent-length: 2\r\n\r\nok"
+        )
 
     server = await serve(path, handler)
     async with server, client(path) as http:
@@ -173,10 +175,7 @@ async def test_a_clients_expect_header_is_not_forwarded_to_the_worker(tmp_path: 
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         heads.append(await reader.readuntil(b"\r\n\r\n"))
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-        await writer.drain()
-        writer.close()
-        await writer.wait_closed()
+        await answer_and_close(writer, b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
 
     server = await serve(path, handler)
     async with server, client(path) as http:
