@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from modelhost.residency.worker_transport import worker_transport
+from modelhost.residency.worker_transport import WorkerTransport
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -39,7 +39,7 @@ async def serve(path: Path, handler: Handler) -> asyncio.AbstractServer:
 
 
 def client(path: Path) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=worker_transport(str(path)), base_url="http://worker")
+    return httpx.AsyncClient(transport=WorkerTransport(str(path)), base_url="http://worker")
 
 
 async def test_a_streamed_body_arrives_chunk_by_chunk(tmp_path: Path):

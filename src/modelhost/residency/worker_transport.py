@@ -65,12 +65,13 @@ class _Connection:
         request: httpx.Request,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
+        read_timeout: float | None,
     ) -> None:
         self.request = request
         self.reader = reader
         self.writer = writer
         self.message = _Message(head_only=request.method == "HEAD")
-        self.read_timeout: float | None = request.extensions.get("timeout", {}).get("read")
+        self.read_timeout = read_timeout
 
     async def send_request(self, timeout: float | None) -> None:
         request = self.request
@@ -140,6 +141,8 @@ class _Body(httpx.AsyncByteStream):
 
 
 class WorkerTransport(httpx.AsyncBaseTransport):
+    """httpx's transport to the worker listening on `socket_path`."""
+
     def __init__(self, socket_path: str) -> None:
         self.socket_path = socket_path
 
@@ -152,7 +155,7 @@ class WorkerTransport(httpx.AsyncBaseTransport):
             raise httpx.ConnectTimeout(str(exc), request=request) from exc
         except OSError as exc:
             raise httpx.ConnectError(str(exc), request=request) from exc
-        connection = _Connection(request, reader, writer)
+        connection = _Connection(request, reader, writer, timeouts.get("read"))
         try:
             await connection.send_request(timeouts.get("write"))
             while not connection.message.headers_done:
@@ -166,8 +169,3 @@ class WorkerTransport(httpx.AsyncBaseTransport):
             stream=_Body(connection),
             extensions={"http_version": b"HTTP/1.1"},
         )
-
-
-def worker_transport(socket_path: str) -> httpx.AsyncBaseTransport:
-    """httpx's transport to `socket_path`."""
-    return WorkerTransport(socket_path)

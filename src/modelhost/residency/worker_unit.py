@@ -21,7 +21,7 @@ from starlette.types import Receive, Scope, Send
 from modelhost.inference.contracts import SERVER_SHUTTING_DOWN, EngineUnavailable
 from modelhost.residency.supervisor import MAX_RESTARTS, WorkerFailed, WorkerProcess
 from modelhost.residency.worker import worker_config
-from modelhost.residency.worker_transport import worker_transport
+from modelhost.residency.worker_transport import WorkerTransport
 from modelhost.server.anthropic_wire import anthropic_error_json, event
 from modelhost.server.http import stream_status, wait_for_disconnect
 from modelhost.server.metrics import current_request
@@ -147,7 +147,7 @@ class WorkerUnit:
             old, self._client = self._client, None
             if old is not None:
                 asyncio.get_running_loop().create_task(old.aclose())
-            transport = worker_transport(socket_path)
+            transport = WorkerTransport(socket_path)
             timeout = httpx.Timeout(connect=10.0, read=None, write=60.0, pool=60.0)
             self._client = httpx.AsyncClient(
                 transport=transport, base_url="http://worker", timeout=timeout
