@@ -37,6 +37,7 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from live_server import LiveServer  # noqa: E402
 from scripted_engine import ScriptedEngine, scripted_model  # noqa: E402
+from serving import thread_cpu_s  # noqa: E402  (beside this script)
 
 from modelhost.server.app import ServeSettings, build_app  # noqa: E402
 
@@ -119,11 +120,9 @@ class FloorServer:
 
 def loop_cpu_us(thread: threading.Thread, run: Callable[[], object], frames: int) -> float:
     """CPU microseconds of `thread` a frame while `run()` streams `frames` frames."""
-    assert thread.ident is not None
-    clock = time.pthread_getcpuclockid(thread.ident)
-    before = time.clock_gettime(clock)
+    before = thread_cpu_s(thread)
     run()
-    return (time.clock_gettime(clock) - before) / frames * 1e6
+    return (thread_cpu_s(thread) - before) / frames * 1e6
 
 
 def main() -> None:
