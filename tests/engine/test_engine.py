@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 import torch
@@ -229,6 +230,37 @@ async def test_engine_keeps_decoding_running_streams_while_a_long_prompt_prefill
         short.cancel()
     finally:
         engine.close()
+
+
+async def test_engine_hands_out_a_steps_token_before_the_next_steps_layers_run(
+    smollm2, monkeypatch
+):
+    network = smollm2.network
+    received = threading.Event()
+    seen_in_time: list[bool] = []
+
+    def gated_forward(batch, kv, before_layers):
+        def layers_wait_for_the_last_token():
+            before_layers()
+            seen_in_time.append(received.wait(timeout=10))
+            received.clear()
+
+        decoding = batch.prompt_index is None
+        gate = layers_wait_for_the_last_token if decoding else before_layers
+        return type(network).forward(network, batch, kv, gate)
+
+    monkeypatch.setattr(network, "forward", gated_forward)
+    engine = Engine(smollm2, EngineConfig(batch=2))
+    try:
+        prompt = smollm2.tokenizer.encode("Count slowly:")
+        params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+        async for event in engine.submit(prompt, params):
+            if event.token_ids:
+                received.set()
+    finally:
+        engine.close()
+    # Tokens 1-4 each went out while the step after theirs was under way, not at its end.
+    assert seen_in_time == [True] * 4
 
 
 def test_engine_default_pool_holds_one_full_context_and_an_explicit_budget_is_kept(smollm2):

@@ -22,10 +22,10 @@ async def threads_per_step(
     network = smollm2.network
     seen: list[tuple[int, int]] = []
 
-    def recording_forward(batch, kv):
+    def recording_forward(batch, kv, before_layers):
         prompt = 0 if batch.prompt_index is None else batch.prompt_index.numel()
         seen.append((prompt, torch.get_num_threads()))
-        return type(network).forward(network, batch, kv)
+        return type(network).forward(network, batch, kv, before_layers)
 
     monkeypatch.setattr(network, "forward", recording_forward)
     engine = Engine(smollm2, EngineConfig(batch=2, prompt_threads=prompt_threads))

@@ -295,29 +295,29 @@ class Engine:
         self._fail_all(EngineClosed())
 
     def _step(self) -> None:
+        # While more steps follow, a step's events wait for the next step's layers to start:
+        # the event loops they wake then run while the kernels have let go of the GIL, instead
+        # of taking turns with this thread's Python between the steps (SmolLM2, one stream
+        # through HTTP: 7.2 -> 6.8 ms a token, the loop's CPU 332 -> 262 us a token).
+        held, self._outbox = self._outbox, {}
         try:
-            self._step_rows()
+            self._step_rows(before_layers=lambda: _deliver(held))
         finally:
-            self._deliver()
+            _deliver(held)  # this step computed nothing, or failed
+            if not self.scheduler.has_work:
+                self._deliver()
 
     def _deliver(self) -> None:
-        """Hand the events posted since the last delivery to their event loops, one wake-up
-        per loop: a step's rows share one, instead of each waking the loop (and taking a
-        core from the kernels' threads) on its own."""
-        outbox, self._outbox = self._outbox, {}
-        for loop, items in outbox.items():
-            # RuntimeError: the consumer's loop is gone; its rows are being cancelled anyway.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_put_all, items)
+        _deliver(self._outbox)
 
-    def _step_rows(self) -> None:
+    def _step_rows(self, before_layers: Callable[[], None]) -> None:
         out = self.scheduler.schedule()
         for seq in out.finished:
             self._finish(seq, EngineEvent(), seq.finish_reason or "abort", None)
         if out.is_empty:
             return
         sampling_rows = [row.seq for row in out.rows if row.samples]
-        logits = self.runner.execute(out)
+        logits = self.runner.execute(out, before_layers)
         self._num_steps += 1
         logits = self._score_prompts(out, logits, len(sampling_rows))
         tokens = sample(logits, [_output(seq).sampling for seq in sampling_rows])
@@ -372,6 +372,17 @@ class Engine:
             _output(seq).post(error)
         self._live.clear()
         self._deliver()
+
+
+def _deliver(outbox: dict[asyncio.AbstractEventLoop, list[_Delivery]]) -> None:
+    """Hand the posted events to their event loops and empty `outbox`: one wake-up per loop,
+    which a step's rows share instead of each waking the loop (and taking a core from the
+    kernels' threads) on its own."""
+    for loop, items in outbox.items():
+        # RuntimeError: the consumer's loop is gone; its rows are being cancelled anyway.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_put_all, items)
+    outbox.clear()
 
 
 def _put_all(items: list[_Delivery]) -> None:

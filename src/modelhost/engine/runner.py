@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from modelhost.engine.block_manager import cdiv
@@ -60,20 +62,23 @@ class ModelRunner:
             self.kv.blocks(layer).index_fill_(0, index, 0.0)
         self._zeroed.update(blocks)
 
-    def execute(self, out: SchedulerOutput) -> torch.Tensor:
-        """Logits [S, vocab] for the rows that sample this step, in row order."""
+    def execute(
+        self, out: SchedulerOutput, before_layers: Callable[[], None] | None = None
+    ) -> torch.Tensor:
+        """Logits [S, vocab] for the rows that sample this step, in row order. The network
+        calls `before_layers` once its layers are about to run."""
         batch = self.build_batch(out)
         prompt = batch.prompt_index
         few_prompt_tokens = prompt is None or prompt.numel() < PROMPT_THREADS_MIN_TOKENS
         if self.prompt_threads is None or (few_prompt_tokens and not self.threads_every_step):
-            return self.model.network(batch, self.kv)
+            return self.model.network(batch, self.kv, before_layers)
         # Decode steps on the native kernels stay on the serving thread count: on a shared
         # machine a second intra-op thread slows small matmuls down (a step waits for a
         # preempted thread).
         threads = torch.get_num_threads()
         torch.set_num_threads(self.prompt_threads)
         try:
-            return self.model.network(batch, self.kv)
+            return self.model.network(batch, self.kv, before_layers)
         finally:
             torch.set_num_threads(threads)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -47,8 +49,15 @@ class DecoderLM(nn.Module):
         return "local" if self.config.is_sliding_layer(layer) else "global"
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
-        """Next-token logits [S, vocab] for the tokens in `batch.logits_index`."""
+    def forward(
+        self,
+        batch: ForwardBatch,
+        kv: KVCache,
+        before_layers: Callable[[], None] | None = None,
+    ) -> torch.Tensor:
+        """Next-token logits [S, vocab] for the tokens in `batch.logits_index`.
+        `before_layers` runs once the layers are about to start: their kernels let go of the
+        GIL for most of the step, and the engine hands its last step's tokens out then."""
         hidden = self.model.embed_tokens(batch.input_ids)
         if self.embed_scale != 1.0:
             hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
@@ -56,6 +65,8 @@ class DecoderLM(nn.Module):
         if self.config.sliding_window is not None:
             ropes["local"] = self.rotary_local.cos_sin(batch.positions, hidden.dtype)
         fused = self.fused_decode()
+        if before_layers is not None:
+            before_layers()
         if fused is not None and fused.can_run(batch, kv):
             hidden = fused.run(hidden, ropes, batch, kv)
         else:
