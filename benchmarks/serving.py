@@ -2,18 +2,18 @@
 
     .venv/bin/python benchmarks/serving.py [--model smollm2-135m-instruct] [--tokens 128]
                                            [--prefix-tokens 500] [--repeats 3] [--threads N]
-                                           [--out FILE]
+                                           [--client httpx|socket] [--out FILE]
 
 One process, one model, one engine: the same greedy stream (EOS ignored) is decoded straight
 from the engine and through a real HTTP server on 127.0.0.1 (the OpenAI chat route, streamed,
-read by httpx in a child process, as a user's client would be), alternately, so both see the
-same machine. The overhead is the HTTP stream's time per token over the engine's. On a machine
-with few cores that figure also holds the client's own reading and whatever else shares the
-cores, so the CPU a token of the server's event-loop thread (HTTP, SSE framing, the socket
-writes) and of the client are reported beside it. Then a conversation with a `--prefix-tokens`
-system prompt: the second turn's time to first token against the first's (its prefix comes from
-the KV cache). Prints a table and writes JSON (default benchmarks/results/serving-<time>.json).
-"""
+read in a child process by httpx, as a user's client would be, or by a bare socket),
+alternately, so both see the same machine. The overhead is the HTTP stream's time per token over
+the engine's. On a machine with few cores that figure also holds the client's own reading and
+whatever else shares the cores, so the CPU a token of the server's event-loop thread (HTTP, SSE
+framing, the socket writes) and of the client are reported beside it. Then a conversation with a
+`--prefix-tokens` system prompt: the second turn's time to first token against the first's (its
+prefix comes from the KV cache). Prints a table and writes JSON (default
+benchmarks/results/serving-<time>.json)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import json
 import multiprocessing
 import os
 import re
+import socket
 import statistics
 import threading
 import time
@@ -42,6 +43,7 @@ from modelhost.server.app import ServeSettings
 from modelhost.server.runner import server_for
 
 CONTENT = re.compile(r'"content":"[^"]')  # a chunk that carries text (not the opening role)
+CONTENT_BYTES = re.compile(CONTENT.pattern.encode())
 FILLER = "The quick brown fox jumps over the lazy dog while the sun sets slowly in the west. "
 
 
@@ -96,6 +98,32 @@ def http_stream_in_child(
     return stamps[0] - started, per_token, time.process_time() - cpu
 
 
+def socket_stream_in_child(
+    url: str, messages: list[dict[str, str]], tokens: int
+) -> tuple[float, float, float]:
+    """`http_stream_in_child`'s figures from the least a client can do: one socket, the request
+    written by hand, each read stamped if it carries text (a token's frame arrives alone, ~ms
+    after the one before). Its CPU a token is a fraction of httpx's, so on a machine with few
+    cores the wall-clock overhead is more the server's own."""
+    started = time.perf_counter()
+    cpu = time.process_time()
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps(chat_body(messages, tokens)).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\n"
+        f"content-type: application/json\r\ncontent-length: {len(body)}\r\n"
+        "connection: close\r\n\r\n"
+    ).encode()
+    stamps = []
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(head + body)
+        while data := sock.recv(65536):
+            if CONTENT_BYTES.search(data):
+                stamps.append(time.perf_counter())
+    per_token = (stamps[-1] - stamps[0]) / max(len(stamps) - 1, 1)
+    return stamps[0] - started, per_token, time.process_time() - cpu
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -104,6 +132,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--port", type=int, default=18931)
     parser.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 1) - 1))
+    parser.add_argument(
+        "--client",
+        choices=("httpx", "socket"),
+        default="httpx",
+        help="the streaming client: httpx, as a user's would be, or a bare socket (the least a "
+        "client costs; on few cores the wall-clock overhead is then more the server's own)",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)  # as `modelhost serve` sets them
@@ -120,8 +155,10 @@ def main() -> None:
     # engine thread and the server's event loop, and count its own parsing as server overhead.
     client = multiprocessing.get_context("spawn").Pool(1)
 
+    stream_in_child = http_stream_in_child if args.client == "httpx" else socket_stream_in_child
+
     def http_stream(messages: list[dict[str, str]], tokens: int) -> tuple[float, float, float]:
-        return client.apply(http_stream_in_child, (url, messages, tokens))
+        return client.apply(stream_in_child, (url, messages, tokens))
 
     try:
         hello = [{"role": "user", "content": "Tell me a long story."}]
@@ -155,6 +192,7 @@ def main() -> None:
     result = {
         "model": args.model,
         "threads": args.threads,
+        "client": args.client,
         "tokens": args.tokens,
         "engine_ms_per_token": statistics.median(direct) * 1000,
         "http_ms_per_token": statistics.median(served) * 1000,
