@@ -259,7 +259,7 @@ async def test_engine_hands_out_a_steps_token_before_the_next_steps_layers_run(
                 received.set()
     finally:
         engine.close()
-    # Tokens 1-4 each went out while the step after theirs was under way, not at its end.
+    # Tokens 1-4 each reached the stream before the layers of the step after theirs ended.
     assert seen_in_time == [True] * 4
 
 
