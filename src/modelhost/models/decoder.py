@@ -65,11 +65,11 @@ class DecoderLM(nn.Module):
         if self.config.sliding_window is not None:
             ropes["local"] = self.rotary_local.cos_sin(batch.positions, hidden.dtype)
         fused = self.fused_decode()
-        if before_layers is not None:
-            before_layers()
         if fused is not None and fused.can_run(batch, kv):
-            hidden = fused.run(hidden, ropes, batch, kv)
+            hidden = fused.run(hidden, ropes, batch, kv, before_layers)
         else:
+            if before_layers is not None:
+                before_layers()
             with token_roles(batch.prompt_index, batch.generated_index):
                 for index, layer in enumerate(self.model.layers):
                     hidden = layer(hidden, ropes[self.rope_for(index)], batch, kv)

@@ -13,6 +13,7 @@ decode step.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -113,8 +114,10 @@ class FusedDecode:
         ropes: dict[str, tuple[torch.Tensor, torch.Tensor]],
         batch: ForwardBatch,
         kv: KVCache,
+        before_layers: Callable[[], None] | None = None,
     ) -> torch.Tensor:
-        """The layers' output for hidden [rows, width] (updated in place)."""
+        """The layers' output for hidden [rows, width] (updated in place). `before_layers` runs
+        last before the native call, which holds no GIL."""
         hidden = hidden.contiguous()
         cos, sin = ropes["global"]
         local_cos, local_sin = ropes.get("local", ropes["global"])
@@ -134,6 +137,8 @@ class FusedDecode:
             block_size=kv.block_size,
             threads=self.kernels.threads,
         )
+        if before_layers is not None:
+            before_layers()
         self.kernels.decode_layers(hidden, self.layers, step)
         return hidden
 
