@@ -28,7 +28,6 @@ import socket
 import statistics
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,7 +36,7 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from live_server import LiveServer  # noqa: E402
 from scripted_engine import ScriptedEngine, scripted_model  # noqa: E402
-from serving import thread_cpu_s  # noqa: E402  (beside this script)
+from serving import thread_cpu_s, write_result  # noqa: E402  (beside this script)
 
 from modelhost.server.app import ServeSettings, build_app  # noqa: E402
 
@@ -177,10 +176,7 @@ def main() -> None:
         listed = " ".join(f"{x:.0f}" for x in runs)
         print(f"{name:<26} {statistics.median(runs):>8.1f}   {listed}")
     print(f"{'modelhost over the floor':<26} {result['modelhost_over_floor_us']:>8.1f}")
-    out = Path(args.out or f"benchmarks/results/http-layer-{int(time.time())}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {out}")
+    write_result(result, args.out, "http-layer")
 
 
 if __name__ == "__main__":

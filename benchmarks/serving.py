@@ -219,10 +219,15 @@ def main() -> None:
         print(f"{key:<30} {result[key]:>10.1f}")
     for key in ("http_overhead", "server_loop_share", "turn2_over_turn1"):
         print(f"{key:<30} {result[key]:>10.1%}")
-    out = Path(args.out or f"benchmarks/results/serving-{int(time.time())}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {out}")
+    write_result(result, args.out, "serving")
+
+
+def write_result(result: dict[str, Any], out: str | None, stem: str) -> None:
+    """`result` as JSON in `out`, or in benchmarks/results/<stem>-<time>.json."""
+    path = Path(out or f"benchmarks/results/{stem}-{int(time.time())}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2))
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
