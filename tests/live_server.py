@@ -3,6 +3,8 @@ port, in a background thread of the test process."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
 import threading
 import time
@@ -18,6 +20,20 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def open_tcp_fds(pid: int | str = "self") -> int:
+    """The open TCP sockets (IPv4 and IPv6) of process `pid`, this one by default."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as rows:
+            inodes.update(row.split()[9] for row in list(rows)[1:])
+    count = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            count += link.startswith("socket:[") and link[8:-1] in inodes
+    return count
 
 
 class LiveServer:

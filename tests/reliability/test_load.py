@@ -7,7 +7,6 @@ resident memory is within 10% of what it was before the load."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import random
@@ -18,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from live_server import LiveServer
+from live_server import LiveServer, open_tcp_fds
 from scripted_engine import ScriptedEngine, scripted_model
 
 from modelhost.inference.stage import InferenceStage
@@ -131,20 +130,6 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def open_tcp_fds() -> int:
-    """This process's open TCP sockets (IPv4 and IPv6)."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with contextlib.suppress(OSError), open(table) as rows:
-            inodes.update(row.split()[9] for row in list(rows)[1:])
-    count = 0
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):
-            link = os.readlink(f"/proc/self/fd/{fd}")
-            count += link.startswith("socket:[") and link[8:-1] in inodes
-    return count
-
-
 async def run_load(base_url: str, seed: int, **request: Any) -> tuple[Counter[str], list[str]]:
     rng = random.Random(seed)
     outcomes: Counter[str] = Counter()
@@ -227,6 +212,7 @@ def test_200_streams_on_a_real_model_in_its_worker_leave_its_memory_and_kv_pool_
             assert (batch["active_rows"], batch["pending_rows"], batch["kv_bytes"]) == (0, 0, 0)
             rss = rss_bytes(unit.pid)
             assert rss is not None and rss <= rss_before[model] * 1.10, (model, rss_before, rss)
+            assert open_tcp_fds(unit.pid) == 0  # no client socket it was handed is left open
         # Keep-alive connections to the workers' Unix sockets may stay pooled; every TCP
         # connection of the 200 requests must be closed.
         assert open_tcp_fds() <= tcp_before + 2

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
+import socket
 import stat
 import time
 from collections.abc import Iterator
@@ -13,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from live_server import LiveServer
+from live_server import LiveServer, open_tcp_fds
 
 from modelhost.audio.whisper_files import WHISPER_BASE
 from modelhost.models.embedded import EMBEDDING_MODEL
@@ -141,6 +143,63 @@ def test_a_worker_killed_mid_stream_ends_with_one_error_frame_and_is_respawned(s
     assert int(reply.headers[PID_HEADER]) != first_pid
     assert unit.worker.restarts == 1
     served["pids"].append(unit.pid)
+
+
+def handed_off_streams(client: httpx.Client) -> float:
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith("modelhost_worker_streams_handed_off_total "):
+            return float(line.split()[1])
+    raise AssertionError("the handed-off streams are not counted")
+
+
+def stream_body(model: str) -> bytes:
+    messages = [{"role": "user", "content": "hi"}]
+    body = {"model": model, "messages": messages, "max_tokens": 6, "stream": True}
+    return json.dumps(body).encode()
+
+
+def test_a_workers_stream_goes_straight_to_the_client_and_its_connection_serves_the_next_request(
+    served,
+):
+    before = handed_off_streams(served["client"])
+    port = int(served["url"].rsplit(":", 1)[1])
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=WAIT_S)
+    try:
+        headers = {"content-type": "application/json"}
+        connection.request("POST", "/v1/chat/completions", stream_body("tiny-a"), headers)
+        streamed = connection.getresponse()
+        assert streamed.status == 200 and streamed.getheader("transfer-encoding") == "chunked"
+        frames = [line for line in streamed.read().decode().splitlines() if line]
+        assert frames[-1] == "data: [DONE]" and '"usage"' in frames[-2]
+        first_socket = connection.sock
+        body = json.dumps({"model": "tiny-a", "prompt": "hi", "max_tokens": 2}).encode()
+        connection.request("POST", "/v1/completions", body, headers)
+        answered = connection.getresponse()
+        assert answered.status == 200 and json.loads(answered.read())["object"] == "text_completion"
+        assert connection.sock is first_socket  # the same keep-alive connection
+    finally:
+        connection.close()
+    assert handed_off_streams(served["client"]) == before + 1
+    assert open_tcp_fds(unit_of(served, "tiny-a").pid) == 0  # its copy of the socket is closed
+
+
+def test_an_http_1_0_client_gets_a_workers_stream_relayed_to_the_end(served):
+    before = handed_off_streams(served["client"])
+    port = int(served["url"].rsplit(":", 1)[1])
+    body = stream_body("tiny-a")
+    request = (
+        b"POST /v1/chat/completions HTTP/1.0\r\nhost: 127.0.0.1\r\n"
+        b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body)
+    )
+    with socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) as raw:
+        raw.sendall(request)
+        answer = b""
+        while chunk := raw.recv(65536):  # HTTP/1.0: the body ends when the server closes
+            answer += chunk
+    head, _, content = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"connection: close" in head.lower()
+    assert content.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")  # uvicorn chunks it still
+    assert handed_off_streams(served["client"]) == before
 
 
 def test_evicting_a_model_stops_its_worker_and_removes_its_socket(served):

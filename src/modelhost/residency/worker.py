@@ -3,8 +3,10 @@
 `python -m modelhost.residency.worker --socket PATH --model PATH --id ID --config JSON`
 loads the model, builds the same app an in-process model serves (`create_app` over its stage)
 and serves it with uvicorn on `PATH`. The parent made the socket's directory (0700); the socket
-itself is bound here under a 0177 umask and set to 0600 before anything listens. SIGTERM ends
-the server the way `modelhost serve` ends (in-flight requests get their shutdown timeout).
+itself is bound here under a 0177 umask and set to 0600 before anything listens; so is the
+socket beside it on which the parent hands over a client's connection for a stream
+(`stream_handoff`). SIGTERM ends the server the way `modelhost serve` ends (in-flight requests
+get their shutdown timeout).
 """
 
 from __future__ import annotations
@@ -86,6 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     from modelhost.cli_serve import build_stage
     from modelhost.models.loader import load_model
     from modelhost.residency.companions import open_stage
+    from modelhost.residency.stream_handoff import (
+        SocketReceiver,
+        StreamHandoff,
+        handoff_socket_path,
+    )
     from modelhost.server.app import create_app
     from modelhost.server.runner import Server
 
@@ -106,8 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     app = create_app(stage, settings)
     sock = bind_private_socket(args.socket)
+    handoff = SocketReceiver(bind_private_socket(handoff_socket_path(args.socket)))
     uv_config = uvicorn.Config(
-        app,
+        StreamHandoff(app, handoff),
         log_level=args.log_level,
         access_log=False,
         timeout_graceful_shutdown=5,

@@ -1,7 +1,8 @@
 """A unit whose model lives in a worker process; the parent proxies requests to its socket.
 
 The proxy streams the worker's response through unchanged (hop-by-hop headers stripped, an
-`x-modelhost-worker-pid` header added). A worker that cannot be reached answers 502
+`x-modelhost-worker-pid` header added); an event stream's body the worker writes to the
+client's socket itself, once the proxy has handed it over (`stream_handoff`). A worker that cannot be reached answers 502
 `engine_unavailable` in the calling protocol's error shape; a stream that breaks after it opened
 ends with that protocol's own SSE error frame. The routing middleware holds the lease until the
 proxied body has ended.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -19,6 +21,13 @@ import httpx
 from starlette.types import Receive, Scope, Send
 
 from modelhost.inference.contracts import SERVER_SHUTTING_DOWN, EngineUnavailable
+from modelhost.residency.stream_handoff import (
+    HANDOFF_HEADER,
+    READY,
+    handoff_socket_path,
+    header_value,
+    pass_socket,
+)
 from modelhost.residency.supervisor import MAX_RESTARTS, WorkerFailed, WorkerProcess
 from modelhost.residency.worker import worker_config
 from modelhost.residency.worker_transport import WorkerTransport
@@ -27,6 +36,7 @@ from modelhost.server.http import stream_status, wait_for_disconnect
 from modelhost.server.metrics import current_request
 from modelhost.server.openai_wire import openai_error_json, sse
 from modelhost.server.responses_wire import responses_error_json
+from modelhost.server.runner import TRANSPORT_EXTENSION
 
 if TYPE_CHECKING:
     from modelhost.residency.registry import ModelEntry
@@ -34,6 +44,7 @@ if TYPE_CHECKING:
 
 HOP_BY_HOP = frozenset(
     {
+        HANDOFF_HEADER.decode(),
         "connection",
         "keep-alive",
         "proxy-authenticate",
@@ -190,6 +201,9 @@ class WorkerUnit:
             for k, v in scope.get("headers", [])
             if k.decode("latin-1").lower() not in HOP_BY_HOP
         ]
+        token = secrets.token_hex(16).encode() if _client_transport(scope) else None
+        if token is not None:
+            headers.append((HANDOFF_HEADER, token))
         query = scope.get("query_string", b"").decode("latin-1")
         url = path + (f"?{query}" if query else "")
         for attempt in range(2):
@@ -209,12 +223,17 @@ class WorkerUnit:
         else:
             return
         try:
-            await self._relay(upstream, scope, receive, send)
+            await self._relay(upstream, scope, receive, send, token)
         finally:
             await upstream.aclose()
 
     async def _relay(
-        self, upstream: httpx.Response, scope: Scope, receive: Receive, send: Send
+        self,
+        upstream: httpx.Response,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        token: bytes | None = None,
     ) -> None:
         out_headers = [
             (k.lower(), v)
@@ -223,6 +242,9 @@ class WorkerUnit:
         ]
         out_headers.append((PID_HEADER.encode(), str(self.worker.pid).encode()))
         is_stream = upstream.headers.get("content-type", "").startswith("text/event-stream")
+        ready = token is not None and header_value(upstream.headers.raw, HANDOFF_HEADER) == READY
+        if ready:
+            out_headers.append((b"transfer-encoding", b"chunked"))  # the framing the worker writes
 
         async def write() -> None:
             await send(
@@ -232,6 +254,9 @@ class WorkerUnit:
                     "headers": out_headers,
                 }
             )
+            if ready:
+                assert token is not None
+                self._hand_over(scope, token)
             try:
                 async for chunk in upstream.aiter_raw():
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -257,12 +282,38 @@ class WorkerUnit:
             if not isinstance(error, OSError):
                 raise error  # type: ignore[misc]
 
+    def _hand_over(self, scope: Scope, token: bytes) -> None:
+        """Pass the client's socket to the worker for the stream `token`, once the head is
+        written to it (nothing may be left in the transport's buffer); otherwise decline."""
+        transport = _client_transport(scope)
+        raw = transport.get_extra_info("socket") if transport is not None else None
+        free = (
+            transport is not None
+            and not transport.is_closing()
+            and transport.get_write_buffer_size() == 0
+        )
+        fd = raw.fileno() if raw is not None and free else None
+        path = handoff_socket_path(self.worker.socket_path)
+        if pass_socket(path, token, fd) and fd is not None:
+            context = current_request()
+            if context is not None and context.metrics is not None:
+                context.metrics.handed_off_streams.inc()
+
     def _cut_stream_frame(self, path: str) -> bytes:
         if self._ending:
             closing = EngineUnavailable(SERVER_SHUTTING_DOWN)
             return stream_error_frame(path, closing.status, closing.body).encode()
         why = "it stopped in the middle of the stream"
         return stream_error_frame(path, 502, unavailable_body(self.model_id, why)).encode()
+
+
+def _client_transport(scope: Scope) -> asyncio.Transport | None:
+    """The client connection's transport, when the front's server exposes it and the client
+    can take a handed-off stream (HTTP/1.1, chunked); None otherwise."""
+    if scope.get("http_version") != "1.1" or scope.get("method") != "POST":
+        return None
+    exposed = scope.get("extensions", {}).get(TRANSPORT_EXTENSION)
+    return exposed.get("transport") if exposed else None
 
 
 def worker_loader(

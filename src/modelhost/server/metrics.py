@@ -192,6 +192,11 @@ class Metrics:
             ["reason"],
             registry=registry,
         )
+        self.handed_off_streams = Counter(
+            "modelhost_worker_streams_handed_off",
+            "Event streams a worker wrote straight to the client's socket, not relayed",
+            registry=registry,
+        )
         self.serving = ServingCollector(state)
         registry.register(self.serving)
 

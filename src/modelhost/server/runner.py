@@ -22,10 +22,24 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 DRAIN_AT = 0.8  # of the shutdown timeout: when in-flight requests are ended for good
 DRAIN_MARGIN_S = 1.0  # at least this long before the deadline: a closing engine ends its step
 logger = logging.getLogger("modelhost.server")
+# Where a request's scope carries its connection's asyncio transport (see `ConnectionInScope`).
+TRANSPORT_EXTENSION = "modelhost.transport"
+
+
+class ConnectionInScope(HttpToolsProtocol):
+    """uvicorn's HTTP/1.1 protocol that also puts the connection's transport in each request's
+    scope, under `extensions[TRANSPORT_EXTENSION]["transport"]`: a worker's stream is written
+    straight to the client's socket, which the front passes to it (`residency/stream_handoff`)."""
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        extensions = self.scope.setdefault("extensions", {})  # type: ignore[typeddict-item]
+        extensions[TRANSPORT_EXTENSION] = {"transport": self.transport}
 
 
 class Server(uvicorn.Server):
@@ -94,6 +108,7 @@ def server_for(
         app,
         host=host,
         port=port,
+        http=ConnectionInScope,
         log_level=log_level,
         access_log=False,  # one line per request comes from modelhost.server
         timeout_graceful_shutdown=shutdown_timeout_s,  # type: ignore[arg-type]
