@@ -2,15 +2,18 @@
 
     .venv/bin/python benchmarks/serving.py [--model smollm2-135m-instruct] [--tokens 128]
                                            [--prefix-tokens 500] [--repeats 3] [--threads N]
-                                           [--client httpx|socket] [--out FILE]
+                                           [--client httpx|socket] [--workers] [--out FILE]
 
 One process, one model, one engine: the same greedy stream (EOS ignored) is decoded straight
 from the engine and through a real HTTP server on 127.0.0.1 (the OpenAI chat route, streamed,
 read in a child process by httpx, as a user's client would be, or by a bare socket),
-alternately, so both see the same machine. The overhead is the HTTP stream's time per token over
+alternately, so both see the same machine. With `--workers` the server runs the model in a
+worker process, as `modelhost serve` does, and the engine's own stream is decoded from a second
+copy in this process. The overhead is the HTTP stream's time per token over
 the engine's. On a machine with few cores that figure also holds the client's own reading and
 whatever else shares the cores, so the CPU a token of the server's event-loop thread (HTTP, SSE
-framing, the socket writes) and of the client are reported beside it. Then a conversation with a
+framing, the socket writes; with `--workers`, the front's and the worker's together) and of
+the client are reported beside it. Then a conversation with a
 `--prefix-tokens` system prompt: the second turn's time to first token against the first's (its
 prefix comes from the KV cache). Prints a table and writes JSON (default
 benchmarks/results/serving-<time>.json)."""
@@ -39,7 +42,11 @@ from modelhost.engine.sampling_params import SamplingParams
 from modelhost.inference.contracts import ChatPrompt, InferenceRequest
 from modelhost.inference.prompt import prompt_ids_for
 from modelhost.models.loader import load_model
-from modelhost.server.app import ServeSettings
+from modelhost.residency.host import ResidencyHost
+from modelhost.residency.registry import ModelRegistry, ServingShape
+from modelhost.residency.router import ModelRouter
+from modelhost.residency.worker_unit import worker_loader
+from modelhost.server.app import ServeSettings, create_routed_app
 from modelhost.server.runner import server_for
 
 CONTENT = re.compile(r'"content":"[^"]')  # a chunk that carries text (not the opening role)
@@ -74,6 +81,30 @@ def thread_cpu_s(thread: threading.Thread) -> float:
     """CPU seconds `thread` (of this process) has used, for the server's event loop."""
     assert thread.ident is not None
     return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+
+
+def worker_loop_cpu_s(worker_pid: int | None) -> float:
+    """CPU seconds of a worker's main thread (its event loop), from the kernel's schedstat (ns);
+    0 without a worker."""
+    if worker_pid is None:
+        return 0.0
+    schedstat = Path(f"/proc/{worker_pid}/task/{worker_pid}/schedstat").read_text()
+    return int(schedstat.split()[0]) / 1e9
+
+
+def routed_worker_app(
+    model_name: str, settings: ServeSettings
+) -> tuple[Any, ResidencyHost[Any], str]:
+    """The app `modelhost serve` builds, its host and the model's id: the model loads into a
+    worker on its first request."""
+    registry = ModelRegistry(shape=ServingShape(batch=8))
+    entry = registry.resolve_argument(model_name)
+    assert entry is not None, f"no model '{model_name}'"
+    host: ResidencyHost[Any] = ResidencyHost(
+        budget_bytes=10**12, source=registry.get, load=worker_loader(settings, batch=8)
+    )
+    app = create_routed_app(ModelRouter(host, registry, current=entry.id), settings)
+    return app, host, entry.id
 
 
 def http_stream_in_child(
@@ -139,13 +170,21 @@ def main() -> None:
         help="the streaming client: httpx, as a user's would be, or a bare socket (the least a "
         "client costs; on few cores the wall-clock overhead is then more the server's own)",
     )
+    parser.add_argument(
+        "--workers",
+        action="store_true",
+        help="serve the model from a worker process, as `modelhost serve` does",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)  # as `modelhost serve` sets them
 
     model = load_model(args.model)
     app = build_serving(model, ServeSettings(), batch=8)
-    server = server_for(app, host="127.0.0.1", port=args.port, log_level="warning")
+    served_app, host, model_id = app, None, model.id
+    if args.workers:
+        served_app, host, model_id = routed_worker_app(args.model, ServeSettings())
+    server = server_for(served_app, host="127.0.0.1", port=args.port, log_level="warning")
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
@@ -162,13 +201,16 @@ def main() -> None:
 
     try:
         hello = [{"role": "user", "content": "Tell me a long story."}]
-        http_stream(hello, 8)  # warm-up
+        http_stream(hello, 8)  # warm-up (and, with --workers, the worker's start)
+        worker = host.peek(model_id) if host is not None else None
+        worker_pid = worker.pid if worker is not None else None
         direct, served = [], []
-        loop_cpu_s = client_cpu_s = 0.0
+        loop_cpu_s = worker_cpu_s = client_cpu_s = 0.0
         for _ in range(args.repeats):
-            loop_before = thread_cpu_s(thread)
+            loop_before, worker_before = thread_cpu_s(thread), worker_loop_cpu_s(worker_pid)
             _, per_token, cpu_s = http_stream(hello, args.tokens)
             loop_cpu_s += thread_cpu_s(thread) - loop_before
+            worker_cpu_s += worker_loop_cpu_s(worker_pid) - worker_before
             client_cpu_s += cpu_s
             served.append(per_token)
             direct.append(asyncio.run(engine_stream(app, hello, args.tokens)))
@@ -193,11 +235,13 @@ def main() -> None:
         "model": args.model,
         "threads": args.threads,
         "client": args.client,
+        "serving": "workers" if args.workers else "in-process",
         "tokens": args.tokens,
         "engine_ms_per_token": statistics.median(direct) * 1000,
         "http_ms_per_token": statistics.median(served) * 1000,
         "http_overhead": overhead,
-        "server_loop_cpu_us_per_token": loop_cpu_s / streamed_tokens * 1e6,
+        "server_loop_cpu_us_per_token": (loop_cpu_s + worker_cpu_s) / streamed_tokens * 1e6,
+        "worker_loop_cpu_us_per_token": worker_cpu_s / streamed_tokens * 1e6,
         "client_cpu_us_per_token": client_cpu_s / streamed_tokens * 1e6,
         "prefix_tokens": args.prefix_tokens,
         "turn1_ttft_ms": statistics.median(first_ttft) * 1000,
@@ -212,6 +256,7 @@ def main() -> None:
         "engine_ms_per_token",
         "http_ms_per_token",
         "server_loop_cpu_us_per_token",
+        "worker_loop_cpu_us_per_token",
         "client_cpu_us_per_token",
         "turn1_ttft_ms",
         "turn2_ttft_ms",

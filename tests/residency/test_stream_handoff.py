@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -151,3 +153,30 @@ def test_the_front_declines_when_the_worker_has_no_handoff_socket(tmp_path: Path
     served, own = socket.socketpair()
     with served, own:
         assert not pass_socket(str(tmp_path / "missing.sock"), TOKEN, served.fileno())
+
+
+async def test_a_slow_clients_stream_arrives_whole_and_in_order_before_the_front_gets_the_end(
+    receiver, client
+):
+    handoff, path = receiver
+    served, own = client
+    served.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    own.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    frames = [b"data: %04d %s\n\n" % (n, b"x" * 2000) for n in range(100)]  # 200 KB, 4 KB buffers
+    expected = b"".join(b"%x\r\n%b\r\n" % (len(f), f) for f in frames)
+    relayed, send = front(path, served.fileno())
+    received = bytearray()
+
+    def read_slowly() -> None:  # a client that reads 1 KB every millisecond
+        while len(received) < len(expected):
+            received.extend(own.recv(1024))
+            time.sleep(0.001)
+
+    reader = threading.Thread(target=read_slowly)
+    reader.start()
+    try:
+        await StreamHandoff(stream_app(frames), handoff)(scope_asking_handoff(), None, send)
+    finally:
+        await asyncio.to_thread(reader.join, 30)
+    assert relayed[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+    assert bytes(received) == expected

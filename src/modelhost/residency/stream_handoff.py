@@ -34,6 +34,7 @@ READY = b"ready"
 HANDOFF_SOCKET = "handoff.sock"  # beside the worker's HTTP socket, in its private directory
 TOKEN_BYTES = 32  # hex of 16 random bytes
 WAIT_FOR_SOCKET_S = 5.0  # the front answers at once; after this the stream is relayed
+HIGH_WATER_BYTES = 65536  # a slow client's bytes waiting in the worker before the stream waits
 
 
 def handoff_socket_path(socket_path: str) -> str:
@@ -151,15 +152,14 @@ class StreamHandoff:
 
 class _HandedStream:
     """One request's `send`: relayed until the front passes the client's socket, then each body
-    chunk in chunked framing on that socket, one write at a time."""
+    chunk in chunked framing on that socket."""
 
     def __init__(self, receiver: SocketReceiver, token: bytes, send: Send) -> None:
         self.receiver = receiver
         self.token = token
         self.relay = send
-        self.client: socket.socket | None = None
+        self.client: ClientWriter | None = None
         self.ended = False
-        self._lock = asyncio.Lock()  # the heartbeat and the frames may both be writing
 
     async def send(self, message: Message) -> None:
         if self.ended:
@@ -171,37 +171,29 @@ class _HandedStream:
                 await self.relay(message)
             return
         body: bytes = message.get("body", b"")
+        more = message.get("more_body", False)
         try:
             if body:
-                await self._write(b"%x\r\n%b\r\n" % (len(body), body))
+                self.client.write(b"%x\r\n%b\r\n" % (len(body), body))
+            await self.client.drain(0 if not more else HIGH_WATER_BYTES)
         except OSError:
             await self._end()  # the client is gone: the app hears of it from this error
             raise
-        if not message.get("more_body", False):
+        if not more:
             await self._end()
-
-    async def _write(self, frame: bytes) -> None:
-        """`frame` on the client's socket: at once when the socket takes it all (a token's
-        frame nearly always does); what is left waits for room, and for any write before it."""
-        assert self.client is not None
-        if not self._lock.locked():
-            with contextlib.suppress(BlockingIOError):
-                frame = frame[self.client.send(frame) :]
-            if not frame:
-                return
-        async with self._lock:
-            await asyncio.get_running_loop().sock_sendall(self.client, frame)
 
     async def _start(self, message: Message) -> None:
         future = self.receiver.expect(self.token)
         headers = [*message.get("headers", []), (HANDOFF_HEADER, READY)]
         try:
             await self.relay({**message, "headers": headers})
-            self.client = await asyncio.wait_for(future, WAIT_FOR_SOCKET_S)
+            client = await asyncio.wait_for(future, WAIT_FOR_SOCKET_S)
         except TimeoutError:
-            self.client = None  # relayed after all
+            client = None  # relayed after all
         finally:
             self.receiver.forget(self.token)
+        if client is not None:
+            self.client = ClientWriter(client)
 
     async def _end(self) -> None:
         self.close()
@@ -210,8 +202,64 @@ class _HandedStream:
 
     def close(self) -> None:
         if self.client is not None:
-            with contextlib.suppress(OSError):
-                self.client.close()  # this process's copy only: the connection stays the front's
+            self.client.close()
+
+
+class ClientWriter:
+    """Bytes to the client's socket, in order and never half a write: what the socket does not
+    take at once (a slow client) waits here and goes out as it has room, so a sender that is
+    cancelled meanwhile (the heartbeat, at the stream's end) leaves no half chunk behind."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.pending = bytearray()
+        self.failed: OSError | None = None
+        self._empty = asyncio.Event()
+        self._empty.set()
+        self._loop = asyncio.get_running_loop()
+
+    def write(self, data: bytes) -> None:
+        if self.failed is not None:
+            raise self.failed
+        if not self.pending:
+            try:
+                data = data[self.sock.send(data) :]
+            except BlockingIOError:
+                pass
+            except OSError as exc:
+                self.failed = exc
+                raise
+            if not data:
+                return  # a token's chunk nearly always goes out here, at once
+            self._empty.clear()
+            self._loop.add_writer(self.sock.fileno(), self._flush)
+        self.pending += data
+
+    async def drain(self, limit: int) -> None:
+        """Wait while more than `limit` bytes are waiting; raise when the client is gone."""
+        if len(self.pending) > limit:
+            await self._empty.wait()
+        if self.failed is not None:
+            raise self.failed
+
+    def _flush(self) -> None:
+        try:
+            del self.pending[: self.sock.send(self.pending)]
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self.failed = exc
+            self.pending.clear()
+        if not self.pending:
+            self._loop.remove_writer(self.sock.fileno())
+            self._empty.set()
+
+    def close(self) -> None:
+        """Close this process's copy of the socket (the connection stays the front's)."""
+        if self.pending:
+            self._loop.remove_writer(self.sock.fileno())
+        with contextlib.suppress(OSError):
+            self.sock.close()
 
 
 def _is_event_stream(message: Message) -> bool:

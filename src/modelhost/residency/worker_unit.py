@@ -2,10 +2,10 @@
 
 The proxy streams the worker's response through unchanged (hop-by-hop headers stripped, an
 `x-modelhost-worker-pid` header added); an event stream's body the worker writes to the
-client's socket itself, once the proxy has handed it over (`stream_handoff`). A worker that cannot be reached answers 502
-`engine_unavailable` in the calling protocol's error shape; a stream that breaks after it opened
-ends with that protocol's own SSE error frame. The routing middleware holds the lease until the
-proxied body has ended.
+client's socket itself, once the proxy has handed that over (`stream_handoff`). A worker that
+cannot be reached answers 502 `engine_unavailable` in the calling protocol's error shape; a
+stream that breaks after it opened ends with that protocol's own SSE error frame. The routing
+middleware holds the lease until the proxied body has ended.
 """
 
 from __future__ import annotations
