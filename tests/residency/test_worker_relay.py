@@ -1,12 +1,15 @@
 """The parent's side of a worker: the relay of its stream (a worker that dies after the stream
 opened leaves the client one error frame in the calling protocol's own SSE shape, then a clean
-end) and what the parent tells a worker when it starts."""
+end), when it hands a stream's client socket to the worker, and what the parent tells a worker
+when it starts."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import os
+import socket
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
@@ -14,11 +17,13 @@ from typing import Any
 import httpx
 import pytest
 
+from modelhost.residency.stream_handoff import HANDOFF_HEADER, handoff_socket_path
 from modelhost.residency.supervisor import WorkerProcess
-from modelhost.residency.worker import worker_config
+from modelhost.residency.worker import bind_private_socket, worker_config
 from modelhost.residency.worker_unit import WorkerUnit
 from modelhost.server.app import ServeSettings
 from modelhost.server.metrics import Metrics, ObservedRequests
+from modelhost.server.runner import TRANSPORT_EXTENSION
 
 
 class DyingStream(httpx.AsyncByteStream):
@@ -143,3 +148,59 @@ def test_a_worker_is_never_given_the_api_key_on_its_command_line():
     config = worker_config(ServeSettings(api_key="s3cret-key"), batch=2, max_queue=4)
     assert "s3cret-key" not in config
     assert json.loads(config)["batch"] == 2
+
+
+class FakeTransport:
+    """The client connection's transport, as the front's server exposes it."""
+
+    def __init__(self, sock: socket.socket, buffered: int) -> None:
+        self.sock = sock
+        self.buffered = buffered
+
+    def get_extra_info(self, name: str) -> Any:
+        return self.sock if name == "socket" else None
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
+
+@pytest.mark.parametrize(("buffered", "passed"), [(0, 1), (12, 0)])
+async def test_a_ready_worker_gets_the_clients_socket_only_once_the_head_has_left_the_buffer(
+    tmp_path, buffered, passed
+):
+    unit = WorkerUnit("tiny-a", 1, WorkerProcess([]))
+    unit.worker.directory = tmp_path
+    listener = bind_private_socket(handoff_socket_path(unit.worker.socket_path))
+    served, own = socket.socketpair()
+    token = b"f" * 32
+    upstream = httpx.Response(
+        200,
+        headers={"content-type": "text/event-stream", HANDOFF_HEADER.decode(): "ready"},
+        stream=httpx.ByteStream(b""),
+    )
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        await asyncio.Event().wait()
+        return {"type": "http.disconnect"}
+
+    exposed = {TRANSPORT_EXTENSION: {"transport": FakeTransport(served, buffered)}}
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions",
+             "http_version": "1.1", "extensions": exposed}  # fmt: skip
+    with listener, served, own:
+        await unit._relay(upstream, scope, receive, send, token)
+        channel, _ = listener.accept()
+        with channel:
+            told, fds, _, _ = socket.recv_fds(channel, 64, 1)
+        for fd in fds:
+            os.close(fd)
+    assert told == token and len(fds) == passed  # no socket: the worker relays the stream
+    head = dict(sent[0]["headers"])
+    assert head[b"transfer-encoding"] == b"chunked" and HANDOFF_HEADER not in head
+    assert sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
