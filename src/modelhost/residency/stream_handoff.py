@@ -256,8 +256,9 @@ class ClientWriter:
 
     def close(self) -> None:
         """Close this process's copy of the socket (the connection stays the front's)."""
-        if self.pending:
+        if self.pending:  # the stream was cancelled with bytes still waiting: they are dropped
             self._loop.remove_writer(self.sock.fileno())
+            self.pending.clear()
         with contextlib.suppress(OSError):
             self.sock.close()
 
