@@ -9,14 +9,13 @@ from the engine and through a real HTTP server on 127.0.0.1 (the OpenAI chat rou
 read in a child process by httpx, as a user's client would be, or by a bare socket),
 alternately, so both see the same machine. With `--workers` the server runs the model in a
 worker process, as `modelhost serve` does, and the engine's own stream is decoded from a second
-copy in this process. The overhead is the HTTP stream's time per token over
-the engine's. On a machine with few cores that figure also holds the client's own reading and
-whatever else shares the cores, so the CPU a token of the server's event-loop thread (HTTP, SSE
-framing, the socket writes; with `--workers`, the front's and the worker's together) and of
-the client are reported beside it. Then a conversation with a
-`--prefix-tokens` system prompt: the second turn's time to first token against the first's (its
-prefix comes from the KV cache). Prints a table and writes JSON (default
-benchmarks/results/serving-<time>.json)."""
+copy in this process. The overhead is the HTTP stream's time per token over the engine's. On a
+machine with few cores that figure also holds the client's own reading and whatever else shares
+the cores, so the CPU a token of the server's event-loop thread (HTTP, SSE framing, the socket
+writes; with `--workers`, the front's and the worker's together) and of the client are reported
+beside it. Then a conversation with a `--prefix-tokens` system prompt: the second turn's time to
+first token against the first's (its prefix comes from the KV cache). Prints a table and writes
+JSON (default benchmarks/results/serving-<time>.json)."""
 
 from __future__ import annotations
 

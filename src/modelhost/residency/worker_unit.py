@@ -286,13 +286,9 @@ class WorkerUnit:
         """Pass the client's socket to the worker for the stream `token`, once the head is
         written to it (nothing may be left in the transport's buffer); otherwise decline."""
         transport = _client_transport(scope)
-        raw = transport.get_extra_info("socket") if transport is not None else None
-        free = (
-            transport is not None
-            and not transport.is_closing()
-            and transport.get_write_buffer_size() == 0
-        )
-        fd = raw.fileno() if raw is not None and free else None
+        fd = None
+        if transport and not transport.is_closing() and not transport.get_write_buffer_size():
+            fd = transport.get_extra_info("socket").fileno()
         path = handoff_socket_path(self.worker.socket_path)
         if pass_socket(path, token, fd) and fd is not None:
             context = current_request()
