@@ -86,9 +86,6 @@ def prompt_logits(model: LoadedModel, ids: list[int]) -> torch.Tensor:
             SchedulerOutput(rows=[ScheduledRow(seq, 0, len(ids), True)])
         )
         batch.logits_index = torch.arange(len(ids))
-        # Every position as a generated token (the quantized kernels): the engine computes
-        # prompt tokens with fp32 weights, so a prompt's perplexity would hide the quantization.
-        batch.prompt_index, batch.generated_index = None, torch.arange(len(ids))
         return model.network(batch, engine.runner.kv)
     finally:
         engine.close()

@@ -12,11 +12,7 @@ from modelhost.engine.sequence import Sequence
 from modelhost.models.loaded import LoadedModel
 
 
-def prompt_logits(
-    model: LoadedModel, prompt_ids: list[int], *, as_generated: bool = False
-) -> torch.Tensor:
-    """`as_generated`: compute every position as the engine computes generated tokens (the
-    quantized kernels; prompt tokens take fp32 weights, models/quant.py)."""
+def prompt_logits(model: LoadedModel, prompt_ids: list[int]) -> torch.Tensor:
     engine = Engine(model, EngineConfig(batch=1))
     try:
         seq = Sequence.from_prompt(0, prompt_ids, SamplingParams())
@@ -25,8 +21,6 @@ def prompt_logits(
             SchedulerOutput(rows=[ScheduledRow(seq, 0, len(prompt_ids), True)])
         )
         batch.logits_index = torch.arange(len(prompt_ids))
-        if as_generated:
-            batch.prompt_index, batch.generated_index = None, torch.arange(len(prompt_ids))
         return model.network(batch, engine.runner.kv)
     finally:
         engine.close()

@@ -18,13 +18,12 @@ from modelhost.models.loaded import LoadedModel
 async def threads_per_step(
     smollm2: LoadedModel, monkeypatch: pytest.MonkeyPatch, prompt_threads: int
 ) -> list[tuple[int, int]]:
-    """(prompt tokens in the step, threads while it ran) for a long prompt and 4 tokens."""
+    """(tokens in the step, threads while it ran) for a long prompt and 4 tokens."""
     network = smollm2.network
     seen: list[tuple[int, int]] = []
 
     def recording_forward(batch, kv, before_layers):
-        prompt = 0 if batch.prompt_index is None else batch.prompt_index.numel()
-        seen.append((prompt, torch.get_num_threads()))
+        seen.append((batch.input_ids.numel(), torch.get_num_threads()))
         return type(network).forward(network, batch, kv, before_layers)
 
     monkeypatch.setattr(network, "forward", recording_forward)
@@ -50,7 +49,7 @@ async def test_with_native_kernels_decode_steps_stay_on_the_serving_threads(
     seen = await threads_per_step(smollm2, monkeypatch, serving_threads + 1)
     assert kernels.threads == serving_threads + 1
     assert seen[0][1] == serving_threads + 1
-    assert all(step == (0, serving_threads) for step in seen[1:])
+    assert all(step == (1, serving_threads) for step in seen[1:])
 
 
 async def test_without_native_kernels_every_step_runs_on_the_prompt_threads(

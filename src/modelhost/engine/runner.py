@@ -68,9 +68,8 @@ class ModelRunner:
         """Logits [S, vocab] for the rows that sample this step, in row order. The network
         calls `before_layers` once its layers are about to run."""
         batch = self.build_batch(out)
-        prompt = batch.prompt_index
-        few_prompt_tokens = prompt is None or prompt.numel() < PROMPT_THREADS_MIN_TOKENS
-        if self.prompt_threads is None or (few_prompt_tokens and not self.threads_every_step):
+        few_tokens = batch.input_ids.numel() < PROMPT_THREADS_MIN_TOKENS
+        if self.prompt_threads is None or (few_tokens and not self.threads_every_step):
             return self.model.network(batch, self.kv, before_layers)
         # Decode steps on the native kernels stay on the serving thread count: on a shared
         # machine a second intra-op thread slows small matmuls down (a step waits for a
@@ -136,7 +135,6 @@ class ModelRunner:
                 [i for i, row in enumerate(rows) if row.samples], dtype=torch.long, device=device
             ),
             dense=True,
-            generated_index=index,
         )
 
     def _mixed_batch(self, rows: list[ScheduledRow]) -> ForwardBatch:
@@ -181,7 +179,6 @@ class ModelRunner:
         ]
         # Rows that want prompt logprobs get logits at their prompt positions too, after these.
         sample_last += prompt_logits_index(rows)
-        prompt_index, generated_index = _token_roles(rows)
         device = self.model.device
         return ForwardBatch(
             input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
@@ -195,25 +192,4 @@ class ModelRunner:
             sliding_mask=None if sliding_mask is None else sliding_mask.to(device),
             logits_index=torch.tensor(sample_last, dtype=torch.long, device=device),
             dense=len(rows) == 1 or max_q == 1,
-            prompt_index=None if prompt_index is None else prompt_index.to(device),
-            generated_index=None if generated_index is None else generated_index.to(device),
         )
-
-
-def _token_roles(rows: list[ScheduledRow]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """Flat indices of the step's prompt tokens and of its generated tokens (None where there
-    are none): a token is a prompt token by its position, whichever step computes it."""
-    prompt_counts = [
-        min(max(row.seq.num_prompt_tokens - row.start, 0), row.num_tokens) for row in rows
-    ]
-    num_prompt = sum(prompt_counts)
-    total = sum(row.num_tokens for row in rows)
-    if num_prompt == 0:
-        return None, torch.arange(total)
-    if num_prompt == total:
-        return torch.arange(total), None
-    is_prompt: list[bool] = []
-    for row, count in zip(rows, prompt_counts, strict=True):
-        is_prompt += [True] * count + [False] * (row.num_tokens - count)
-    mask = torch.tensor(is_prompt)
-    return mask.nonzero().flatten(), (~mask).nonzero().flatten()

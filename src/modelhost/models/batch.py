@@ -27,10 +27,6 @@ class ForwardBatch:
     attn_mask: torch.Tensor  # [R, 1, max_q, max_kv] bool: causal and in-range
     sliding_mask: torch.Tensor | None  # same, also inside the sliding window (Gemma 3)
     logits_index: torch.Tensor  # [S] tokens whose next-token logits are wanted
-    # Which of the T tokens are prompt tokens and which generated ones (None: no token of that
-    # role); quantized linears compute the two roles with different kernels (models/quant.py).
-    prompt_index: torch.Tensor | None = None
-    generated_index: torch.Tensor | None = None
     # The T tokens already form the [R, max_q] grid (one row, or one query per row): attention
     # views them in place and skips `query_index` / `output_index`.
     dense: bool = False

@@ -11,7 +11,6 @@ from modelhost.models.batch import ForwardBatch, KVCache
 from modelhost.models.config import ModelConfig
 from modelhost.models.fused_decode import FusedDecode
 from modelhost.models.layers import RMSNorm, Rotary
-from modelhost.models.quant import token_roles
 
 _UNBUILT = object()
 
@@ -70,9 +69,8 @@ class DecoderLM(nn.Module):
         else:
             if before_layers is not None:
                 before_layers()
-            with token_roles(batch.prompt_index, batch.generated_index):
-                for index, layer in enumerate(self.model.layers):
-                    hidden = layer(hidden, ropes[self.rope_for(index)], batch, kv)
+            for index, layer in enumerate(self.model.layers):
+                hidden = layer(hidden, ropes[self.rope_for(index)], batch, kv)
         hidden = self.model.norm(hidden[batch.logits_index])
         logits = self.lm_head(hidden)
         cap = self.config.final_logit_softcapping

@@ -4,7 +4,7 @@ A step of generated tokens only (one query per row) spends most of its Python ti
 ~15 modules a layer: SmolLM2 has 30 layers of width 576, where each call costs more than its
 arithmetic. When every layer of a prepared network runs on the native kernels (quantized
 linears, fp32 norms, a gated MLP the kernels know), `FusedDecode` describes the layers once
-(pointers into the modules' own tensors, no copies) and runs such steps in C++; the same
+(pointers into the modules' packed weights, no copies) and runs such steps in C++; the same
 kernels, in the same order, as the module-by-module path, so results do not change. The
 descriptions point into the network's tensors: they must not move (`.to()`) after the first
 decode step.
@@ -20,19 +20,17 @@ from torch import nn
 
 from modelhost.models import native
 from modelhost.models.batch import ForwardBatch, KVCache
-from modelhost.models.quant import Int4Linear, Int8Linear
+from modelhost.models.packed import QuantLinear
 
 _i64, _ptr, _f32, _i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int32
 
 
 class NativeLinear(ctypes.Structure):
     _fields_ = [
-        ("bits", _i64),
-        ("data", _ptr),
-        ("params", _ptr),
-        ("bias", _ptr),
+        ("parts", native.QLinearDesc * 3),
+        ("count", _i64),
         ("out", _i64),
-        ("padded", _i64),
+        ("bias", _ptr),
     ]
 
 
@@ -99,13 +97,10 @@ class FusedDecode:
         return cls(kernels, layers, network.config.hidden_size)
 
     def can_run(self, batch: ForwardBatch, kv: KVCache) -> bool:
-        """Whether this step is one the fused path computes: generated tokens only, one a row,
-        over an fp32 or fp16 CPU pool."""
+        """Whether this step is one the fused path computes: one token a row (generated, or a
+        prompt's only one), over an fp32 or fp16 CPU pool."""
         return (
-            batch.dense
-            and batch.query_index.shape[1] == 1
-            and batch.prompt_index is None
-            and native.cache_readable(kv.pools[0])
+            batch.dense and batch.query_index.shape[1] == 1 and native.cache_readable(kv.pools[0])
         )
 
     def run(
@@ -150,26 +145,20 @@ class FusedDecode:
 
 
 def _linear(module: nn.Module | None) -> NativeLinear | None:
-    if isinstance(module, Int4Linear) and module.native is not None:
-        bits, data, params = 4, module.nibbles, module.group_params
-    elif isinstance(module, Int8Linear) and module.native is not None:
-        bits, data, params = 8, module.qweight, module.scales
-    else:
+    if not isinstance(module, QuantLinear) or len(module.parts) > 3:
         return None
-    padded = native.padded_width(module.in_features)
-    if module.in_features != padded:
+    if module.in_features != module.padded:  # the step's buffers hold unpadded rows
         return None
     try:
         bias = _fp32(module.bias)
     except ValueError:
         return None
+    parts = [part.desc for part in module.parts]
     return NativeLinear(
-        bits=bits,
-        data=data.data_ptr(),
-        params=params.data_ptr(),
-        bias=bias,
+        parts=(native.QLinearDesc * 3)(*parts),
+        count=len(parts),
         out=module.out_features,
-        padded=padded,
+        bias=bias,
     )
 
 

@@ -1,9 +1,14 @@
-"""GGUF: hyper-parameters from metadata, tensors dequantized with the `gguf` package."""
+"""GGUF: hyper-parameters from metadata, and each tensor read on its own from the file.
+
+Tensors are read with plain file reads into one reused buffer, not through the reader's
+memory map: a mapped page that has been read stays in the process's resident set, so a
+loader touching every page of an 8 GB file would show 8 GB more than the model holds.
+"""
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +17,9 @@ import numpy as np
 import torch
 from gguf.quants import dequantize
 
+from modelhost.models import native
 from modelhost.models.config import ModelConfig
+from modelhost.models.packed import PackedWeight
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -44,7 +51,7 @@ _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
 class GGUFFile:
-    """An open GGUF file: metadata fields and tensors."""
+    """An open GGUF file: its metadata fields and tensor table, parsed by `gguf`."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -93,25 +100,98 @@ class GGUFFile:
             )
         return ModelConfig(**common)
 
-    def state_dict(self, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
-        """Dequantized fp32 tensors under our (Hugging Face) parameter names."""
-        family = "gemma3" if self.architecture == "gemma3" else "llama"
-        norm_names = _NORM_NAMES[family]
-        for tensor in self.reader.tensors:
-            name = _hf_name(tensor.name, norm_names)
-            if name is None:
-                continue
-            array = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
-            if not (array.flags.writeable and array.flags.c_contiguous):  # F32 tensors are mmaps
-                array = np.array(array, order="C")
-            value = torch.from_numpy(array)
-            if self.architecture == "llama":
-                # llama.cpp's converter interleaves q/k rows for its rope; undo it for ours.
-                if name.endswith("q_proj.weight"):
-                    value = _unpermute(value, config.num_heads)
-                elif name.endswith("k_proj.weight"):
-                    value = _unpermute(value, config.num_kv_heads)
-            yield name, value
+    def tensor_table(self) -> list[dict[str, Any]]:
+        """Each tensor's name, GGUF type, shape (the file's order), offset and size: all a
+        later load needs to read it, without parsing the header again."""
+        return [
+            {
+                "name": t.name,
+                "type": int(t.tensor_type),
+                "shape": [int(n) for n in t.shape],
+                "offset": int(t.data_offset),
+                "nbytes": int(t.n_bytes),
+            }
+            for t in self.reader.tensors
+        ]
+
+
+class FileReader:
+    """Reads byte ranges of a file into one buffer that the next read reuses."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._buffer: np.ndarray | None = None
+
+    def read(self, offset: int, size: int) -> np.ndarray:
+        if self._buffer is None or self._buffer.size < size:
+            self._buffer = np.empty(size, dtype=np.uint8)
+        view = self._buffer[:size]
+        with self.path.open("rb", buffering=0) as handle:
+            handle.seek(offset)
+            done = 0
+            while done < size:
+                count = handle.readinto(memoryview(view[done:]))
+                if not count:
+                    raise OSError(f"{self.path} ends inside tensor data at byte {offset + done}")
+                done += count
+        return view
+
+    def release(self) -> None:
+        """Frees the buffer (the loader is done with the file's tensors)."""
+        self._buffer = None
+
+
+class GGUFTensor:
+    """One tensor of a GGUF file, read when asked for (a models/weights.py TensorSource)."""
+
+    def __init__(
+        self,
+        reader: FileReader,
+        name: str,
+        entry: dict[str, Any],
+        order: torch.Tensor | None,
+    ) -> None:
+        self.reader, self.name = reader, name
+        self.shape = tuple(reversed(entry["shape"]))  # PyTorch's order: [out, in]
+        self.type, self.nbytes, self.offset = entry["type"], entry["nbytes"], entry["offset"]
+        self.order = order  # row r of ours is the file's row order[r]
+
+    def dense(self) -> torch.Tensor:
+        raw = self.reader.read(self.offset, self.nbytes)
+        rows = math.prod(self.shape[:-1])
+        array = dequantize(
+            raw.reshape(*self.shape[:-1], self.nbytes // rows), gguf.GGMLQuantizationType(self.type)
+        )
+        value = torch.from_numpy(np.array(array, dtype=np.float32, order="C"))  # a copy
+        value = value.reshape(self.shape)
+        return value if self.order is None else value[self.order]
+
+    def packed(self, kernels: native.Kernels) -> PackedWeight:
+        out, width = self.shape
+        raw = self.reader.read(self.offset, self.nbytes)
+        return PackedWeight.repack(kernels, self.type, raw.ctypes.data, out, width, self.order)
+
+
+def gguf_tensors(
+    table: list[dict[str, Any]], architecture: str, config: ModelConfig, reader: FileReader
+) -> dict[str, GGUFTensor]:
+    """The tensors we use, under our (Hugging Face) parameter names, unread."""
+    norm_names = _NORM_NAMES["gemma3" if architecture == "gemma3" else "llama"]
+    found: dict[str, GGUFTensor] = {}
+    for entry in table:
+        name = _hf_name(entry["name"], norm_names)
+        if name is None:
+            continue
+        order = None
+        rows = entry["shape"][-1]
+        if architecture == "llama" and len(entry["shape"]) == 2:
+            # llama.cpp's converter interleaves q/k rows for its rope; undo it for ours.
+            if name.endswith("q_proj.weight"):
+                order = _unpermuted_rows(rows, config.num_heads)
+            elif name.endswith("k_proj.weight"):
+                order = _unpermuted_rows(rows, config.num_kv_heads)
+        found[name] = GGUFTensor(reader, name, entry, order)
+    return found
 
 
 def _hf_name(gguf_name: str, norm_names: dict[str, str]) -> str | None:
@@ -125,10 +205,8 @@ def _hf_name(gguf_name: str, norm_names: dict[str, str]) -> str | None:
     return None if mapped is None else f"{mapped}.{kind}"
 
 
-def _unpermute(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
-    rows = weight.shape[0]
-    return (
-        weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:])
-        .transpose(1, 2)
-        .reshape(weight.shape)
-    )
+def _unpermuted_rows(rows: int, num_heads: int) -> torch.Tensor:
+    """The file's row for each of our rows of a q or k weight, whose rows llama.cpp's
+    converter interleaved per head (pairs of halves) for its own rotary layout."""
+    index = torch.arange(rows)
+    return index.reshape(num_heads, rows // num_heads // 2, 2).transpose(1, 2).reshape(rows)

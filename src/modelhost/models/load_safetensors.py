@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import math
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
 
+from modelhost.models import native, packed
 from modelhost.models.config import ModelConfig
+from modelhost.models.packed import PackedWeight
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -66,14 +68,51 @@ def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
     return ModelConfig(**fields)
 
 
-def state_dict_from_dir(directory: Path, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+class SafetensorsTensor:
+    """One tensor of a safetensors file, read when asked for (a models/weights.py
+    TensorSource). Floats other than F32, F16 and BF16 are read as fp32."""
+
+    def __init__(self, file: Path, key: str, name: str, gemma_norm: bool) -> None:
+        self.file, self.key, self.name = file, key, name
+        self.gemma_norm = gemma_norm  # Gemma stores norms as w, applied as (1 + w)
+        with safe_open(str(file), framework="pt") as handle:
+            tensor_slice = handle.get_slice(key)
+            self.shape = tuple(tensor_slice.get_shape())
+            dtype = tensor_slice.get_dtype()
+        self.type = _TYPES.get(dtype, packed.F32)
+        self.nbytes = math.prod(self.shape) * _SIZES.get(dtype, 4)
+
+    def _read(self) -> torch.Tensor:
+        with safe_open(str(self.file), framework="pt") as handle:
+            return handle.get_tensor(self.key)
+
+    def dense(self) -> torch.Tensor:
+        value = self._read().to(torch.float32)
+        return value + 1.0 if self.gemma_norm else value
+
+    def packed(self, kernels: native.Kernels) -> PackedWeight:
+        value = self._read()
+        if value.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            value = value.to(torch.float32)
+        value = value.contiguous()
+        out, width = self.shape
+        return PackedWeight.repack(kernels, self.type, value.data_ptr(), out, width)
+
+
+_TYPES = {"F32": packed.F32, "F16": packed.F16, "BF16": packed.BF16}
+_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def safetensors_tensors(directory: Path, config: ModelConfig) -> dict[str, SafetensorsTensor]:
+    """Every tensor of the directory's *.safetensors files, under our parameter names, unread."""
+    found: dict[str, SafetensorsTensor] = {}
     for file in sorted(directory.glob("*.safetensors")):
         with safe_open(str(file), framework="pt") as handle:
-            for key in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
-                name = key.removeprefix("model.language_model.").removeprefix("language_model.")
-                if not name.startswith(("model.", "lm_head.")):
-                    name = "model." + name
-                value = handle.get_tensor(key).to(torch.float32)
-                if config.architecture == "gemma3" and name.endswith("norm.weight"):
-                    value = value + 1.0  # Gemma stores norms as w, applied as (1 + w)
-                yield name, value
+            keys = list(handle.keys())
+        for key in keys:
+            name = key.removeprefix("model.language_model.").removeprefix("language_model.")
+            if not name.startswith(("model.", "lm_head.")):
+                name = "model." + name
+            gemma_norm = config.architecture == "gemma3" and name.endswith("norm.weight")
+            found[name] = SafetensorsTensor(file, key, name, gemma_norm)
+    return found

@@ -1,7 +1,9 @@
 """Resolve a model name to files and load it: network, tokenizer, config, family.
 
-Slow derivations (GGUF tokenizer conversion, dequantization) are done once and cached under
-`MODELHOST_HOME/cache/<file>-<digest>/`, so a warm load is a memory map and a tokenizer.json.
+Weights are read tensor by tensor into the form they are served in (models/weights.py), never
+held as a whole model in fp32 and never cached on disk. What is slow to derive from a GGUF
+(its metadata, the tokenizer transformers converts from it) is kept under
+`MODELHOST_HOME/cache/gguf/<file>-<digest>/`, so a warm load reads only the weights.
 """
 
 from __future__ import annotations
@@ -12,28 +14,32 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer as TokenizerBackend
 
-from modelhost.models import native
 from modelhost.models.config import ModelConfig
 from modelhost.models.decoder import DecoderLM
 from modelhost.models.embedded import DEFAULT_MODEL, embedded_path
 from modelhost.models.families import Family, family_for
 from modelhost.models.gemma3 import build_gemma3
 from modelhost.models.llama import build_llama
-from modelhost.models.load_gguf import GGUFFile
-from modelhost.models.load_safetensors import config_from_hf, read_json, state_dict_from_dir
+from modelhost.models.load_gguf import FileReader, GGUFFile, gguf_tensors
+from modelhost.models.load_safetensors import config_from_hf, read_json, safetensors_tensors
 from modelhost.models.loaded import LoadedModel
-from modelhost.models.quant import prepare_for_inference
+from modelhost.models.quant import MODES, describe
+from modelhost.models.weights import (
+    Progress,
+    TensorSource,
+    WeightPlan,
+    fill_checkpoint_modules,
+    fill_network,
+)
 from modelhost.paths import modelhost_home
 from modelhost.text.tokenizer import Tokenizer
 
@@ -42,6 +48,7 @@ log = logging.getLogger(__name__)
 _GEN_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty")
 # CPU linears: see models/quant.py and benchmarks/README.md for the measured choice.
 DEFAULT_QUANTIZE = "auto"
+_CACHE_VERSION = 2  # meta.json's layout
 
 
 class ModelNotFound(LookupError):
@@ -87,68 +94,76 @@ def load_model(
     device: torch.device | None = None,
     quantize: str | None = None,
     prepare: bool = True,
+    progress: Progress | None = None,
 ) -> LoadedModel:
-    """`quantize` applies on CPUs only (weight-only int8/int4 linears, models/quant.py);
-    `prepare=False` keeps the checkpoint's own modules (what a converter writes out)."""
+    """`quantize`: how CPU linears hold their weights (models/quant.py's modes); `prepare=False`
+    keeps the checkpoint's own modules, dense fp32 (what a converter writes out). `progress` is
+    called with the fraction of the weights loaded, as they load."""
     started = time.perf_counter()
     source = resolve(name)
     device = device or default_device()
-    # fp32 on CPUs: these have no bf16 instructions, and bf16 matmuls measured slower here.
+    mode = quantize or default_quantize()
+    if mode not in MODES:
+        raise ValueError(f"unknown quantization mode '{mode}' (one of {', '.join(MODES)})")
+    # fp32 on CPUs: dense weights there are the reference path; bf16 on CUDA.
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    plan = WeightPlan(mode if prepare else "none", device, dtype)
     if source.is_gguf:
-        model = _load_gguf(source, device, dtype)
+        model = _load_gguf(source, plan, prepare, progress)
     else:
-        model = _load_hf_dir(source, device, dtype)
-    if prepare and device.type == "cpu":
-        mode = quantize or default_quantize()
-        prepare_for_inference(model.network, mode)
-        model.weights_bytes = _weights_bytes(model.network)
-        if mode != "none" and native.kernels() is not None:
-            # Decode attention reads every cached key and value each step (SmolLM2, 8 rows at
-            # ~340 positions: 125 MB of fp32 a step); fp16 halves that. `none` stays the
-            # reference maths, so it keeps fp32.
-            model.kv_dtype = torch.float16
+        model = _load_hf_dir(source, plan, prepare, progress)
+    if plan.kernels is not None:
+        # Decode attention reads every cached key and value each step (SmolLM2, 8 rows at
+        # ~340 positions: 125 MB of fp32 a step); fp16 halves that. `none` stays the
+        # reference maths, so it keeps fp32.
+        model.kv_dtype = torch.float16
     model.load_seconds = time.perf_counter() - started
-    log.info("loaded %s in %.2f s", source.id, model.load_seconds)
+    log.info(
+        "loaded %s in %.2f s: %.0f MB of weights (%s)",
+        source.id, model.load_seconds, model.weights_bytes / 1e6, describe(model.network) or mode,
+    )  # fmt: skip
     return model
 
 
 def _cache_dir(path: Path) -> Path:
+    """Where a GGUF's metadata and converted tokenizer are kept (never its weights)."""
     stat = path.stat()
     digest = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode())
-    return modelhost_home() / "cache" / f"{path.stem}-{digest.hexdigest()[:12]}"
+    return modelhost_home() / "cache" / "gguf" / f"{path.stem}-{digest.hexdigest()[:12]}"
 
 
-def _load_gguf(source: ModelSource, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+def _forget_fp32_conversion(path: Path) -> None:
+    """Removes what earlier versions cached for this file: the whole model dequantized to fp32
+    (4 bytes a parameter on disk)."""
+    stat = path.stat()
+    digest = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode())
+    old = modelhost_home() / "cache" / f"{path.stem}-{digest.hexdigest()[:12]}"
+    if (old / "weights.safetensors").is_file():
+        log.info("removing %s, an fp32 copy of %s that earlier versions cached", old, path.name)
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _load_gguf(
+    source: ModelSource, plan: WeightPlan, prepare: bool, progress: Progress | None
+) -> LoadedModel:
     cache = _cache_dir(source.path)
     meta = read_json(cache / "meta.json")
-    if meta:
-        return _load_converted(source, cache, meta, device, dtype)
-    try:
-        meta = _convert_gguf(source.path, cache)  # cold: minutes of parsing, done once
-    except OSError as exc:  # MODELHOST_HOME is read-only or full: convert for this load only
-        log.warning("cannot write %s (%s); converting %s into a temporary folder", cache, exc,
-                    source.path)  # fmt: skip
-        with tempfile.TemporaryDirectory(prefix="modelhost-gguf-") as scratch:
-            converted = Path(scratch) / cache.name
-            meta = _convert_gguf(source.path, converted)
-            return _load_converted(source, converted, meta, device, dtype)
-    return _load_converted(source, cache, meta, device, dtype)
-
-
-def _load_converted(
-    source: ModelSource,
-    cache: Path,
-    meta: dict[str, Any],
-    device: torch.device,
-    dtype: torch.dtype,
-) -> LoadedModel:
-    config = ModelConfig(**meta["config"])
+    if meta.get("version") == _CACHE_VERSION:
+        backend = TokenizerBackend.from_file(str(cache / "tokenizer.json"))
+    else:
+        meta, backend = _read_gguf_metadata(source.path)
+        _forget_fp32_conversion(source.path)
+        _write_cache(cache, meta, backend)
+    config = ModelConfig(**{**meta["config"], "layer_kinds": _kinds(meta["config"])})
     family = family_for(meta["architecture"])
-    state = load_file(str(cache / "weights.safetensors")).items()
-    network = _build_network(config, state, device, dtype)
+    reader = FileReader(source.path)
+    try:
+        sources = gguf_tensors(meta["tensors"], meta["architecture"], config, reader)
+        network = _network(config, sources, plan, prepare, progress)
+    finally:
+        reader.release()
     tokenizer = _tokenizer(
-        TokenizerBackend.from_file(str(cache / "tokenizer.json")),
+        backend,
         family,
         template=meta["chat_template"],
         eos_ids=set(meta["eos_token_ids"]),
@@ -156,20 +171,22 @@ def _load_converted(
         bos_token=meta["bos_token"],
         eos_token=meta["eos_token"],
     )
-    return _loaded(source, config, family, tokenizer, network, device, dtype, {})
+    return _loaded(source, config, family, tokenizer, network, plan, {})
 
 
-def _convert_gguf(path: Path, cache: Path) -> dict[str, Any]:
-    """Parse the GGUF once: dequantized weights, tokenizer.json and metadata into `cache`."""
+def _kinds(config: dict[str, Any]) -> tuple[str, ...] | None:
+    kinds = config.get("layer_kinds")
+    return tuple(kinds) if kinds is not None else None
+
+
+def _read_gguf_metadata(path: Path) -> tuple[dict[str, Any], TokenizerBackend]:
+    """Parse the GGUF's header once: config, tensor table, tokenizer (converted by
+    transformers) and chat settings."""
     from transformers import AutoTokenizer
 
     gguf_file = GGUFFile(path)
     config = gguf_file.config()
-    partial = cache.with_name(cache.name + f".partial-{os.getpid()}")
-    partial.mkdir(parents=True, exist_ok=True)
-    save_file(dict(gguf_file.state_dict(config)), str(partial / "weights.safetensors"))
     hf_tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    hf_tokenizer.backend_tokenizer.save(str(partial / "tokenizer.json"))
     tokens = gguf_file.field("tokenizer.ggml.tokens")
     eos_ids = {int(gguf_file.field("tokenizer.ggml.eos_token_id", -1))}
     eot = gguf_file.field("tokenizer.ggml.eot_token_id")
@@ -177,28 +194,56 @@ def _convert_gguf(path: Path, cache: Path) -> dict[str, Any]:
         eos_ids.add(int(eot))
     bos_id = gguf_file.field("tokenizer.ggml.bos_token_id")
     meta = {
+        "version": _CACHE_VERSION,
         "config": asdict(config),
         "architecture": gguf_file.architecture,
+        "tensors": gguf_file.tensor_table(),
         "chat_template": gguf_file.field("tokenizer.chat_template"),
         "eos_token_ids": sorted(i for i in eos_ids if i >= 0),
         "add_bos_token": bool(gguf_file.field("tokenizer.ggml.add_bos_token", False)),
         "bos_token": tokens[int(bos_id)] if bos_id is not None else None,
         "eos_token": tokens[min(eos_ids)] if min(eos_ids) >= 0 else None,
     }
-    (partial / "meta.json").write_text(json.dumps(meta))
-    cache.parent.mkdir(parents=True, exist_ok=True)
+    return meta, hf_tokenizer.backend_tokenizer
+
+
+def _write_cache(cache: Path, meta: dict[str, Any], backend: TokenizerBackend) -> None:
+    """Keeps the parsed metadata for the next load; a home that cannot be written only costs
+    that load the parsing again."""
+    partial = cache.with_name(cache.name + f".partial-{os.getpid()}")
     try:
+        partial.mkdir(parents=True, exist_ok=True)
+        backend.save(str(partial / "tokenizer.json"))
+        (partial / "meta.json").write_text(json.dumps(meta))
         partial.replace(cache)
-    except OSError:  # another process converted it first; use theirs
+    except OSError as exc:
+        log.warning("cannot cache %s's metadata in %s (%s)", cache.name, cache.parent, exc)
         shutil.rmtree(partial, ignore_errors=True)
-    return meta
 
 
-def _load_hf_dir(source: ModelSource, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+def _network(
+    config: ModelConfig,
+    sources: Mapping[str, TensorSource],
+    plan: WeightPlan,
+    prepare: bool,
+    progress: Progress | None,
+) -> DecoderLM:
+    with torch.device("meta"):
+        network = build_network(config)
+    if prepare:
+        fill_network(network, sources, plan, progress)
+    else:
+        fill_checkpoint_modules(network, sources, progress)
+    return network
+
+
+def _load_hf_dir(
+    source: ModelSource, plan: WeightPlan, prepare: bool, progress: Progress | None
+) -> LoadedModel:
     raw = read_json(source.path / "config.json")
     config = config_from_hf(raw)
     family = family_for(str(raw.get("model_type") or config.architecture))
-    network = _build_network(config, state_dict_from_dir(source.path, config), device, dtype)
+    network = _network(config, safetensors_tensors(source.path, config), plan, prepare, progress)
     settings = read_json(source.path / "tokenizer_config.json")
     template_file = source.path / "chat_template.jinja"
     template = settings.get("chat_template")
@@ -223,9 +268,7 @@ def _load_hf_dir(source: ModelSource, device: torch.device, dtype: torch.dtype) 
         bos_token=bos,
         eos_token=eos,
     )
-    return _loaded(
-        source, config, family, tokenizer, network, device, dtype, _gen_defaults(generation)
-    )
+    return _loaded(source, config, family, tokenizer, network, plan, _gen_defaults(generation))
 
 
 def _hf_tokenizer_backend(directory: Path) -> TokenizerBackend:
@@ -248,8 +291,7 @@ def _loaded(
     family: Family,
     tokenizer: Tokenizer,
     network: DecoderLM,
-    device: torch.device,
-    dtype: torch.dtype,
+    plan: WeightPlan,
     gen_defaults: dict[str, float],
 ) -> LoadedModel:
     return LoadedModel(
@@ -259,8 +301,8 @@ def _loaded(
         family=family,
         tokenizer=tokenizer,
         network=network,
-        device=device,
-        dtype=dtype,
+        device=plan.device,
+        dtype=plan.dtype,
         weights_bytes=_weights_bytes(network),
         gen_defaults=gen_defaults,
     )
@@ -268,30 +310,6 @@ def _loaded(
 
 def build_network(config: ModelConfig) -> DecoderLM:
     return build_gemma3(config) if config.architecture == "gemma3" else build_llama(config)
-
-
-def _build_network(
-    config: ModelConfig,
-    state: Iterable[tuple[str, torch.Tensor]],
-    device: torch.device,
-    dtype: torch.dtype,
-) -> DecoderLM:
-    with torch.device("meta"):
-        network = build_network(config)
-    expected = set(network.state_dict())
-    loaded = {
-        name: value.to(device=device, dtype=dtype) for name, value in state if name in expected
-    }
-    if config.tie_word_embeddings:
-        loaded.pop("lm_head.weight", None)
-        expected.discard("lm_head.weight")
-    missing = expected - set(loaded)
-    if missing:
-        raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {sorted(missing)[:3]}")
-    network.load_state_dict(loaded, strict=False, assign=True)
-    if config.tie_word_embeddings:
-        network.lm_head.weight = network.model.embed_tokens.weight
-    return network.eval()
 
 
 def _tokenizer(
@@ -327,10 +345,13 @@ def _gen_defaults(generation: dict[str, Any]) -> dict[str, float]:
 
 
 def _weights_bytes(network: torch.nn.Module) -> int:
+    """Bytes of the network's tensors, each storage counted once (a tied head shares the
+    embedding's)."""
     seen: set[int] = set()
     total = 0
-    for param in itertools.chain(network.parameters(), network.buffers()):
-        if id(param) not in seen:
-            seen.add(id(param))
-            total += param.numel() * param.element_size()
+    for tensor in itertools.chain(network.parameters(), network.buffers()):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            total += storage.nbytes()
     return total

@@ -1,20 +1,21 @@
 """The native CPU kernels (native_kernels.cpp): compiled once per machine, then loaded.
 
-PyTorch's CPU kernels for weight-only int4/int8 matmuls want bf16 activations, which these
-CPUs multiply without bf16 instructions. The native ones take fp32 activations and give fp32
-out: each row of activations is rounded to 16 bits (two int8 halves under one scale) and
-multiplied by the int4/int8 weights with AVX-512 VNNI integer dot products (on CPUs without
-it, such as AMD's Zen 3, the same source built for AVX2: native_avx2.h); each weight is read
-once for up to 8 rows, with the outputs split among all cores (one core alone cannot
-read memory at full speed). `paged_attention`, `rms_norm` and `gated_activation` replace a
-handful of small PyTorch ops each, and models/fused_decode.py runs a whole decode step
-through them. The library is built with the system's g++ into
-MODELHOST_HOME/cache/native/<hash of source, flags and compiler>/ on first use (a few seconds
-a variant; on an AVX2-only CPU the AVX-512 one is built and refused first) and loaded with
-ctypes, which releases the GIL for each call.
+Linear weights stay in the quantization of the file they came from, repacked losslessly into
+tiles (native_qlinear.h, native_repack.h): every row of activations, a prompt token's or a
+generated token's, is rounded to 16 bits (two int8 halves under one scale) and multiplied by
+the weights' integer levels with AVX-512 VNNI dot products (on CPUs without it, such as AMD's
+Zen 3, the same source built for AVX2: native_avx2.h); each weight is read once for up to 8
+rows, with the outputs split among all cores (one core alone cannot read memory at full
+speed). `paged_attention`, `rms_norm` and `gated_activation` replace a handful of small
+PyTorch ops each, and models/fused_decode.py runs a whole decode step through them. The
+library is built with the system's g++ into MODELHOST_HOME/cache/native/<hash of sources,
+flags and compiler>/ on first use (a minute on two cores, once per machine; on an AVX2-only
+CPU the AVX-512 one is built and refused first) and loaded with ctypes, which releases the
+GIL for each call.
 
 Where there is no g++, the CPU has neither AVX-512 VNNI nor AVX2 with FMA and F16C, or
-`MODELHOST_NATIVE=0`, `kernels()` is None and the models run on PyTorch's ops and kernels.
+`MODELHOST_NATIVE=0`, `kernels()` is None and models load as fp32 weights on PyTorch's ops
+(models/quant.py), at four bytes a parameter.
 """
 
 from __future__ import annotations
@@ -35,26 +36,50 @@ from modelhost.paths import modelhost_home
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native_kernels.cpp")
-AVX2_HEADER = Path(__file__).with_name("native_avx2.h")
+HEADERS = [
+    Path(__file__).with_name(name)
+    for name in ("native_avx2.h", "native_qlinear.h", "native_repack.h")
+]
 FLAGS = ["-O3", "-shared", "-fPIC", "-std=c++17", "-fopenmp"]
 # Builds of the one source, the first whose CPU check passes loads: each is built once.
 VARIANTS = {"AVX-512 VNNI": [], "AVX2": ["-DMH_AVX2"]}
 PAD = 64  # the kernels read inputs in runs of 64
-GROUP = 32  # inputs sharing an int4 scale and min
+GROUP = 32  # inputs a tile of packed weights spans
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # mh_gated_activation's `act`
+
+
+class QLinearDesc(ctypes.Structure):
+    """native_qlinear.h's QLinear: a packed weight (models/packed.py) as the kernels read it."""
+
+    _fields_ = [
+        ("format", ctypes.c_int32),
+        ("reserved", ctypes.c_int32),
+        ("data", ctypes.c_void_p),
+        ("params", ctypes.c_void_p),
+        ("supers", ctypes.c_void_p),
+        ("out", ctypes.c_int64),
+        ("padded", ctypes.c_int64),
+    ]
 
 
 class Kernels:
     """Typed entry points of the loaded library; arguments are contiguous CPU tensors."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        p, i64 = ctypes.c_void_p, ctypes.c_int64
-        self._int4 = library.mh_int4_matmul
-        self._int4.argtypes = [p, i64, p, p, i64, i64, p, ctypes.c_int]
-        self._int4.restype = None
-        self._int8 = library.mh_int8_matmul
-        self._int8.argtypes = [p, i64, p, p, i64, i64, p, ctypes.c_int]
-        self._int8.restype = None
+        p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
+        desc = ctypes.POINTER(QLinearDesc)
+        self._qmatmul = library.mh_qmatmul
+        self._qmatmul.argtypes = [p, i64, desc, p, i64, ctypes.c_int]
+        self._qmatmul.restype = None
+        self._qrows = library.mh_qrows
+        self._qrows.argtypes = [desc, p, i64, p, ctypes.c_int]
+        self._qrows.restype = None
+        self._sizes = library.mh_packed_sizes
+        self._sizes.argtypes = [i32, i64, i64, p]
+        self._sizes.restype = ctypes.c_int
+        self._repack = library.mh_repack
+        self._repack.argtypes = [i32, p, i64, i64, p, p, p, p, ctypes.c_int]
+        self._repack.restype = ctypes.c_int
         self._attention = library.mh_paged_attention
         self._attention.argtypes = [p, i64, i64, i64, i64, p, ctypes.c_float, p, p, p]
         self._attention.argtypes += [ctypes.c_int, p, p]
@@ -69,85 +94,53 @@ class Kernels:
         self._layers = library.mh_decode_layers
         self._layers.argtypes = [p, p, i64, p]
         self._layers.restype = None
-        self._rank = library.mh_int4_rank
-        self._rank.argtypes = [p, i64, i64, p, p, i64, i64, p, p, ctypes.c_int]
-        self._rank.restype = None
-        self._top = library.mh_top_candidates
-        self._top.argtypes = [p, i64, i64, i64, p, p, ctypes.c_int]
-        self._top.restype = None
-        self._refine = library.mh_refine
-        self._refine.argtypes = [p, i64, i64, p, p, i64, p, i64, ctypes.c_int]
-        self._refine.restype = None
         self._choose = library.mh_choose_tokens
         self._choose.argtypes = [p, i64, i64, p, p, p, ctypes.c_int]
         self._choose.restype = None
         # Threads per call: weights stream from memory, and one core alone cannot saturate it.
         self.threads = os.cpu_count() or 1
 
-    def int4_matmul(
-        self, x: torch.Tensor, nibbles: torch.Tensor, params: torch.Tensor, out: int
-    ) -> torch.Tensor:
-        """x [rows, in] fp32 times the int4 weight of `out` outputs (`pack_int4`): [rows, out]."""
-        x = _padded_rows(x, nibbles.shape[1] * GROUP)
-        y = torch.empty((x.shape[0], out), dtype=torch.float32)
-        self._int4(
-            x.data_ptr(), x.shape[0], nibbles.data_ptr(), params.data_ptr(), out, x.shape[1],
-            y.data_ptr(), self.threads,
-        )  # fmt: skip
-        return y
+    def qmatmul(self, x: torch.Tensor, weight: QLinearDesc, y: torch.Tensor, column: int) -> None:
+        """y[:, column : column + weight.out] = x @ weight.T: x [rows, weight.padded] fp32
+        contiguous (zeros beyond the weight's inputs), y [rows, n] fp32 contiguous."""
+        address = y.data_ptr() + 4 * column
+        self._qmatmul(
+            x.data_ptr(), x.shape[0], ctypes.byref(weight), address, y.shape[1], self.threads
+        )
 
-    def int8_matmul(
-        self, x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor
-    ) -> torch.Tensor:
-        """x [rows, in] fp32 times the int8 weight (`pack_int8`) and its per-output scales."""
-        out, padded = scales.shape[0], weight.shape[1] * 4
-        x = _padded_rows(x, padded)
-        y = torch.empty((x.shape[0], out), dtype=torch.float32)
-        self._int8(
-            x.data_ptr(), x.shape[0], weight.data_ptr(), scales.data_ptr(), out, padded,
-            y.data_ptr(), self.threads,
-        )  # fmt: skip
-        return y
+    def qrows(self, weight: QLinearDesc, ids: torch.Tensor) -> torch.Tensor:
+        """The weight's rows `ids` (int64), dequantized: [len(ids), weight.padded] fp32."""
+        ids = ids.to(torch.int64).contiguous()
+        out = torch.empty((ids.numel(), weight.padded), dtype=torch.float32)
+        self._qrows(ctypes.byref(weight), ids.data_ptr(), ids.numel(), out.data_ptr(), self.threads)
+        return out
 
-    def int4_rank(
-        self, x: torch.Tensor, nibbles: torch.Tensor, params: torch.Tensor, group: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Approximate x [rows, in] @ weight.T for ranking (see mh_int4_rank): the weight's
-        nibbles [out, bytes] in 16 groups of `group` inputs and their fp16 scales and mins
-        [out, 32]. Also the largest of each 16 consecutive outputs, [rows, out / 16 rounded
-        up], for top_candidates."""
-        x = x.float().contiguous()
-        out = nibbles.shape[0]
-        y = torch.empty((x.shape[0], out), dtype=torch.float32)
-        maxima = torch.empty((x.shape[0], -(-out // 16)), dtype=torch.float32)
-        self._rank(
-            x.data_ptr(), x.shape[0], x.shape[1], nibbles.data_ptr(), params.data_ptr(), out,
-            group, y.data_ptr(), maxima.data_ptr(), self.threads,
-        )  # fmt: skip
-        return y, maxima
+    def packed_sizes(self, format: int, out: int, width: int) -> tuple[int, int, int] | None:
+        """Bytes of a packed [out, width] weight's data, params and supers arrays, or None where
+        the format or the width is not one the kernels take."""
+        sizes = (ctypes.c_int64 * 3)()
+        if self._sizes(format, out, width, ctypes.addressof(sizes)) != 0:
+            return None
+        return sizes[0], sizes[1], sizes[2]
 
-    def top_candidates(
-        self, scores: torch.Tensor, k: int, maxima: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """The indices [rows, k] of each row's k largest scores (contiguous fp32 [rows, n],
-        k <= n), in no particular order: torch.topk(sorted=False)'s set, ties aside. `maxima`:
-        int4_rank's largest of each 16 scores, which spares a pass over them."""
-        rows, n = scores.shape
-        indices = torch.empty((rows, k), dtype=torch.int64)
-        runs = None if maxima is None else maxima.data_ptr()
-        self._top(scores.data_ptr(), rows, n, k, runs, indices.data_ptr(), self.threads)
-        return indices
-
-    def refine(
-        self, x: torch.Tensor, weight: torch.Tensor, indices: torch.Tensor, logits: torch.Tensor
+    def repack(
+        self,
+        format: int,
+        source: int,
+        out: int,
+        width: int,
+        order: torch.Tensor | None,
+        arrays: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     ) -> None:
-        """logits[r, j] = x[r] . weight[j] for each j of indices[r], in place (all contiguous:
-        x [rows, width] and weight [n, width] fp32, indices [rows, k] int64, logits [rows, n])."""
-        rows, width = x.shape
-        self._refine(
-            x.data_ptr(), rows, width, weight.data_ptr(), indices.data_ptr(), indices.shape[1],
-            logits.data_ptr(), logits.shape[1], self.threads,
+        """Repacks a row-major [out, width] tensor of GGUF blocks at address `source` into
+        `arrays` (sized by packed_sizes); output row r is the source's row order[r]."""
+        data, params, supers = arrays
+        status = self._repack(
+            format, source, out, width, None if order is None else order.data_ptr(),
+            data.data_ptr(), params.data_ptr(), supers.data_ptr(), self.threads,
         )  # fmt: skip
+        if status != 0:
+            raise ValueError(f"cannot repack a {out} x {width} tensor of GGUF type {format}")
 
     def choose_tokens(
         self,
@@ -243,7 +236,7 @@ def half_pool(pool: torch.Tensor) -> int:
     return int(pool.dtype == torch.float16)
 
 
-def _padded_rows(x: torch.Tensor, padded: int) -> torch.Tensor:
+def padded_rows(x: torch.Tensor, padded: int) -> torch.Tensor:
     """x as contiguous fp32 rows of `padded` columns (zeros beyond its own)."""
     x = x.float().contiguous()
     if x.shape[1] == padded:
@@ -255,65 +248,48 @@ def padded_width(width: int) -> int:
     return -(-width // PAD) * PAD
 
 
-def int4_params(scales: torch.Tensor, mins: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Group scales and mins [out, in/32] as the kernel reads them (fp16: GGUF's own precision
-    for Q4_0/Q4_1), returned as fp32 so that other paths can use the same values."""
-    return scales.half().float(), mins.half().float()
-
-
-def pack_int4(
-    q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [out, in/32, 32] levels 0..15 with their (`int4_params`) scales and mins [out, in/32]
-    -> the kernel's operands, by blocks of 16 outputs and groups of 32 inputs (outputs and
-    inputs padded with zeros to multiples of 16 and 64): nibbles [blocks, groups, 256] uint8
-    (run j of 64 bytes: byte 4o + k holds output o's input 8j + k, low, and 8j + 4 + k, high)
-    and params [blocks, groups, 32] fp16 (the 16 outputs' scales, then their mins)."""
-    out, groups = scales.shape
-    blocks = -(-out // 16)
-    padded_groups = padded_width(groups * GROUP) // GROUP
-    levels = q.new_zeros((blocks * 16, padded_groups, GROUP), dtype=torch.uint8)
-    levels[:out, :groups] = q
-    params = torch.zeros((blocks * 16, padded_groups, 2), dtype=torch.float16)
-    params[:out, :groups] = torch.stack((scales, mins), dim=-1).half()
-    # [block, output, group, run, nibble, k] -> [block, group, run, output, k, nibble]
-    runs = levels.view(blocks, 16, padded_groups, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
-    nibbles = (runs[..., 0] | (runs[..., 1] << 4)).reshape(blocks, padded_groups, 256)
-    params = params.view(blocks, 16, padded_groups, 2).permute(0, 2, 3, 1)
-    return nibbles.contiguous(), params.reshape(blocks, padded_groups, 32).contiguous()
-
-
-def pack_int8(q: torch.Tensor) -> torch.Tensor:
-    """Symmetric int8 levels [out, in] (-127..127) -> the kernel's operand, by blocks of 16
-    outputs (padded with zero levels to multiples of 16 outputs and 64 inputs): [blocks,
-    in/4, 64] uint8, byte 4o + k of quad j holding output o's input 4j + k, + 128 (VNNI
-    multiplies unsigned by signed bytes)."""
-    out, width = q.shape
-    blocks, padded = -(-out // 16), padded_width(width)
-    levels = torch.zeros((blocks * 16, padded), dtype=torch.int16)
-    levels[:out, :width] = q
-    quads = (levels + 128).to(torch.uint8).view(blocks, 16, padded // 4, 4).transpose(1, 2)
-    return quads.reshape(blocks, padded // 4, 64).contiguous()
-
-
 @functools.cache
 def kernels() -> Kernels | None:
-    """The native kernels, or None where they cannot run here (see the module's docstring)."""
-    if os.environ.get("MODELHOST_NATIVE", "1") == "0":
+    """The native kernels, or None where they cannot run here (see the module's docstring).
+    `MODELHOST_NATIVE`: 0 for none, `avx2` or `avx512` for that build alone (tests compare
+    them), anything else for the first this CPU runs."""
+    choice = os.environ.get("MODELHOST_NATIVE", "1")
+    if choice == "0":
         return None
-    for name, flags in VARIANTS.items():
-        try:
-            library = ctypes.CDLL(str(_build(flags)))
-        except subprocess.CalledProcessError as error:
-            log.warning("native kernels (%s) failed to build:\n%s", name, error.stderr[-2000:])
-            continue
-        except OSError as error:  # no compiler, or the library does not load
-            log.warning("native kernels unavailable (%s): using PyTorch's", error)
+    variants = {name: flags for name, flags in VARIANTS.items() if _wanted(name, choice)}
+    for name, flags in variants.items():
+        library = _library(name, flags)
+        if library is None:
             return None
         if library.mh_cpu_supported():
             log.info("native kernels: %s", name)
             return Kernels(library)
-    log.info("this CPU has neither AVX-512 VNNI nor AVX2: using PyTorch's int4/int8 kernels")
+    log.info("this CPU runs neither native build: weights load as fp32 (models/quant.py)")
+    return None
+
+
+@functools.cache
+def avx512_vnni() -> bool:
+    """Whether this CPU runs the AVX-512 VNNI build (whichever build `kernels` chose)."""
+    library = _library("AVX-512 VNNI", VARIANTS["AVX-512 VNNI"])
+    return library is not None and bool(library.mh_cpu_supported())
+
+
+def _wanted(name: str, choice: str) -> bool:
+    if choice == "avx2":
+        return name == "AVX2"
+    if choice == "avx512":
+        return name == "AVX-512 VNNI"
+    return True
+
+
+def _library(name: str, flags: list[str]) -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(str(_build(flags)))
+    except subprocess.CalledProcessError as error:
+        log.warning("native kernels (%s) failed to build:\n%s", name, error.stderr[-2000:])
+    except OSError as error:  # no compiler, or the library does not load
+        log.warning("native kernels unavailable (%s)", error)
     return None
 
 
@@ -326,7 +302,10 @@ def _build(variant_flags: list[str]) -> Path:
     ).stdout
     flags = FLAGS + variant_flags
     key = hashlib.sha256(
-        SOURCE.read_bytes() + AVX2_HEADER.read_bytes() + " ".join(flags).encode() + version.encode()
+        SOURCE.read_bytes()
+        + b"".join(header.read_bytes() for header in HEADERS)
+        + " ".join(flags).encode()
+        + version.encode()
     )
     target = modelhost_home() / "cache" / "native" / key.hexdigest()[:16] / "libmodelhost.so"
     if target.exists():

@@ -2,9 +2,8 @@
 // is a pair of 256-bit ones, each 16-lane mask a uint16_t as before. Included (with MH_AVX2
 // defined) by the build for CPUs without AVX-512 VNNI, such as AMD's Zen 3; the kernels' source
 // stays one, and so do their layouts, their order of operations per row and their results up
-// to the order of fp32 sums. VNNI's byte dot products have no counterpart here: int4
-// nibbles take dpbusd_nibble_pair below, and the int8 matmul has an AVX2 body of its own in
-// native_kernels.cpp.
+// to the order of fp32 sums. VNNI's byte dot products have no counterpart here: levels
+// take dpbusd_nibble_pair below.
 
 #pragma once
 
@@ -159,6 +158,19 @@ inline I16 loadu_si512(const void* p) {
 inline I16 and_si512(I16 a, I16 b) {
     return {_mm256_and_si256(a.lo, b.lo), _mm256_and_si256(a.hi, b.hi)};
 }
+inline I16 or_si512(I16 a, I16 b) {
+    return {_mm256_or_si256(a.lo, b.lo), _mm256_or_si256(a.hi, b.hi)};
+}
+template <int S>
+inline I16 slli_epi16(I16 a) { return {_mm256_slli_epi16(a.lo, S), _mm256_slli_epi16(a.hi, S)}; }
+// 16 bytes (int8) or 16 uint16 widened to 16 int32 lanes.
+inline I16 cvtepi8_epi32(__m128i v) {
+    return {_mm256_cvtepi8_epi32(v), _mm256_cvtepi8_epi32(_mm_unpackhi_epi64(v, v))};
+}
+inline I16 cvtepu16_epi32(__m256i v) {
+    return {_mm256_cvtepu16_epi32(_mm256_castsi256_si128(v)),
+            _mm256_cvtepu16_epi32(_mm256_extracti128_si256(v, 1))};
+}
 inline I16 add_epi32(I16 a, I16 b) {
     return {_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)};
 }
@@ -195,9 +207,10 @@ inline __m128i cvtepi32_epi8(I16 v) {
     return _mm_unpacklo_epi64(_mm256_castsi256_si128(a), _mm256_castsi256_si128(b));
 }
 
-// acc + u . s + v . t per int32 lane (4 byte products each) for unsigned bytes u, v < 16
-// (int4 nibbles) and signed s, t: a vpmaddubsw pair is at most 2 x 15 x 128 = 3,840 in
-// magnitude, so the two sum exactly in int16 before one vpmaddwd widens them.
+// acc + u . s + v . t per int32 lane (4 byte products each) for unsigned bytes u, v < 64
+// (levels of up to 6 bits) and signed s, t in -127 .. 127 (round_rows): a vpmaddubsw pair is
+// at most 2 x 63 x 127 = 16,002 in magnitude, so the two sum exactly in int16 (32,004) before
+// one vpmaddwd widens them. 8-bit levels go through as two nibbles (native_qlinear.h).
 inline __m256i dpbusd_nibble_pair(__m256i acc, __m256i u, __m256i s, __m256i v, __m256i t) {
     const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(u, s), _mm256_maddubs_epi16(v, t));
     return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
@@ -249,6 +262,10 @@ inline I16 dpbusd_nibble_pair(I16 acc, I16 u, I16 s, I16 v, I16 t) {
 #define _mm512_load_si512 mh_avx2::load_si512
 #define _mm512_loadu_si512 mh_avx2::loadu_si512
 #define _mm512_and_si512 mh_avx2::and_si512
+#define _mm512_or_si512 mh_avx2::or_si512
+#define _mm512_slli_epi16(a, s) mh_avx2::slli_epi16<(s)>(a)
+#define _mm512_cvtepi8_epi32 mh_avx2::cvtepi8_epi32
+#define _mm512_cvtepu16_epi32 mh_avx2::cvtepu16_epi32
 #define _mm512_add_epi32 mh_avx2::add_epi32
 #define _mm512_sub_epi32 mh_avx2::sub_epi32
 #define _mm512_min_epi32 mh_avx2::min_epi32

@@ -116,46 +116,40 @@ inline __m512 sums_of_16(const __m512* v) {
                          _mm512_shuffle_f32x4(halves[0], halves[1], 0xDD));
 }
 
-// Activations for the int4 and int8 kernels, rounded so that VNNI multiplies them exactly in
-// int32: each row has one scale (its largest magnitude / 127) and each input is
-// v = (high + low / 256) * scale with int8 high and low, 16 bits against the row's largest.
-// One int8 alone (llama.cpp's Q8 activations, a scale per 32) cost the embedded models
-// perplexity and greedy agreement with fp32; these keep both (benchmarks/perplexity.py).
+// Activations for the quantized kernels (native_qlinear.h), rounded so that integer dot
+// products take them exactly in int32: each row has one scale (its largest magnitude / 127)
+// and each input is v = (high + low / 256) * scale with int8 high and low, 16 bits against the
+// row's largest. One int8 alone (llama.cpp's Q8 activations, a scale per 32) cost the embedded
+// models perplexity and greedy agreement with fp32; these keep both (benchmarks/perplexity.py).
 // A product of 4 weights and 4 inputs is high's VNNI product times 256 plus low's.
-// Per row: high and low in the inputs' order; its scale (/ 256); 128 sum(high) and
-// 128 sum(low), which int8 weights (stored + 128, unsigned) add; each group's exact fp32 sum
-// over the scale, which the int4 mins multiply.
+// Per row: high and low in the inputs' order; its scale (/ 256); and each 16 inputs' exact fp32
+// sum over the scale, which the weights' group minimums multiply.
 struct RoundedRows {
     int64_t groups, padded;
-    const int8_t* high;      // [rows, padded]
-    const int8_t* low;       // [rows, padded]
-    const float* scales;     // [rows]
-    const int32_t* offsets;  // [rows, 2]: 128 sum(high), 128 sum(low)
-    const float* sums;       // [rows, groups]
-    const int16_t* wide;     // [rows, padded]: high * 256 + low (AVX2's int8 kernel)
+    const int8_t* high;    // [rows, padded]
+    const int8_t* low;     // [rows, padded]
+    const float* scales;   // [rows]
+    const float* sums;     // [rows, padded / 16]
 };
 
 thread_local std::vector<uint8_t> rounded_buffer;
 
 RoundedRows round_rows(const float* x, int64_t rows, int64_t padded) {
-    const int64_t groups = padded / kGroup;
-    const size_t per_row = 4 * padded + 4 * groups + 16;
+    const int64_t sixteens = padded / 16;
+    const size_t per_row = 2 * padded + 4 * sixteens + 4;
     std::vector<uint8_t>& buffer = rounded_buffer;
     if (buffer.size() < rows * per_row + 64) buffer.resize(rows * per_row + 64);
     uint8_t* base = buffer.data() + (64 - reinterpret_cast<uintptr_t>(buffer.data()) % 64) % 64;
     int8_t* high = reinterpret_cast<int8_t*>(base);
     int8_t* low = high + rows * padded;
     float* sums = reinterpret_cast<float*>(low + rows * padded);
-    int32_t* offsets = reinterpret_cast<int32_t*>(sums + rows * groups);
-    float* scales = reinterpret_cast<float*>(offsets + 2 * rows);
-    int16_t* wide = reinterpret_cast<int16_t*>(scales + rows);
+    float* scales = sums + rows * sixteens;
     const __m512i most = _mm512_set1_epi32(127), least = _mm512_set1_epi32(-127);
     for (int64_t r = 0; r < rows; ++r) {
         const float* row = x + r * padded;
         const float amax = largest_magnitude(row, padded);
         const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
         scales[r] = amax / (127.0f * 256.0f);
-        __m512i high_total = _mm512_setzero_si512(), low_total = _mm512_setzero_si512();
         for (int64_t i = 0; i < padded; i += 16) {
             const __m512 v = _mm512_loadu_ps(row + i);
             const __m512 scaled = _mm512_mul_ps(v, _mm512_set1_ps(inverse));
@@ -170,183 +164,11 @@ RoundedRows round_rows(const float* x, int64_t rows, int64_t padded) {
                              _mm512_cvtepi32_epi8(h));
             _mm_storeu_si128(reinterpret_cast<__m128i*>(low + r * padded + i),
                              _mm512_cvtepi32_epi8(l));
-            high_total = _mm512_add_epi32(high_total, h);
-            low_total = _mm512_add_epi32(low_total, l);
-            const float sum = _mm512_reduce_add_ps(v) * (inverse * 256.0f);
-            if (i % kGroup == 0)
-                sums[r * groups + i / kGroup] = sum;
-            else
-                sums[r * groups + i / kGroup] += sum;
-        }
-        offsets[2 * r] = 128 * _mm512_reduce_add_epi32(high_total);
-        offsets[2 * r + 1] = 128 * _mm512_reduce_add_epi32(low_total);
-#ifdef MH_AVX2
-        for (int64_t i = 0; i < padded; ++i)
-            wide[r * padded + i] =
-                static_cast<int16_t>(high[r * padded + i] * 256 + low[r * padded + i]);
-#endif
-    }
-    return RoundedRows{groups, padded, high, low, scales, offsets, sums, wide};
-}
-
-// R rows times a block of 16 outputs' int4 weights, the outputs in the lanes: each group's
-// 32 weights of the 16 outputs are widened once to 8 registers of unsigned bytes (4 inputs
-// of each output) for all rows, each row's 4 inputs broadcast against them. A group's int32
-// products take its 16 scales and 16 mins once per row, so 512 products cost 16 VNNI
-// instructions and 4 others (a layout with the inputs in the lanes needed 5 per 64).
-template <int R>
-void int4_tile(const RoundedRows& x, int64_t row0, const uint8_t* nibbles,
-               const uint16_t* params, int64_t begin, int64_t end, int64_t out, float* y) {
-    const int64_t groups = x.groups;
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
-    for (int64_t b = begin / 16; b < (end + 15) / 16; ++b) {
-        __m512 acc[R];
-        for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-        for (int64_t g = 0; g < groups; ++g) {
-            const uint8_t* run = nibbles + (b * groups + g) * 256;
-            for (int j = 0; j < 4; ++j)
-                _mm_prefetch(reinterpret_cast<const char*>(run + kAhead * 256 + 64 * j),
-                             _MM_HINT_T0);
-            _mm_prefetch(reinterpret_cast<const char*>(params + (b * groups + g + kAhead) * 32),
-                         _MM_HINT_T0);
-            __m512i w[8];
-            for (int j = 0; j < 4; ++j) {
-                const __m512i v = _mm512_load_si512(run + 64 * j);
-                w[2 * j] = _mm512_and_si512(v, low4);
-                w[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-            }
-            const uint16_t* p = params + (b * groups + g) * 32;
-            const __m512 scale =
-                _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p)));
-            const __m512 min =
-                _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p + 16)));
-            for (int r = 0; r < R; ++r) {
-                const int64_t at = (row0 + r) * x.padded + kGroup * g;
-                const int32_t* high = reinterpret_cast<const int32_t*>(x.high + at);
-                const int32_t* low = reinterpret_cast<const int32_t*>(x.low + at);
-                __m512i h = _mm512_setzero_si512(), l = _mm512_setzero_si512();
-                for (int q = 0; q < 8; q += 2) {
-                    h = dpbusd_nibble_pair(h, w[q], _mm512_set1_epi32(high[q]), w[q + 1],
-                                           _mm512_set1_epi32(high[q + 1]));
-                    l = dpbusd_nibble_pair(l, w[q], _mm512_set1_epi32(low[q]), w[q + 1],
-                                           _mm512_set1_epi32(low[q + 1]));
-                }
-                const __m512i d = _mm512_add_epi32(_mm512_slli_epi32(h, 8), l);
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), scale, acc[r]);
-                acc[r] = _mm512_fmadd_ps(
-                    min, _mm512_set1_ps(x.sums[(row0 + r) * groups + g]), acc[r]);
-            }
-        }
-        const __mmask16 live = tail_mask(out - 16 * b);
-        for (int r = 0; r < R; ++r)
-            _mm512_mask_storeu_ps(y + (row0 + r) * out + 16 * b, live,
-                                  _mm512_mul_ps(acc[r], _mm512_set1_ps(x.scales[row0 + r])));
-    }
-}
-
-// R rows times a block of 16 outputs' int8 weights (stored + 128), the outputs in the lanes,
-// in int32 throughout: a quad of 4 inputs of the 16 outputs is one register for all rows,
-// each row's 4 inputs broadcast against it. The weight's scale is per output and the row's
-// per row, so both apply once, at the end, where the row's offsets take the 128s back out.
-// Exact in int32 while a lane's sum fits: inputs < 64k.
-#ifndef MH_AVX2
-template <int R>
-void int8_tile(const RoundedRows& x, int64_t row0, const uint8_t* weights, const float* scales,
-               int64_t begin, int64_t end, int64_t out, float* y) {
-    const int64_t quads = x.padded / 4;
-    for (int64_t b = begin / 16; b < (end + 15) / 16; ++b) {
-        const uint8_t* w = weights + b * quads * 64;
-        __m512i high[R], low[R];
-        for (int r = 0; r < R; ++r) high[r] = low[r] = _mm512_setzero_si512();
-        for (int64_t q = 0; q < quads; ++q) {
-            _mm_prefetch(reinterpret_cast<const char*>(w + 64 * (q + 4 * kAhead)), _MM_HINT_T0);
-            const __m512i wv = _mm512_load_si512(w + 64 * q);
-            for (int r = 0; r < R; ++r) {
-                const int64_t at = (row0 + r) * x.padded + 4 * q;
-                high[r] = _mm512_dpbusd_epi32(
-                    high[r], wv, _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(x.high + at)));
-                low[r] = _mm512_dpbusd_epi32(
-                    low[r], wv, _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(x.low + at)));
-            }
-        }
-        const __mmask16 live = tail_mask(out - 16 * b);
-        const __m512 scale = _mm512_maskz_loadu_ps(live, scales + 16 * b);
-        for (int r = 0; r < R; ++r) {
-            const int32_t* offset = x.offsets + 2 * (row0 + r);
-            const __m512 h = _mm512_cvtepi32_ps(
-                _mm512_sub_epi32(high[r], _mm512_set1_epi32(offset[0])));
-            const __m512 l = _mm512_cvtepi32_ps(
-                _mm512_sub_epi32(low[r], _mm512_set1_epi32(offset[1])));
-            const __m512 total = _mm512_fmadd_ps(h, _mm512_set1_ps(256.0f), l);
-            _mm512_mask_storeu_ps(
-                y + (row0 + r) * out + 16 * b, live,
-                _mm512_mul_ps(total, _mm512_mul_ps(scale, _mm512_set1_ps(x.scales[row0 + r]))));
+            sums[r * sixteens + i / 16] = _mm512_reduce_add_ps(v) * (inverse * 256.0f);
         }
     }
+    return RoundedRows{padded / kGroup, padded, high, low, scales, sums};
 }
-#else
-// The same on AVX2, where a byte product of a weight (up to 255 stored) and an input saturates
-// vpmaddubsw's pairs: the weights are widened to signed 16 bits (stored - 128) and multiplied
-// by each input's 16 bits at once (high * 256 + low) with vpmaddwd, 4 outputs' 4 inputs a
-// register. Each lane holds an output's pair of inputs, exact in int32 over 64 quads (at most
-// 64 x 2 x 127 x 32,639), then summed in fp32. Up to 2 rows take the block's 4 quarters in one
-// pass over its weights; more rows take a quarter a pass, their sums in a register each. No
-// offsets: the weights are already signed.
-template <int R>
-void int8_tile(const RoundedRows& x, int64_t row0, const uint8_t* weights, const float* scales,
-               int64_t begin, int64_t end, int64_t out, float* y) {
-    constexpr int64_t kExactQuads = 64;
-    constexpr int kQuarters = R <= 2 ? 4 : 1;  // quarters a pass
-    const int64_t quads = x.padded / 4;
-    const __m256i stored_zero = _mm256_set1_epi16(128);
-    for (int64_t b = begin / 16; b < (end + 15) / 16; ++b) {
-        const uint8_t* w = weights + b * quads * 64;
-        alignas(32) float pairs[R][4][8];  // per row and quarter: 4 outputs' two pair sums
-        for (int first = 0; first < 4; first += kQuarters) {
-            __m256 total[R][kQuarters];
-            for (int r = 0; r < R; ++r)
-                for (int t = 0; t < kQuarters; ++t) total[r][t] = _mm256_setzero_ps();
-            for (int64_t q0 = 0; q0 < quads; q0 += kExactQuads) {
-                __m256i part[R][kQuarters];
-                for (int r = 0; r < R; ++r)
-                    for (int t = 0; t < kQuarters; ++t) part[r][t] = _mm256_setzero_si256();
-                for (int64_t q = q0; q < std::min(quads, q0 + kExactQuads); ++q) {
-                    if (first == 0)
-                        _mm_prefetch(reinterpret_cast<const char*>(w + 64 * (q + 4 * kAhead)),
-                                     _MM_HINT_T0);
-                    __m256i wq[kQuarters];
-                    for (int t = 0; t < kQuarters; ++t)
-                        wq[t] = _mm256_sub_epi16(
-                            _mm256_cvtepu8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(
-                                w + 64 * q + 16 * (first + t)))),
-                            stored_zero);
-                    for (int r = 0; r < R; ++r) {
-                        int64_t inputs;  // the row's 4 inputs of this quad, 16 bits each
-                        std::memcpy(&inputs, x.wide + (row0 + r) * x.padded + 4 * q, 8);
-                        const __m256i four = _mm256_set1_epi64x(inputs);
-                        for (int t = 0; t < kQuarters; ++t)
-                            part[r][t] =
-                                _mm256_add_epi32(part[r][t], _mm256_madd_epi16(wq[t], four));
-                    }
-                }
-                for (int r = 0; r < R; ++r)
-                    for (int t = 0; t < kQuarters; ++t)
-                        total[r][t] = _mm256_add_ps(total[r][t], _mm256_cvtepi32_ps(part[r][t]));
-            }
-            for (int r = 0; r < R; ++r)
-                for (int t = 0; t < kQuarters; ++t)
-                    _mm256_store_ps(pairs[r][first + t], total[r][t]);
-        }
-        const int64_t live = std::min<int64_t>(16, out - 16 * b);
-        for (int r = 0; r < R; ++r)
-            for (int64_t o = 0; o < live; ++o) {
-                const float* two = pairs[r][o / 4] + 2 * (o % 4);
-                y[(row0 + r) * out + 16 * b + o] =
-                    (two[0] + two[1]) * (scales[16 * b + o] * x.scales[row0 + r]);
-            }
-    }
-}
-#endif
 
 // Calls tile(row0, rows-in-tile, first output, end output) over all rows and outputs, the
 // outputs split among `threads` (weights stream from memory: one core alone cannot saturate
@@ -378,199 +200,7 @@ void by_tiles(int64_t rows, int64_t out, int threads, Tile tile) {
 
 }  // namespace
 
-// y[rows, out] = x[rows, padded] @ dequantized(w).T, x rounded as round_rows says.
-extern "C" void mh_int4_matmul(const float* x, int64_t rows, const uint8_t* nibbles,
-                               const uint16_t* params, int64_t out, int64_t padded, float* y,
-                               int threads) {
-    const RoundedRows rounded = round_rows(x, rows, padded);
-    by_tiles(rows, out, threads, [&](int64_t row0, auto r, int64_t begin, int64_t end) {
-        int4_tile<decltype(r)::value>(rounded, row0, nibbles, params, begin, end, out, y);
-    });
-}
-
-extern "C" void mh_int8_matmul(const float* x, int64_t rows, const uint8_t* weights,
-                               const float* scales, int64_t out, int64_t padded, float* y,
-                               int threads) {
-    const RoundedRows rounded = round_rows(x, rows, padded);
-    by_tiles(rows, out, threads, [&](int64_t row0, auto r, int64_t begin, int64_t end) {
-        int8_tile<decltype(r)::value>(rounded, row0, weights, scales, begin, end, out, y);
-    });
-}
-
-namespace {
-
-thread_local std::vector<uint8_t> ranking_input;
-
-// R rows of int8 inputs times int4 weights, 128 products per 64-byte load in two VNNI
-// instructions. Lane l of an accumulator only ever sees group l of the row (the layout
-// below), so each group's scale and min apply once, at the end; 16 outputs' lanes are then
-// summed together (sums_of_16).
-template <int R>
-void int4_rank_tile(const int8_t* xs, int64_t row0, const float* x_scales, const float* x_sums,
-                    const uint8_t* w, const uint16_t* w_params, int64_t begin, int64_t end,
-                    int64_t loads, int64_t out, float* y, float* maxima) {
-    const int64_t sixteens = (out + 15) / 16;
-    const __m512i low = _mm512_set1_epi8(0x0F);
-    for (int64_t o0 = begin; o0 < end; o0 += 16) {
-        __m512 lanes[R][16];
-        for (int64_t i = 0; i < 16; ++i) {
-            const int64_t o = o0 + i;
-            if (o >= end) {
-                for (int r = 0; r < R; ++r) lanes[r][i] = _mm512_setzero_ps();
-                continue;
-            }
-            const uint8_t* weights = w + o * loads * 64;
-            for (int64_t j = 0; j < loads; ++j)
-                _mm_prefetch(reinterpret_cast<const char*>(weights + (kAhead * loads + j) * 64),
-                             _MM_HINT_T0);
-            _mm_prefetch(reinterpret_cast<const char*>(w_params + (o + kAhead) * 32), _MM_HINT_T0);
-            __m512i acc[R];
-            for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
-            for (int64_t j = 0; j < loads; ++j) {
-                const __m512i wv = _mm512_loadu_si512(weights + j * 64);
-                const __m512i lo = _mm512_and_si512(wv, low);
-                const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(wv, 4), low);
-                for (int r = 0; r < R; ++r) {
-                    const int8_t* in = xs + (row0 + r) * loads * 128 + j * 128;
-                    acc[r] = dpbusd_nibble_pair(acc[r], lo, _mm512_load_si512(in), hi,
-                                                _mm512_load_si512(in + 64));
-                }
-            }
-            const __m256i* params = reinterpret_cast<const __m256i*>(w_params + o * 32);
-            const __m512 scales = _mm512_cvtph_ps(_mm256_loadu_si256(params));
-            const __m512 mins = _mm512_cvtph_ps(_mm256_loadu_si256(params + 1));
-            for (int r = 0; r < R; ++r)
-                lanes[r][i] = _mm512_fmadd_ps(
-                    _mm512_cvtepi32_ps(acc[r]), scales,
-                    _mm512_mul_ps(mins, _mm512_load_ps(x_sums + (row0 + r) * 16)));
-        }
-        const __mmask16 live = tail_mask(end - o0);
-        for (int r = 0; r < R; ++r) {
-            const __m512 logits =
-                _mm512_mul_ps(sums_of_16(lanes[r]), _mm512_set1_ps(x_scales[row0 + r]));
-            _mm512_mask_storeu_ps(y + (row0 + r) * out + o0, live, logits);
-            maxima[(row0 + r) * sixteens + o0 / 16] = _mm512_mask_reduce_max_ps(live, logits);
-        }
-    }
-}
-
-}  // namespace
-
-// Approximate logits for ranking a vocabulary (models/quant.py's RefinedHead recomputes the
-// best ones exactly). Each weight row is cut into 16 groups of `group` inputs, asymmetric int4
-// with an fp16 scale and min per group (params [out, 32]: 16 scales, then 16 mins); each row of
-// x is rounded to int8 with one scale per row. A group's inputs are padded to `loads` * 8 and
-// dealt to one lane: byte 4l + k of the j-th 64-byte load holds group l's input 8j + k (low
-// nibble) and 8j + 4 + k (high). The mins multiply each row's sum of inputs per group.
-// maxima [rows, out / 16 rounded up]: the largest of each 16 consecutive outputs, for
-// mh_top_candidates (which would otherwise read the whole row again to find them).
-extern "C" void mh_int4_rank(const float* x, int64_t rows, int64_t in, const uint8_t* w,
-                             const uint16_t* w_params, int64_t out, int64_t group, float* y,
-                             float* maxima, int threads) {
-    const int64_t loads = (group + 7) / 8;
-    const int64_t row_bytes = loads * 128;
-    std::vector<uint8_t>& buffer = ranking_input;
-    const size_t need = rows * (row_bytes + 64) + 64;
-    if (buffer.size() < need) buffer.resize(need);
-    int8_t* xs = reinterpret_cast<int8_t*>(
-        buffer.data() + (64 - reinterpret_cast<uintptr_t>(buffer.data()) % 64) % 64);
-    float* x_sums = reinterpret_cast<float*>(xs + rows * row_bytes);
-    std::vector<float> x_scales(rows);
-    for (int64_t r = 0; r < rows; ++r) {
-        const float* row = x + r * in;
-        const float amax = largest_magnitude(row, in);
-        x_scales[r] = amax > 0 ? amax / 127.0f : 1.0f;
-        const float inverse = 1.0f / x_scales[r];
-        int8_t* dealt = xs + r * row_bytes;
-        std::memset(dealt, 0, row_bytes);
-        for (int64_t l = 0; l < 16; ++l) {
-            int32_t sum = 0;
-            for (int64_t p = 0; p < group && l * group + p < in; ++p) {
-                const int8_t q = static_cast<int8_t>(std::nearbyint(row[l * group + p] * inverse));
-                dealt[p / 8 * 128 + p % 8 / 4 * 64 + 4 * l + p % 4] = q;
-                sum += q;
-            }
-            x_sums[r * 16 + l] = static_cast<float>(sum);
-        }
-    }
-    by_tiles(rows, out, threads, [&](int64_t row0, auto r, int64_t begin, int64_t end) {
-        int4_rank_tile<decltype(r)::value>(xs, row0, x_scales.data(), x_sums, w, w_params,
-                                           begin, end, loads, out, y, maxima);
-    });
-}
-
-namespace {
-
-thread_local std::vector<float> run_maxima;
-
-}  // namespace
-
-// The indices of the k largest of each row's n scores, in no particular order (torch.topk's
-// set, ties aside). The k-th largest of the row's block maxima bounds the answer from below;
-// only the runs of 16 scores whose largest reaches it (those of at most k blocks, ties aside)
-// are read to collect the values at or above it, and a selection over those finishes.
-// maxima [rows, n / 16 rounded up], the largest of each 16 consecutive scores, come from
-// mh_int4_rank; null: computed here, in one pass over the scores. About 5x faster than
-// torch.topk on a 262,144-token vocabulary without maxima, another ~4x with them.
-extern "C" void mh_top_candidates(const float* scores, int64_t rows, int64_t n, int64_t k,
-                                  const float* maxima, int64_t* indices, int threads) {
-    const int64_t sixteens = (n + 15) / 16;
-    // Blocks of up to 16 runs, and at least 2k of them where n allows (SmolLM2's 49,152
-    // tokens and k = 256: blocks of 4 runs), so the bound leaves few values to select among.
-    int64_t block = 16;
-    while (block > 1 && (sixteens + block - 1) / block < 2 * k) block /= 2;
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1 && rows > 1)
-    for (int64_t r = 0; r < rows; ++r) {
-        const float* row = scores + r * n;
-        const float* runs = maxima + r * sixteens;
-        if (maxima == nullptr) {
-            if (static_cast<int64_t>(run_maxima.size()) < sixteens) run_maxima.resize(sixteens);
-            for (int64_t g = 0; g < sixteens; ++g)
-                run_maxima[g] = max_of(row + 16 * g, std::min<int64_t>(16, n - 16 * g));
-            runs = run_maxima.data();
-        }
-        int64_t* picked = indices + r * k;
-        const int64_t blocks = (sixteens + block - 1) / block;
-        float bound = -INFINITY;
-        if (blocks > k) {
-            std::vector<float> tops(blocks);
-            for (int64_t b = 0; b < blocks; ++b)
-                tops[b] = max_of(runs + b * block, std::min(block, sixteens - b * block));
-            std::nth_element(tops.begin(), tops.begin() + (k - 1), tops.end(),
-                             std::greater<float>());
-            bound = tops[k - 1];
-        }
-        std::vector<std::pair<float, int64_t>> found;
-        const __m512 limit = _mm512_set1_ps(bound);
-        for (int64_t g0 = 0; g0 < sixteens; g0 += 16) {
-            // The runs that may reach the bound (not below it: a NaN maximum is read too).
-            const __mmask16 live_runs = tail_mask(sixteens - g0);
-            __mmask16 reaching = _mm512_mask_cmp_ps_mask(
-                live_runs, _mm512_maskz_loadu_ps(live_runs, runs + g0), limit, _CMP_NLT_UQ);
-            for (; reaching; reaching &= reaching - 1) {
-                const int64_t i = 16 * (g0 + __builtin_ctz(reaching));
-                const __mmask16 live = tail_mask(n - i);
-                __mmask16 hits = _mm512_mask_cmp_ps_mask(
-                    live, _mm512_maskz_loadu_ps(live, row + i), limit, _CMP_GE_OQ);
-                for (; hits; hits &= hits - 1) {
-                    const int64_t j = i + __builtin_ctz(hits);
-                    found.emplace_back(row[j], j);
-                }
-            }
-        }
-        if (static_cast<int64_t>(found.size()) < k) {  // NaN scores never compare: pad (k <= n)
-            std::vector<bool> taken(n);
-            for (const auto& hit : found) taken[hit.second] = true;
-            for (int64_t j = 0; static_cast<int64_t>(found.size()) < k; ++j)
-                if (!taken[j]) found.emplace_back(-INFINITY, j);
-        }
-        std::nth_element(found.begin(), found.begin() + (k - 1), found.end(),
-                         [](const auto& a, const auto& b) {
-                             return a.first > b.first || (a.first == b.first && a.second < b.second);
-                         });
-        for (int64_t j = 0; j < k; ++j) picked[j] = found[j].second;
-    }
-}
+#include "native_qlinear.h"
 
 namespace {
 
@@ -824,19 +454,6 @@ extern "C" void mh_paged_attention(float* qkv, int64_t rows, int64_t heads, int6
     }
 }
 
-// The exact logits of each row's candidates, written over its approximate ones: logits[r, j]
-// = x[r] . weight[j] for each j in indices[r] (k of them), weight [vocab, width] fp32 rows.
-// Reads each candidate's row in place (no gathered copy).
-extern "C" void mh_refine(const float* x, int64_t rows, int64_t width, const float* weight,
-                          const int64_t* indices, int64_t k, float* logits, int64_t n,
-                          int threads) {
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && rows * k > 64)
-    for (int64_t task = 0; task < rows * k; ++task) {
-        const int64_t r = task / k;
-        logits[r * n + indices[task]] = dot(x + r * width, weight + indices[task] * width, width);
-    }
-}
-
 namespace {
 
 constexpr int64_t kDrawBlock = 256;  // logits a draw's block: its mass summed in one pass
@@ -986,11 +603,10 @@ extern "C" void mh_gated_activation(const float* gate_up, int64_t rows, int64_t 
 // one generated token each, hidden [rows, width] is updated in place. The structs mirror
 // models/native.py's ctypes declarations.
 struct NativeLinear {
-    int64_t bits;        // 4: data = nibbles, params = fp16 (scale, min); 8: int8 + 128, fp32 scales
-    const void* data;
-    const void* params;
-    const float* bias;   // or null
-    int64_t out, padded;
+    QLinear parts[3];    // one to three weights (q, k, v or gate, up), outputs side by side
+    int64_t count;       // parts in use
+    int64_t out;         // all parts' outputs together
+    const float* bias;   // [out], or null
 };
 
 struct NativeLayer {
@@ -1018,12 +634,20 @@ struct NativeStep {
 namespace {
 
 void linear(const NativeLinear& l, const float* x, int64_t rows, float* y, int threads) {
-    if (l.bits == 4)
-        mh_int4_matmul(x, rows, static_cast<const uint8_t*>(l.data),
-                       static_cast<const uint16_t*>(l.params), l.out, l.padded, y, threads);
-    else
-        mh_int8_matmul(x, rows, static_cast<const uint8_t*>(l.data),
-                       static_cast<const float*>(l.params), l.out, l.padded, y, threads);
+    // Parts of a quantized format share one rounding of the rows.
+    bool quantized = false;
+    for (int64_t i = 0; i < l.count; ++i) quantized |= !is_float_format(l.parts[i].format);
+    const RoundedRows rounded =
+        quantized ? round_rows(x, rows, l.parts[0].padded) : RoundedRows{};
+    int64_t column = 0;
+    for (int64_t i = 0; i < l.count; ++i) {
+        const QLinear& part = l.parts[i];
+        if (is_float_format(part.format))
+            qlinear(x, rows, part, y + column, l.out, threads);
+        else
+            qlinear_rounded(rounded, rows, part, y + column, l.out, threads);
+        column += part.out;
+    }
     if (l.bias != nullptr)
         for (int64_t r = 0; r < rows; ++r)
             for (int64_t i = 0; i < l.out; ++i) y[r * l.out + i] += l.bias[i];
@@ -1046,8 +670,8 @@ extern "C" void mh_decode_layers(float* hidden, const NativeLayer* layers, int64
     const int64_t rows = step->rows, width = step->width;
     int64_t widest = width;
     for (int64_t i = 0; i < num_layers; ++i)
-        widest = std::max({widest, layers[i].qkv.out, layers[i].gate_up.out, layers[i].o.padded,
-                           layers[i].down.padded});
+        widest = std::max({widest, layers[i].qkv.out, layers[i].gate_up.out, layers[i].o.parts[0].padded,
+                           layers[i].down.parts[0].padded});
     widest = (widest + 15) / 16 * 16;  // every buffer starts on a cache line
     std::vector<float>& buffer = layer_buffer;
     if (static_cast<int64_t>(buffer.size()) < 3 * rows * widest + 16)
