@@ -7,11 +7,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tiny_models import make_tiny_checkpoint, reference_model
+from tiny_models import make_tiny_checkpoint
 
 from modelhost.inference.admission import working_bytes
 from modelhost.models.embedded import DEFAULT_MODEL, embedded_path
 from modelhost.models.load_safetensors import config_from_hf
+from modelhost.models.loader import load_model
 from modelhost.residency.registry import ModelRegistry, ServingShape
 
 
@@ -43,8 +44,7 @@ def test_a_hugging_face_cache_snapshot_is_listed_as_org_slash_name(tmp_path, tin
         "llama",
     )
     assert entry.path == snapshot
-    params = sum(p.numel() for p in reference_model(tiny).parameters())
-    assert entry.weights_bytes == 4 * params  # fp32, as this machine loads it
+    assert entry.weights_bytes == load_model(str(snapshot)).weights_bytes  # what it will hold
     assert entry.size_bytes == (tiny / "model.safetensors").stat().st_size
 
 
@@ -62,7 +62,9 @@ def test_a_loose_gguf_file_is_listed_by_its_stem(tmp_path):
     shutil.copy(embedded_path(DEFAULT_MODEL), models / "my-model.Q4.gguf")
     [entry] = registry(tmp_path).entries()
     assert (entry.id, entry.format, entry.architecture) == ("my-model.Q4", "gguf", "llama")
-    assert entry.weights_bytes > entry.size_bytes  # dequantized to fp32
+    # Packed in its own quantization: about the file (which also holds the vocabulary).
+    assert entry.weights_bytes == load_model(str(entry.path)).weights_bytes
+    assert 0.9 * entry.size_bytes < entry.weights_bytes < 1.05 * entry.size_bytes
 
 
 def test_a_model_that_resolves_outside_its_root_is_not_listed(tmp_path, tiny):
@@ -82,7 +84,7 @@ def test_the_embedded_models_are_listed_under_their_own_ids(tmp_path):
 def test_the_estimate_is_weights_plus_kv_and_working_memory_or_the_memory_budget(tmp_path, tiny):
     hub_layout(tmp_path / "hub", "acme", "tiny-llama", tiny)
     [entry] = registry(tmp_path).entries()
-    kv_per_token = 2 * 3 * 2 * 16 * 4  # layers × kv heads × head dim × fp32, keys and values
+    kv_per_token = 2 * 3 * 2 * 16 * 2  # layers × kv heads × head dim × fp16, keys and values
     kv_pool = 8 * (512 + 16) * kv_per_token  # a full context for every row of the batch
     config = config_from_hf(json.loads((tiny / "config.json").read_text()))
     work = working_bytes(config, 4, 512, chunk_tokens=512, rows=8)

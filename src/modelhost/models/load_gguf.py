@@ -1,14 +1,17 @@
 """GGUF: hyper-parameters from metadata, and each tensor read on its own from the file.
 
-Tensors are read with plain file reads into one reused buffer, not through the reader's
-memory map: a mapped page that has been read stays in the process's resident set, so a
-loader touching every page of an 8 GB file would show 8 GB more than the model holds.
+Tensors are read where they lie in a read-only mapping of the file, one at a time, and let
+go of as soon as they are repacked (FileReader).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import mmap
 import re
+import struct
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +20,7 @@ import numpy as np
 import torch
 from gguf.quants import dequantize
 
-from modelhost.models import native
 from modelhost.models.config import ModelConfig
-from modelhost.models.packed import PackedWeight
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -51,18 +52,15 @@ _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
 class GGUFFile:
-    """An open GGUF file: its metadata fields and tensor table, parsed by `gguf`."""
+    """A GGUF file's header: metadata fields and tensor table (the tensors stay unread)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.reader = gguf.GGUFReader(str(path))
+        self.fields, self.tensors = read_header(path)
         self.architecture: str = self.field("general.architecture")
 
     def field(self, key: str, default: Any = None) -> Any:
-        f = self.reader.fields.get(key)
-        if f is None:
-            return default
-        return f.contents()
+        return self.fields.get(key, default)
 
     def arch_field(self, key: str, default: Any = None) -> Any:
         return self.field(f"{self.architecture}.{key}", default)
@@ -72,7 +70,7 @@ class GGUFFile:
         hidden = int(self.arch_field("embedding_length"))
         num_heads = int(self.arch_field("attention.head_count"))
         head_dim = int(self.arch_field("attention.key_length", hidden // num_heads))
-        tensor_names = {t.name for t in self.reader.tensors}
+        tensor_names = {t["name"] for t in self.tensors}
         vocab = self.arch_field("vocab_size") or len(self.field("tokenizer.ggml.tokens"))
         common: dict[str, Any] = dict(
             architecture="gemma3" if arch == "gemma3" else "llama",
@@ -103,42 +101,111 @@ class GGUFFile:
     def tensor_table(self) -> list[dict[str, Any]]:
         """Each tensor's name, GGUF type, shape (the file's order), offset and size: all a
         later load needs to read it, without parsing the header again."""
-        return [
-            {
-                "name": t.name,
-                "type": int(t.tensor_type),
-                "shape": [int(n) for n in t.shape],
-                "offset": int(t.data_offset),
-                "nbytes": int(t.n_bytes),
-            }
-            for t in self.reader.tensors
-        ]
+        return self.tensors
+
+
+# GGUF metadata value types: struct formats of the fixed-size ones (8 is a string, 9 an array).
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
+            11: "<q", 12: "<d"}  # fmt: skip
+_ARRAYS = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32,
+           6: np.float32, 7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}  # fmt: skip
+
+
+def read_header(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The metadata fields (arrays as lists) and the tensor table of a GGUF file (version 2 or
+    3). A plain reading of the format: `gguf`'s reader builds an object per array element,
+    which takes seconds for a large vocabulary."""
+    with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        magic, version, tensor_count, field_count = struct.unpack_from("<4sIQQ", data, 0)
+        if magic != b"GGUF" or version not in (2, 3):
+            raise ValueError(f"{path} is not a GGUF file of version 2 or 3")
+        at = 24
+
+        def string() -> str:
+            nonlocal at
+            (size,) = struct.unpack_from("<Q", data, at)
+            at += 8 + size
+            return data[at - size : at].decode("utf-8", errors="replace")
+
+        def value(kind: int) -> Any:
+            nonlocal at
+            if kind == 8:
+                return string()
+            if kind == 9:
+                item, count = struct.unpack_from("<IQ", data, at)
+                at += 12
+                if item in _ARRAYS:
+                    array = np.frombuffer(data, dtype=_ARRAYS[item], count=count, offset=at)
+                    at += array.nbytes
+                    return array.tolist()
+                return [value(item) for _ in range(count)]
+            (result,) = struct.unpack_from(_SCALARS[kind], data, at)
+            at += struct.calcsize(_SCALARS[kind])
+            return result
+
+        fields: dict[str, Any] = {}
+        for _ in range(field_count):
+            key = string()
+            (kind,) = struct.unpack_from("<I", data, at)
+            at += 4
+            fields[key] = value(kind)
+        tensors = []
+        for _ in range(tensor_count):
+            name = string()
+            (dims,) = struct.unpack_from("<I", data, at)
+            shape = list(struct.unpack_from(f"<{dims}Q", data, at + 4))
+            kind, offset = struct.unpack_from("<IQ", data, at + 4 + 8 * dims)
+            at += 4 + 8 * dims + 12
+            tensors.append({"name": name, "type": kind, "shape": shape, "offset": offset})
+        alignment = int(fields.get("general.alignment", 32))
+        start = -(-at // alignment) * alignment
+        size = len(data)
+    # A tensor's size from its type, or (a type `gguf` does not know) up to the next one.
+    by_offset = sorted(tensors, key=lambda t: t["offset"])
+    ends = [t["offset"] for t in by_offset[1:]] + [size - start]
+    for tensor, end in zip(by_offset, ends, strict=True):
+        known = _known_bytes(tensor["type"], tensor["shape"])
+        tensor["nbytes"] = known if known is not None else end - tensor["offset"]
+        tensor["offset"] += start
+    return fields, tensors
+
+
+def _known_bytes(kind: int, shape: list[int]) -> int | None:
+    try:
+        block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kind)]
+    except (ValueError, KeyError):
+        return None
+    return math.prod(shape) // block * size
 
 
 class FileReader:
-    """Reads byte ranges of a file into one buffer that the next read reuses."""
+    """A GGUF file mapped read-only, its tensors read where they lie. Each tensor's pages leave
+    the process's resident set once it has been read (MADV_DONTNEED on a shared file mapping
+    drops only this mapping's pages, not the page cache): the loader's memory then grows by
+    what the model keeps, not by the file."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._buffer: np.ndarray | None = None
+        with path.open("rb") as handle:
+            self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        self._bytes = np.frombuffer(self._map, dtype=np.uint8)
 
-    def read(self, offset: int, size: int) -> np.ndarray:
-        if self._buffer is None or self._buffer.size < size:
-            self._buffer = np.empty(size, dtype=np.uint8)
-        view = self._buffer[:size]
-        with self.path.open("rb", buffering=0) as handle:
-            handle.seek(offset)
-            done = 0
-            while done < size:
-                count = handle.readinto(memoryview(view[done:]))
-                if not count:
-                    raise OSError(f"{self.path} ends inside tensor data at byte {offset + done}")
-                done += count
-        return view
+    @contextlib.contextmanager
+    def bytes(self, offset: int, size: int) -> Iterator[np.ndarray]:
+        """The file's bytes offset .. offset + size, valid inside the block."""
+        if offset + size > self._bytes.size:
+            raise OSError(f"{self.path} ends inside tensor data at byte {self._bytes.size}")
+        first = offset - offset % mmap.PAGESIZE
+        self._map.madvise(mmap.MADV_WILLNEED, first, offset + size - first)
+        try:
+            yield self._bytes[offset : offset + size]
+        finally:
+            self._map.madvise(mmap.MADV_DONTNEED, first, offset + size - first)
 
     def release(self) -> None:
-        """Frees the buffer (the loader is done with the file's tensors)."""
-        self._buffer = None
+        """Unmaps the file (the loader is done with its tensors)."""
+        del self._bytes
+        self._map.close()
 
 
 class GGUFTensor:
@@ -157,19 +224,20 @@ class GGUFTensor:
         self.order = order  # row r of ours is the file's row order[r]
 
     def dense(self) -> torch.Tensor:
-        raw = self.reader.read(self.offset, self.nbytes)
         rows = math.prod(self.shape[:-1])
-        array = dequantize(
-            raw.reshape(*self.shape[:-1], self.nbytes // rows), gguf.GGMLQuantizationType(self.type)
-        )
-        value = torch.from_numpy(np.array(array, dtype=np.float32, order="C"))  # a copy
+        with self.reader.bytes(self.offset, self.nbytes) as raw:
+            array = dequantize(
+                raw.reshape(*self.shape[:-1], self.nbytes // rows),
+                gguf.GGMLQuantizationType(self.type),
+            )
+            value = torch.from_numpy(np.array(array, dtype=np.float32, order="C"))  # a copy
         value = value.reshape(self.shape)
         return value if self.order is None else value[self.order]
 
-    def packed(self, kernels: native.Kernels) -> PackedWeight:
-        out, width = self.shape
-        raw = self.reader.read(self.offset, self.nbytes)
-        return PackedWeight.repack(kernels, self.type, raw.ctypes.data, out, width, self.order)
+    @contextlib.contextmanager
+    def stored(self) -> Iterator[int]:
+        with self.reader.bytes(self.offset, self.nbytes) as raw:
+            yield raw.ctypes.data
 
 
 def gguf_tensors(

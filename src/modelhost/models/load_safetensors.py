@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
 
-from modelhost.models import native, packed
+from modelhost.models import packed
 from modelhost.models.config import ModelConfig
-from modelhost.models.packed import PackedWeight
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -80,6 +81,7 @@ class SafetensorsTensor:
             self.shape = tuple(tensor_slice.get_shape())
             dtype = tensor_slice.get_dtype()
         self.type = _TYPES.get(dtype, packed.F32)
+        self.order = None
         self.nbytes = math.prod(self.shape) * _SIZES.get(dtype, 4)
 
     def _read(self) -> torch.Tensor:
@@ -90,13 +92,13 @@ class SafetensorsTensor:
         value = self._read().to(torch.float32)
         return value + 1.0 if self.gemma_norm else value
 
-    def packed(self, kernels: native.Kernels) -> PackedWeight:
+    @contextlib.contextmanager
+    def stored(self) -> Iterator[int]:
         value = self._read()
         if value.dtype not in (torch.float32, torch.float16, torch.bfloat16):
             value = value.to(torch.float32)
-        value = value.contiguous()
-        out, width = self.shape
-        return PackedWeight.repack(kernels, self.type, value.data_ptr(), out, width)
+        value = value.contiguous()  # alive until the block ends
+        yield value.data_ptr()
 
 
 _TYPES = {"F32": packed.F32, "F16": packed.F16, "BF16": packed.BF16}

@@ -8,6 +8,7 @@ held as a whole model in fp32 and never cached on disk. What is slow to derive f
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -15,7 +16,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -228,7 +229,7 @@ def _network(
     prepare: bool,
     progress: Progress | None,
 ) -> DecoderLM:
-    with torch.device("meta"):
+    with torch.device("meta"), _without_initialisation():
         network = build_network(config)
     if prepare:
         fill_network(network, sources, plan, progress)
@@ -308,6 +309,23 @@ def _loaded(
     )
 
 
+@contextlib.contextmanager
+def _without_initialisation() -> Iterator[None]:
+    """Module constructors skip their random initialisation: on the meta device it computes
+    nothing, but the first call imports torch._dynamo (seconds, in every worker process)."""
+    saved = {name: getattr(torch.nn.init, name) for name in _INITIALISERS}
+    for name in _INITIALISERS:
+        setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(torch.nn.init, name, function)
+
+
+_INITIALISERS = ("uniform_", "normal_", "kaiming_uniform_", "zeros_", "ones_")
+
+
 def build_network(config: ModelConfig) -> DecoderLM:
     return build_gemma3(config) if config.architecture == "gemma3" else build_llama(config)
 
@@ -345,13 +363,11 @@ def _gen_defaults(generation: dict[str, Any]) -> dict[str, float]:
 
 
 def _weights_bytes(network: torch.nn.Module) -> int:
-    """Bytes of the network's tensors, each storage counted once (a tied head shares the
-    embedding's)."""
+    """Bytes of the network's tensors, each counted once (a tied head shares the embedding's)."""
     seen: set[int] = set()
     total = 0
     for tensor in itertools.chain(network.parameters(), network.buffers()):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in seen:
-            seen.add(storage.data_ptr())
-            total += storage.nbytes()
+        if tensor.data_ptr() not in seen:
+            seen.add(tensor.data_ptr())
+            total += tensor.numel() * tensor.element_size()
     return total

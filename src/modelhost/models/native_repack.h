@@ -236,43 +236,68 @@ void decode_row(int32_t format, const uint8_t* src, int64_t in, DecodedRow& row)
     }
 }
 
-// Writes one tile's planes from levels[16][32] (output-major).
-void pack_tile(int bits, const uint8_t (*levels)[32], uint8_t* t) {
-    for (int o = 0; o < 16; ++o)
-        for (int k = 0; k < 4; ++k) {
-            const int byte = 4 * o + k;
-            auto at = [&](int q) { return levels[o][4 * q + k]; };
-            if (bits == 8) {
-                for (int q = 0; q < 8; ++q) t[64 * q + byte] = at(q);
-                continue;
-            }
-            if (bits >= 4) {
-                for (int j = 0; j < 4; ++j)
-                    t[64 * j + byte] = (at(2 * j) & 0xF) | ((at(2 * j + 1) & 0xF) << 4);
-                if (bits == 5) {
-                    uint8_t plane = 0;
-                    for (int q = 0; q < 8; ++q) plane |= ((at(q) >> 4) & 1) << q;
-                    t[256 + byte] = plane;
-                }
-                if (bits == 6)
-                    for (int c = 0; c < 2; ++c) {
-                        uint8_t plane = 0;
-                        for (int i = 0; i < 4; ++i) plane |= ((at(4 * c + i) >> 4) & 3) << (2 * i);
-                        t[256 + 64 * c + byte] = plane;
-                    }
-                continue;
-            }
+uint32_t load32(const uint8_t* p) {
+    uint32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+}
+
+void store32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
+
+// Writes one tile's planes (see native_qlinear.h) from the levels of its 16 outputs: rows[o]
+// points at output o's 32 levels of the group. Four levels at a time, as 32-bit words: byte
+// k of word q of a row is its level 4q + k, which lands in byte 4o + k of register q.
+template <int BITS>
+void pack_tile(const uint8_t* const* rows, uint8_t* t) {
+    constexpr uint32_t kOnes = 0x01010101u, kCrumbs = 0x03030303u, kNibbles = 0x0F0F0F0Fu;
+    for (int o = 0; o < 16; ++o) {
+        uint32_t w[8];
+        for (int q = 0; q < 8; ++q) w[q] = load32(rows[o] + 4 * q);
+        uint8_t* at = t + 4 * o;
+        if constexpr (BITS == 8) {
+            for (int q = 0; q < 8; ++q) store32(at + 64 * q, w[q]);
+            continue;
+        }
+        if constexpr (BITS >= 4) {
+            for (int j = 0; j < 4; ++j)
+                store32(at + 64 * j, (w[2 * j] & kNibbles) | ((w[2 * j + 1] & kNibbles) << 4));
+        }
+        if constexpr (BITS == 5) {
+            uint32_t plane = 0;
+            for (int q = 0; q < 8; ++q) plane |= ((w[q] >> 4) & kOnes) << q;
+            store32(at + 256, plane);
+        }
+        if constexpr (BITS == 6) {
             for (int c = 0; c < 2; ++c) {
-                uint8_t plane = 0;
-                for (int i = 0; i < 4; ++i) plane |= (at(4 * c + i) & 3) << (2 * i);
-                t[64 * c + byte] = plane;
-            }
-            if (bits == 3) {
-                uint8_t plane = 0;
-                for (int q = 0; q < 8; ++q) plane |= ((at(q) >> 2) & 1) << q;
-                t[128 + byte] = plane;
+                uint32_t plane = 0;
+                for (int i = 0; i < 4; ++i) plane |= ((w[4 * c + i] >> 4) & kCrumbs) << (2 * i);
+                store32(at + 256 + 64 * c, plane);
             }
         }
+        if constexpr (BITS <= 3) {
+            for (int c = 0; c < 2; ++c) {
+                uint32_t plane = 0;
+                for (int i = 0; i < 4; ++i) plane |= (w[4 * c + i] & kCrumbs) << (2 * i);
+                store32(at + 64 * c, plane);
+            }
+        }
+        if constexpr (BITS == 3) {
+            uint32_t plane = 0;
+            for (int q = 0; q < 8; ++q) plane |= ((w[q] >> 2) & kOnes) << q;
+            store32(at + 128, plane);
+        }
+    }
+}
+
+void pack_tile_of(int bits, const uint8_t* const* rows, uint8_t* t) {
+    switch (bits) {
+        case 2: return pack_tile<2>(rows, t);
+        case 3: return pack_tile<3>(rows, t);
+        case 4: return pack_tile<4>(rows, t);
+        case 5: return pack_tile<5>(rows, t);
+        case 6: return pack_tile<6>(rows, t);
+        default: return pack_tile<8>(rows, t);
+    }
 }
 
 int64_t padded_inputs(int64_t in) { return (in + 63) / 64 * 64; }
@@ -322,7 +347,8 @@ extern "C" int mh_repack(int32_t format, const uint8_t* src, int64_t out, int64_
             row.d.assign(padded / 256 + 1, 0);
             row.dmin.assign(padded / 256 + 1, 0);
         }
-        uint8_t levels[16][32];
+        alignas(64) static const uint8_t zeros[32] = {};
+        const uint8_t* tile_rows[16];
 #pragma omp for schedule(dynamic, 1)
         for (int64_t b = 0; b < blocks; ++b) {
             if (is_float_format(format)) {  // 32 inputs by 16 outputs, as stored
@@ -358,10 +384,9 @@ extern "C" int mh_repack(int32_t format, const uint8_t* src, int64_t out, int64_
             }
             for (int64_t g = 0; g < groups; ++g) {
                 const int64_t at = b * groups + g;
-                for (int o = 0; o < 16; ++o)
-                    for (int i = 0; i < 32; ++i)
-                        levels[o][i] = 32 * g + i < in ? rows[o].levels[32 * g + i] : 0;
-                pack_tile(bits, levels, data + at * tile);
+                for (int o = 0; o < 16; ++o)  // levels past `in` were zeroed with the row
+                    tile_rows[o] = 32 * g < in ? rows[o].levels.data() + 32 * g : zeros;
+                pack_tile_of(bits, tile_rows, data + at * tile);
                 uint8_t* p = params + at * pbytes;
                 if (!super) {
                     uint16_t* halves = reinterpret_cast<uint16_t*>(p);

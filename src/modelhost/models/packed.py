@@ -28,6 +28,23 @@ TYPE_NAMES = {
 PACKED_TYPES = frozenset(TYPE_NAMES)
 FLOAT_TYPES = frozenset((F32, F16, BF16))
 
+# Bytes of a packed tile of 16 outputs by 32 inputs, its parameters, and a K type's
+# super-block factors per 16 outputs by 256 inputs (native_qlinear.h's storage; the native
+# kernels' mh_packed_sizes is the authority, and tests hold the two together).
+_TILE_BYTES = {F32: 2048, F16: 1024, BF16: 1024, Q4_0: 256, Q4_1: 256, Q5_0: 320, Q5_1: 320,
+               Q8_0: 512, Q2_K: 128, Q3_K: 192, Q4_K: 256, Q5_K: 320, Q6_K: 384}  # fmt: skip
+_PARAM_BYTES = {Q4_0: 32, Q4_1: 64, Q5_0: 32, Q5_1: 64, Q8_0: 32, Q2_K: 64, Q3_K: 32, Q4_K: 32,
+                Q5_K: 32, Q6_K: 32}  # fmt: skip
+_SUPER_BYTES = 64
+
+
+def packed_bytes(format: int, out: int, width: int) -> int:
+    """Bytes a packed [out, width] weight of `format` holds (outputs padded to 16, inputs
+    to 64), without building it."""
+    blocks, groups = -(-out // 16), native.padded_width(width) // 32
+    supers = groups // 8 * _SUPER_BYTES if Q2_K <= format <= Q6_K else 0
+    return blocks * (groups * (_TILE_BYTES[format] + _PARAM_BYTES.get(format, 0)) + supers)
+
 
 class PackedWeight:
     """One packed [out, width] weight: three byte arrays the kernels read in place."""
@@ -57,28 +74,33 @@ class PackedWeight:
     ) -> PackedWeight:
         """Repacks the row-major [out, width] GGUF tensor of type `format` at address `source`
         (its bytes must stay alive during the call); row r is the source's row order[r]."""
-        sizes = kernels.packed_sizes(format, out, width)
-        if sizes is None:
-            raise ValueError(f"{TYPE_NAMES.get(format, format)} cannot hold a width of {width}")
-        # 64-byte aligned: the kernels load whole cache lines of tiles.
-        arrays = tuple(_aligned_bytes(size) for size in sizes)
+        weight, (arrays,) = cls.empty(kernels, format, [out], width)
         kernels.repack(format, source, out, width, order, arrays)
-        return cls(format, out, width, arrays)
+        return weight
 
     @classmethod
-    def concatenated(cls, parts: list[PackedWeight]) -> PackedWeight | None:
-        """The parts as one weight of their outputs side by side, or None where they differ in
-        format or width, or a part other than the last ends inside a block of 16 outputs."""
-        first = parts[0]
-        if any(p.format != first.format or p.width != first.width for p in parts) or any(
-            p.out % 16 for p in parts[:-1]
-        ):
-            return None
-        arrays = tuple(
-            _aligned_copy(torch.cat([getattr(p, name) for p in parts]))
-            for name in ("data", "params", "supers")
-        )
-        return cls(first.format, sum(p.out for p in parts), first.width, arrays)
+    def empty(
+        cls, kernels: native.Kernels, format: int, outs: list[int], width: int
+    ) -> tuple[PackedWeight, list[tuple[torch.Tensor, ...]]]:
+        """An unfilled weight of parts with `outs` outputs side by side, and each part's slice
+        of its arrays to repack into. Every part but the last fills whole blocks of 16
+        outputs (so the parts' blocks follow each other)."""
+        if any(out % 16 for out in outs[:-1]):
+            raise ValueError("only the last part may end inside a block of 16 outputs")
+        sizes = []
+        for out in outs:
+            part = kernels.packed_sizes(format, out, width)
+            if part is None:
+                name = TYPE_NAMES.get(format, format)
+                raise ValueError(f"{name} cannot hold a width of {width}")
+            sizes.append(part)
+        # 64-byte aligned: the kernels load whole cache lines of tiles.
+        arrays = tuple(_aligned_bytes(sum(part[i] for part in sizes)) for i in range(3))
+        slices, offsets = [], [0, 0, 0]
+        for part in sizes:
+            slices.append(tuple(a[offsets[i] : offsets[i] + part[i]] for i, a in enumerate(arrays)))
+            offsets = [offsets[i] + part[i] for i in range(3)]
+        return cls(format, sum(outs), width, arrays), slices
 
     @property
     def nbytes(self) -> int:
@@ -155,9 +177,3 @@ def _aligned_bytes(size: int) -> torch.Tensor:
     storage = torch.empty(size + 64, dtype=torch.uint8)
     offset = (-storage.data_ptr()) % 64
     return storage[offset : offset + size]
-
-
-def _aligned_copy(values: torch.Tensor) -> torch.Tensor:
-    copy = _aligned_bytes(values.numel())
-    copy.copy_(values)
-    return copy

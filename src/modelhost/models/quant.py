@@ -18,6 +18,10 @@ CUDA, weights load dense: fp32 on the CPU, bf16 on CUDA.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
+
+import gguf
 import torch
 from torch import nn
 
@@ -52,6 +56,33 @@ def target_type(source_type: int, mode: str) -> int:
     if mode == "int4" and source_type not in _AT_MOST_4_BITS:
         return packed.Q4_1
     return source_type
+
+
+def held_bytes(tensors: Iterable[tuple[int, tuple[int, ...]]], mode: str, *, cuda: bool) -> int:
+    """Bytes the weights of a checkpoint's tensors, each (GGUF type, shape in PyTorch's order),
+    hold once loaded in `mode`: packed in their target type on CPUs, dense fp32 (`none`, 1-D
+    tensors) or bf16 on CUDA otherwise."""
+    total = 0
+    for qtype, shape in tensors:
+        if len(shape) == 2 and mode != "none" and not cuda and qtype in packed.PACKED_TYPES:
+            total += packed.packed_bytes(target_type(qtype, mode), *shape)
+        else:
+            total += math.prod(shape) * (2 if cuda else 4)
+    return total
+
+
+def unsupported_tensor(tensors: Iterable[tuple[str, int, int]]) -> str | None:
+    """Why a checkpoint cannot be run, from its tensors (name, GGUF type, dimensions): the
+    first matrix in a type the kernels do not take, else None."""
+    for name, qtype, dims in tensors:
+        if dims == 2 and qtype not in packed.PACKED_TYPES:
+            try:
+                type_name = gguf.GGMLQuantizationType(qtype).name
+            except ValueError:
+                type_name = f"GGUF type {qtype}"
+            supported = ", ".join(packed.TYPE_NAMES[t] for t in sorted(packed.PACKED_TYPES))
+            return f"tensor {name} is {type_name}, which modelhost does not run ({supported})"
+    return None
 
 
 def quantize_blocks(weight: torch.Tensor, format: int) -> torch.Tensor:
@@ -98,13 +129,6 @@ def pack_float(weight: torch.Tensor, format: int) -> PackedWeight:
         source = quantize_blocks(weight, format)
     out, width = weight.shape
     return PackedWeight.repack(kernels, format, source.data_ptr(), out, width)
-
-
-def linear_from_parts(parts: list[PackedWeight], bias: torch.Tensor | None) -> QuantLinear:
-    """One linear over parts whose outputs sit side by side, fused into one packed weight
-    where they share a format (a single kernel call)."""
-    fused = PackedWeight.concatenated(parts) if len(parts) > 1 else None
-    return QuantLinear([fused] if fused is not None else parts, bias)
 
 
 def describe(network: nn.Module) -> dict[str, int]:

@@ -10,6 +10,7 @@ tensor, never the whole model in fp32.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -19,7 +20,7 @@ from torch import nn
 from modelhost.models import native, packed
 from modelhost.models.decoder import DecoderLM
 from modelhost.models.packed import PackedEmbedding, PackedWeight, QuantLinear
-from modelhost.models.quant import DenseLinear, linear_from_parts, pack_float, target_type
+from modelhost.models.quant import DenseLinear, pack_float, target_type, unsupported_tensor
 
 
 class TensorSource(Protocol):
@@ -29,13 +30,15 @@ class TensorSource(Protocol):
     shape: tuple[int, ...]  # PyTorch's order: [out, in] for a linear's weight
     type: int  # its GGUF type id (safetensors tensors: F32, F16 or BF16)
     nbytes: int  # bytes in the file
+    order: torch.Tensor | None  # our row r is the file's row order[r] (None: the same)
 
     def dense(self) -> torch.Tensor:
-        """The tensor in fp32 (dequantized)."""
+        """The tensor in fp32 (dequantized), rows in our order."""
         ...
 
-    def packed(self, kernels: native.Kernels) -> PackedWeight:
-        """The tensor repacked for the kernels in its own type (a 2-D one)."""
+    def stored(self) -> AbstractContextManager[int]:
+        """The address of the tensor's bytes as the file stores them (row-major, the file's
+        row order), valid inside the block."""
         ...
 
 
@@ -118,6 +121,9 @@ class _Filler:
         self.used: set[str] = set()
 
     def fill(self) -> None:
+        refusal = unsupported_tensor((s.name, s.type, len(s.shape)) for s in self.sources.values())
+        if refusal is not None:
+            raise UnsupportedTensor(refusal)
         network, config = self.network, self.network.config
         for index, layer in enumerate(network.model.layers):
             prefix = f"model.layers.{index}."
@@ -172,17 +178,41 @@ class _Filler:
             weight = torch.cat([s.dense().to(self.plan.dtype) for s in sources])
             dense_bias = None if bias is None else bias.to(self.plan.dtype)
             return DenseLinear(weight.to(self.plan.device), dense_bias)
-        return linear_from_parts([self.packed(s) for s in sources], bias)
+        fused = self.fused(sources)
+        parts = [fused] if fused is not None else [self.packed(s) for s in sources]
+        return QuantLinear(parts, bias)
+
+    def fused(self, sources: list[TensorSource]) -> PackedWeight | None:
+        """Parts kept in one shared type, repacked side by side into one weight (one kernel
+        call a step), or None where they cannot be."""
+        assert self.kernels is not None
+        first = sources[0]
+        if len(sources) == 1 or any(
+            s.type != first.type
+            or s.shape[1] != first.shape[1]
+            or target_type(s.type, self.plan.mode) != s.type
+            or s.type not in packed.PACKED_TYPES
+            for s in sources
+        ):
+            return None
+        if any(s.shape[0] % 16 for s in sources[:-1]):
+            return None
+        outs = [s.shape[0] for s in sources]
+        weight, slices = PackedWeight.empty(self.kernels, first.type, outs, first.shape[1])
+        for source, arrays in zip(sources, slices, strict=True):
+            with source.stored() as address:
+                out, width = source.shape
+                self.kernels.repack(source.type, address, out, width, source.order, arrays)
+        return weight
 
     def packed(self, source: TensorSource) -> PackedWeight:
         assert self.kernels is not None
-        if source.type not in packed.PACKED_TYPES:
-            name = packed.TYPE_NAMES.get(source.type, f"type {source.type}")
-            raise UnsupportedTensor(f"tensor {source.name} is {name}, which modelhost cannot run")
         target = target_type(source.type, self.plan.mode)
-        if target == source.type:
-            return source.packed(self.kernels)
-        return pack_float(source.dense(), target)
+        if target != source.type:
+            return pack_float(source.dense(), target)
+        out, width = source.shape
+        with source.stored() as address:
+            return PackedWeight.repack(self.kernels, source.type, address, out, width, source.order)
 
     def small_tensors(self, module: nn.Module, prefix: str) -> None:
         """The norms (and any other 1-D tensor) of `module` itself and its children, dense."""

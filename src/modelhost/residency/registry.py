@@ -14,9 +14,12 @@ directory: `operations=("embed",)`) or a faster-whisper model directory (`("tran
 An id is only ever looked up among what a scan found, never turned into a path, and a file that
 resolves outside its root (a symlink out of the models folder) is skipped.
 
-The estimate is what the model will hold once served in this process: its weights as we load
-them (fp32 on CPU, bf16 on CUDA), the engine's KV pool for the serving context, and the working
-memory of one engine step (or the whole --memory-budget, which the KV pool then fills).
+The estimate is what the model will hold once served: its weights as the loader keeps them
+(on CPUs each tensor packed in its file's own quantization, or the `--quantize` mode's; bf16
+on CUDA; models/quant.py's `held_bytes`), the engine's KV pool for the serving context, and the
+working memory of one engine step (or the whole --memory-budget, which the KV pool then
+fills). A checkpoint holding a tensor the kernels cannot run (an IQ quantization, say) is
+listed with the reason it is refused.
 """
 
 from __future__ import annotations
@@ -37,7 +40,9 @@ from typing import Any
 from modelhost.inference.admission import working_bytes
 from modelhost.models.config import ModelConfig
 from modelhost.models.embedded import EMBEDDED, EMBEDDED_ENCODERS
+from modelhost.models import packed
 from modelhost.models.load_safetensors import config_from_hf, read_json
+from modelhost.models.quant import held_bytes, unsupported_tensor
 from modelhost.paths import modelhost_home
 
 log = logging.getLogger(__name__)
@@ -56,11 +61,21 @@ _ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "distilbert"})
 class ServingShape:
     """What the estimate assumes about how a model will be served."""
 
-    dtype_bytes: int = 4  # fp32 on CPU, 2 (bf16) on CUDA
+    dtype_bytes: int = 4  # activations: fp32 on CPU, 2 (bf16) on CUDA
     batch: int = 8
     chunk_tokens: int = 512
     context_length: int | None = None  # --context-length
     memory_budget_bytes: int | None = None  # --memory-budget: the KV pool fills it
+    quantize: str = "auto"  # --quantize (models/quant.py's modes)
+
+    @property
+    def cuda(self) -> bool:
+        return self.dtype_bytes == 2
+
+    @property
+    def kv_dtype_bytes(self) -> int:
+        """fp16 keys and values on CPUs (bf16 on CUDA), except the fp32 reference mode."""
+        return 4 if self.quantize == "none" and not self.cuda else 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +89,7 @@ class ModelEntry:
     estimate_bytes: int  # weights + KV + working memory when served
     embedded: bool = False
     operations: tuple[str, ...] = ("generate",)
+    refusal: str | None = None  # why it cannot be served (a tensor type the kernels lack)
 
 
 def hf_hub_dir() -> Path:
@@ -215,7 +231,7 @@ class ModelRegistry:
 
     def _read_model(self, model_id: str, path: Path, root: Path) -> ModelEntry | None:
         if path.suffix == ".gguf":
-            config, architecture, params, size = _read_gguf(path)
+            config, architecture, tensors, size = _read_gguf(path)
             fmt = "gguf"
         elif _is_whisper_dir(path):
             return self._transcriber(model_id, path)
@@ -228,10 +244,11 @@ class ModelRegistry:
                 return self._encoder(model_id, path, files, raw)
             config = config_from_hf(raw)
             architecture = str(raw.get("model_type") or config.architecture)
-            params = sum(_safetensors_elements(f) for f in files)
+            tensors = [t for f in files for t in _safetensors_tensors(f)]
             size = sum(f.stat().st_size for f in files)
             fmt = "safetensors"
-        weights = params * self.shape.dtype_bytes
+        shape = self.shape
+        weights = held_bytes(((t[1], t[2]) for t in tensors), shape.quantize, cuda=shape.cuda)
         return ModelEntry(
             id=model_id,
             path=path,
@@ -239,13 +256,15 @@ class ModelRegistry:
             architecture=architecture,
             size_bytes=size,
             weights_bytes=weights,
-            estimate_bytes=estimate_bytes(config, weights, self.shape),
+            estimate_bytes=estimate_bytes(config, weights, shape),
+            refusal=unsupported_tensor((name, kind, len(dims)) for name, kind, dims in tensors),
         )
 
     def _encoder(
         self, model_id: str, path: Path, files: list[Path], raw: dict[str, Any]
     ) -> ModelEntry:
-        weights = sum(_safetensors_elements(f) for f in files) * 4  # encoders run in fp32
+        tensors = [t for f in files for t in _safetensors_tensors(f)]
+        weights = sum(math.prod(dims) for _, _, dims in tensors) * 4  # encoders run in fp32
         return ModelEntry(
             id=model_id,
             path=path,
@@ -295,7 +314,7 @@ def estimate_bytes(config: ModelConfig, weights: int, shape: ServingShape) -> in
     context = config.context_length
     if shape.context_length is not None:
         context = min(context, shape.context_length)
-    token_bytes = config.kv_bytes_per_token(shape.dtype_bytes)
+    token_bytes = config.kv_bytes_per_token(shape.kv_dtype_bytes)
     one_context = (context + _BLOCK_TOKENS) * token_bytes
     kv = min(max(_DEFAULT_KV_BYTES, one_context), shape.batch * one_context)
     work = working_bytes(
@@ -304,10 +323,13 @@ def estimate_bytes(config: ModelConfig, weights: int, shape: ServingShape) -> in
     return weights + kv + work
 
 
-def _read_gguf(path: Path) -> tuple[ModelConfig, str, int, int]:
-    """What the registry needs of a GGUF file. gguf's reader parses every metadata array (a
-    262k-token vocabulary takes seconds), so the answer is kept in MODELHOST_HOME/cache, keyed
-    by the file's path, size and modification time."""
+# A tensor as the registry sees it: name, GGUF type, shape in PyTorch's order.
+TensorEntry = tuple[str, int, tuple[int, ...]]
+
+
+def _read_gguf(path: Path) -> tuple[ModelConfig, str, list[TensorEntry], int]:
+    """What the registry needs of a GGUF file, kept in MODELHOST_HOME/cache keyed by the file's
+    path, size and modification time (a scan reads each file's header once)."""
     stat = path.stat()
     key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
     cached = modelhost_home() / "cache" / "gguf-meta" / f"{path.stem}-{key.hexdigest()[:16]}.json"
@@ -316,28 +338,37 @@ def _read_gguf(path: Path) -> tuple[ModelConfig, str, int, int]:
         fields = meta["config"]
         if fields.get("layer_kinds") is not None:
             fields["layer_kinds"] = tuple(fields["layer_kinds"])
-        return ModelConfig(**fields), meta["architecture"], meta["params"], stat.st_size
+        tensors = [(name, kind, tuple(dims)) for name, kind, dims in meta["tensors"]]
+        return ModelConfig(**fields), meta["architecture"], tensors, stat.st_size
 
-    from modelhost.models.load_gguf import GGUFFile  # gguf's reader is slow to import
+    from modelhost.models.load_gguf import GGUFFile
 
     gguf_file = GGUFFile(path)
-    params = sum(int(t.n_elements) for t in gguf_file.reader.tensors)
     config, architecture = gguf_file.config(), gguf_file.architecture
-    meta = {"config": asdict(config), "architecture": architecture, "params": params}
+    tensors = [(t["name"], t["type"], tuple(reversed(t["shape"]))) for t in gguf_file.tensors]
+    meta = {"config": asdict(config), "architecture": architecture, "tensors": tensors}
     with contextlib.suppress(OSError):  # a read-only home only costs the next scan its time
         cached.parent.mkdir(parents=True, exist_ok=True)
         partial = cached.with_suffix(f".{os.getpid()}.partial")
         partial.write_text(json.dumps(meta))
         partial.replace(cached)
-    return config, architecture, params, stat.st_size
+    return config, architecture, tensors, stat.st_size
 
 
-def _safetensors_elements(path: Path) -> int:
-    """Parameters in one safetensors file, from its JSON header alone."""
+_SAFETENSORS_TYPES = {"F32": packed.F32, "F16": packed.F16, "BF16": packed.BF16}
+
+
+def _safetensors_tensors(path: Path) -> list[TensorEntry]:
+    """One safetensors file's tensors, from its JSON header alone (floats other than F16 and
+    BF16 load as F32)."""
     with path.open("rb") as f:
         (length,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(length))
-    return sum(math.prod(t["shape"]) for k, t in header.items() if k != "__metadata__")
+    return [
+        (name, _SAFETENSORS_TYPES.get(t["dtype"], packed.F32), tuple(t["shape"]))
+        for name, t in header.items()
+        if name != "__metadata__"
+    ]
 
 
 def _snapshot(repo: Path) -> Path | None:
