@@ -218,7 +218,7 @@ class GGUFTensor:
         entry: dict[str, Any],
         order: torch.Tensor | None,
     ) -> None:
-        self.reader, self.name = reader, name
+        self.reader, self.name, self.stored_name = reader, name, entry["name"]
         self.shape = tuple(reversed(entry["shape"]))  # PyTorch's order: [out, in]
         self.type, self.nbytes, self.offset = entry["type"], entry["nbytes"], entry["offset"]
         self.order = order  # row r of ours is the file's row order[r]

@@ -74,7 +74,7 @@ class SafetensorsTensor:
     TensorSource). Floats other than F32, F16 and BF16 are read as fp32."""
 
     def __init__(self, file: Path, key: str, name: str, gemma_norm: bool) -> None:
-        self.file, self.key, self.name = file, key, name
+        self.file, self.key, self.name, self.stored_name = file, key, name, key
         self.gemma_norm = gemma_norm  # Gemma stores norms as w, applied as (1 + w)
         with safe_open(str(file), framework="pt") as handle:
             tensor_slice = handle.get_slice(key)

@@ -27,6 +27,7 @@ class TensorSource(Protocol):
     """One tensor of a checkpoint, read when asked for."""
 
     name: str  # our (Hugging Face) parameter name
+    stored_name: str  # the file's own name for it
     shape: tuple[int, ...]  # PyTorch's order: [out, in] for a linear's weight
     type: int  # its GGUF type id (safetensors tensors: F32, F16 or BF16)
     nbytes: int  # bytes in the file
@@ -121,7 +122,9 @@ class _Filler:
         self.used: set[str] = set()
 
     def fill(self) -> None:
-        refusal = unsupported_tensor((s.name, s.type, len(s.shape)) for s in self.sources.values())
+        refusal = unsupported_tensor(
+            (s.stored_name, s.type, len(s.shape)) for s in self.sources.values()
+        )
         if refusal is not None:
             raise UnsupportedTensor(refusal)
         network, config = self.network, self.network.config
