@@ -39,7 +39,7 @@ from gguf import (
 )
 from gguf.quants import quantize
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.append(str(Path(__file__).resolve().parent))  # its sibling modules, shadowing nothing
 from gguf_metadata import Field, read_fields  # noqa: E402
 from synthetic_blocks import BLOCK_TYPES, random_blocks  # noqa: E402
 

@@ -13,7 +13,8 @@ import pytest
 
 from modelhost.models.embedded import embedded_path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+# Appended, not prepended: benchmarks/ holds engine.py, step.py ... which must shadow nothing.
+sys.path.append(str(Path(__file__).resolve().parents[2] / "benchmarks"))
 synthetic_gguf = importlib.import_module("synthetic_gguf")
 gguf_metadata = importlib.import_module("gguf_metadata")
 
