@@ -8,7 +8,9 @@ import struct
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.append(
+    str(Path(__file__).resolve().parents[1] / "benchmarks")
+)  # after src: its engine.py etc. must not shadow
 synthetic_gguf = importlib.import_module("synthetic_gguf")
 
 TYPES = list(synthetic_gguf.MIXTURES)  # Q4_K_M, Q5_K_M, Q6_K, ... F32

@@ -71,9 +71,7 @@ def test_a_tensor_type_the_kernels_lack_is_refused_when_loading_naming_tensor_an
         load_model(str(iq_file))
 
 
-def test_a_tensor_type_the_kernels_lack_is_listed_with_the_reason_it_is_refused(
-    iq_file, tmp_path
-):
+def test_a_tensor_type_the_kernels_lack_is_listed_with_the_reason_it_is_refused(iq_file, tmp_path):
     registry = ModelRegistry([iq_file], home=tmp_path / "home", hf_hub=tmp_path / "hub")
     entry = registry.get("tiny-iq")
     assert entry is not None and entry.refusal is not None
