@@ -37,6 +37,7 @@ import httpx
 import torch
 
 from modelhost.cli_serve import build_serving
+from modelhost.cli_worker import worker_loader
 from modelhost.engine.sampling_params import SamplingParams
 from modelhost.inference.contracts import ChatPrompt, InferenceRequest
 from modelhost.inference.prompt import prompt_ids_for
@@ -44,9 +45,9 @@ from modelhost.models.loader import load_model
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.registry import ModelRegistry, ServingShape
 from modelhost.residency.router import ModelRouter
-from modelhost.residency.worker_unit import worker_loader
-from modelhost.server.app import ServeSettings, create_routed_app
+from modelhost.server.app import create_routed_app
 from modelhost.server.runner import server_for
+from modelhost.server.settings import ServeSettings
 
 CONTENT = re.compile(r'"content":"[^"]')  # a chunk that carries text (not the opening role)
 CONTENT_BYTES = re.compile(CONTENT.pattern.encode())

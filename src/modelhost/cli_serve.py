@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sqlite3
 import sys
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from modelhost.inference.admission import BYTES_PER_GB, BudgetTooSmall
@@ -21,52 +19,18 @@ from modelhost.inference.stage import InferenceStage
 from modelhost.models.embedded import DEFAULT_MODEL
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.inprocess import InProcessUnit, in_process_loader
-from modelhost.residency.registry import ModelEntry, ModelRegistry, ServingShape
+from modelhost.residency.registry import ModelEntry, ModelRegistry
 from modelhost.residency.router import ModelRouter
 from modelhost.residency.unit import ResidencyError
-from modelhost.server.app import ServeSettings, admission_policy, create_app, create_routed_app
-from modelhost.server.limits import DEFAULT_MAX_BODY_BYTES, MiB
+from modelhost.serve_config import default_budget_bytes, serving_shape, settings_from_args
+from modelhost.server.app import admission_policy, create_app, create_routed_app
 from modelhost.server.runner import serve
+from modelhost.server.settings import ServeSettings
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from modelhost.models.loaded import LoadedModel
-
-
-def settings_from_args(args: argparse.Namespace) -> ServeSettings:
-    return ServeSettings(
-        heartbeat_s=args.heartbeat,
-        memory_budget_gb=args.memory_budget,
-        context_length=args.context_length,
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        host=args.host,
-        api_key=api_key_from(args),
-        cors_origins=tuple(args.cors_origin),
-        max_body_bytes=(
-            DEFAULT_MAX_BODY_BYTES if args.max_body_mb is None else int(args.max_body_mb * MiB)
-        ),
-        log_format=args.log_format,
-        prompt_threads=args.prompt_threads,
-    )
-
-
-def api_key_from(args: argparse.Namespace) -> str | None:
-    """--api-key, else the first line of --api-key-file, else $MODELHOST_API_KEY, else None."""
-    if args.api_key:
-        return str(args.api_key)
-    if args.api_key_file:
-        try:
-            key = Path(args.api_key_file).read_text().strip()
-        except OSError as exc:
-            raise SystemExit(f"modelhost serve: cannot read --api-key-file: {exc}") from None
-        if not key:
-            raise SystemExit(f"modelhost serve: --api-key-file {args.api_key_file} is empty")
-        return key
-    return os.environ.get("MODELHOST_API_KEY") or None
 
 
 def build_stage(
@@ -100,30 +64,6 @@ def build_serving(
     except BaseException:
         stage.close()
         raise
-
-
-def default_budget_bytes() -> int:
-    """70% of GPU memory on CUDA, else of physical RAM."""
-    import torch
-
-    if torch.cuda.is_available():
-        total = torch.cuda.get_device_properties(0).total_memory
-    else:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return int(total * 0.7)
-
-
-def serving_shape(args: argparse.Namespace, settings: ServeSettings) -> ServingShape:
-    import torch
-
-    budget = settings.memory_budget_gb
-    return ServingShape(
-        dtype_bytes=2 if torch.cuda.is_available() else 4,
-        batch=args.batch,
-        chunk_tokens=settings.chunk_tokens,
-        context_length=settings.context_length,
-        memory_budget_bytes=int(budget * BYTES_PER_GB) if budget is not None else None,
-    )
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -170,7 +110,8 @@ def _run_workers(
     args: argparse.Namespace, settings: ServeSettings, registry: ModelRegistry, startup: ModelEntry
 ) -> int:
     """`--workers`: every resident model in its own process; the startup model loads first."""
-    from modelhost.residency.worker_unit import WorkerUnit, worker_loader
+    from modelhost.cli_worker import worker_loader
+    from modelhost.residency.worker_unit import WorkerUnit
 
     async def load_startup_model(host: ResidencyHost[WorkerUnit]) -> None:
         try:

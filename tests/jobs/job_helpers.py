@@ -12,7 +12,8 @@ from fastapi import FastAPI
 from job_test_kinds import TEST_KINDS
 from scripted_engine import ScriptedEngine, scripted_model
 
-from modelhost.server.app import ServeSettings, build_app
+from modelhost.server.app import build_app
+from modelhost.server.settings import ServeSettings
 
 TERMINAL = ("done", "failed", "zombie")
 

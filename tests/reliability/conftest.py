@@ -13,7 +13,8 @@ from live_server import LiveServer
 from reliability_support import AppFactory, ClientFactory
 from scripted_engine import ScriptedEngine, scripted_model
 
-from modelhost.server.app import ServeSettings, build_app
+from modelhost.server.app import build_app
+from modelhost.server.settings import ServeSettings
 
 
 @pytest.fixture

@@ -17,8 +17,9 @@ from modelhost.residency.host import ResidencyHost
 from modelhost.residency.inprocess import InProcessUnit
 from modelhost.residency.registry import ModelEntry, ModelRegistry
 from modelhost.residency.router import ModelRouter
-from modelhost.server.app import ServeSettings, create_routed_app
+from modelhost.server.app import create_routed_app
 from modelhost.server.limits import BodyLimits, json_shape_problem
+from modelhost.server.settings import ServeSettings
 
 KiB = 1024
 

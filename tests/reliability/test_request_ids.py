@@ -15,8 +15,9 @@ from starlette.responses import JSONResponse
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.registry import ModelEntry
 from modelhost.residency.router import ModelRouter
-from modelhost.server.app import ServeSettings, create_routed_app
+from modelhost.server.app import create_routed_app
 from modelhost.server.metrics import JsonLogFormatter, use_json_logs
+from modelhost.server.settings import ServeSettings
 
 CHAT = "/v1/chat/completions"
 

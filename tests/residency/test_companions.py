@@ -23,7 +23,8 @@ from modelhost.residency.inprocess import InProcessUnit, in_process_loader
 from modelhost.residency.registry import ModelEntry, ModelRegistry, ServingShape
 from modelhost.residency.router import ModelRouter, operation_for
 from modelhost.residency.unit import ResidencyError
-from modelhost.server.app import ServeSettings, create_routed_app
+from modelhost.server.app import create_routed_app
+from modelhost.server.settings import ServeSettings
 
 ENGLISH = Path(__file__).resolve().parents[1] / "fixtures" / "audio" / "deliver-umbrellas.en.ogg"
 

@@ -21,7 +21,7 @@ import pytest
 from modelhost.cli_serve import build_serving
 from modelhost.inference.admission import BYTES_PER_GB, working_bytes
 from modelhost.models.loaded import LoadedModel
-from modelhost.server.app import ServeSettings
+from modelhost.server.settings import ServeSettings
 
 pytestmark = pytest.mark.slow
 

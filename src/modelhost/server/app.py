@@ -1,10 +1,9 @@
-"""The ASGI application: settings, the route table, and the lifespan that closes the engine."""
+"""The ASGI application: the route table, and the lifespan that closes the engine."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
@@ -14,8 +13,6 @@ from starlette.responses import Response
 from starlette.types import ASGIApp
 
 from modelhost.inference.admission import BYTES_PER_GB, AdmissionPolicy, plan_memory
-from modelhost.inference.defaults import ServingDefaults
-from modelhost.inference.media import DEFAULT_MAX_AUDIO_BYTES, DEFAULT_MAX_IMAGE_BYTES
 from modelhost.inference.stage import InferenceStage
 from modelhost.models.loaded import LoadedModel
 from modelhost.residency.router import ModelRouter
@@ -31,57 +28,16 @@ from modelhost.server import (
 )
 from modelhost.server.access import edge
 from modelhost.server.jobs import install_jobs, with_jobs
-from modelhost.server.limits import (
-    DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_JSON_DEPTH,
-    DEFAULT_MAX_JSON_VALUES,
-)
 from modelhost.server.metrics import Metrics, metrics_endpoint, use_json_logs
 from modelhost.server.model_admin import ADMIN_ROUTES
 from modelhost.server.openai_wire import openai_error
 from modelhost.server.response_store import ResponseStore
 from modelhost.server.routing import ModelRouting
+from modelhost.server.settings import ServeSettings
 from modelhost.server.worker_admin import WORKER_ROUTES
 
 if TYPE_CHECKING:
     from modelhost.engine.engine import Engine
-
-
-@dataclass(frozen=True, slots=True)
-class ServeSettings:
-    """What `modelhost serve` decides about HTTP, admission and defaults."""
-
-    heartbeat_s: float = 15.0
-    memory_budget_gb: float | None = None
-    context_length: int | None = None  # --context-length: a ceiling below the model's window
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    chunk_tokens: int = 512  # the engine's max_num_batched_tokens (sizes working memory)
-    prompt_threads: int | None = None  # --prompt-threads: the engine's prompt-heavy steps
-    owner: str = "serve"
-    close_engine_on_shutdown: bool = True
-    # The edge (server/access.py): the bind address the Host guard accepts, the API key
-    # (None: open), browser origins allowed through CORS and the guard, and request limits.
-    host: str = "127.0.0.1"
-    api_key: str | None = field(default=None, repr=False)
-    cors_origins: tuple[str, ...] = ()
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
-    max_json_values: int = DEFAULT_MAX_JSON_VALUES
-    max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
-    max_audio_bytes: int = DEFAULT_MAX_AUDIO_BYTES
-    log_format: str = "text"  # or "json": one JSON object per log line
-
-    @property
-    def defaults(self) -> ServingDefaults:
-        return ServingDefaults(
-            max_tokens=self.max_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-        )
 
 
 ROUTES = (

@@ -30,10 +30,12 @@ from modelhost.residency.router import (
     residency_status,
 )
 from modelhost.residency.unit import ResidencyError
+from modelhost.residency.worker_unit import WorkerUnit
 from modelhost.server.anthropic_wire import anthropic_error
 from modelhost.server.http import STAGE_KEY, ErrorFormatter, replay_body, wait_for_disconnect
 from modelhost.server.openai_wire import openai_error
 from modelhost.server.responses_wire import responses_error
+from modelhost.server.worker_proxy import proxy
 
 RESPONSES = "/v1/responses/"  # GET /v1/responses/{id}: a worker's store may hold it
 
@@ -109,9 +111,9 @@ class ModelRouting:
                     lease.release()  # the body has ended
 
         try:
-            proxy = getattr(lease.unit, "proxy", None)
-            if proxy is not None:  # a worker process serves this model
-                await proxy(scope, body, receive, send_then_release, error_format_for(path))
+            if isinstance(lease.unit, WorkerUnit):  # a worker process serves this model
+                formatter = error_format_for(path)
+                await proxy(lease.unit, scope, body, receive, send_then_release, formatter)
                 return
             scope = {**scope, STAGE_KEY: lease.unit.stage}
             await self.app(scope, replay_body(body, receive), send_then_release)

@@ -34,7 +34,7 @@ TRANSPORT_EXTENSION = "modelhost.transport"
 class ConnectionInScope(HttpToolsProtocol):
     """uvicorn's HTTP/1.1 protocol that also puts the connection's transport in each request's
     scope, under `extensions[TRANSPORT_EXTENSION]["transport"]`: a worker's stream is written
-    straight to the client's socket, which the front passes to it (`residency/stream_handoff`)."""
+    straight to the client's socket, which the front passes to it (`stream_handoff`)."""
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
