@@ -25,6 +25,7 @@ from modelhost.server.metrics import Metrics, ObservedRequests
 from modelhost.server.runner import TRANSPORT_EXTENSION
 from modelhost.server.settings import ServeSettings
 from modelhost.server.stream_handoff import HANDOFF_HEADER, handoff_socket_path
+from modelhost.server.surfaces import SURFACES
 from modelhost.server.worker_proxy import relay
 
 
@@ -61,7 +62,7 @@ async def relayed(
         return {"type": "http.disconnect"}
 
     scope = {"type": "http", "method": "POST", "path": path}
-    await relay(unit, upstream, scope, receive, send)
+    await relay(unit, upstream, scope, receive, send, SURFACES.errors_for(scope["path"]))
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     return sent, body
 
@@ -123,7 +124,7 @@ async def test_a_client_that_leaves_a_relayed_stream_is_logged_and_counted_as_49
     sent: list[dict[str, Any]] = []
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        await relay(unit, upstream, scope, receive, send)
+        await relay(unit, upstream, scope, receive, send, SURFACES.errors_for(scope["path"]))
 
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
@@ -196,7 +197,7 @@ async def test_a_ready_worker_gets_the_clients_socket_only_once_the_head_has_lef
     scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions",
              "http_version": "1.1", "extensions": exposed}  # fmt: skip
     with listener, served, own:
-        await relay(unit, upstream, scope, receive, send, token)
+        await relay(unit, upstream, scope, receive, send, SURFACES.errors_for(scope["path"]), token)
         channel, _ = listener.accept()
         with channel:
             told, fds, _, _ = socket.recv_fds(channel, 64, 1)

@@ -38,7 +38,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from modelhost.server.limits import BodyLimits
 from modelhost.server.metrics import Metrics, ObservedRequests
-from modelhost.server.routing import error_format_for
+from modelhost.server.surfaces import Surfaces
 
 WILDCARD_BINDS = frozenset({"", "0.0.0.0", "::", "[::]", "*"})
 LOOPBACK_NAMES = frozenset({"localhost", "host.docker.internal"})
@@ -46,17 +46,19 @@ SAME_SITE_FETCHES = frozenset({"same-origin", "none"})
 OPEN_PATHS = frozenset({"/health"})
 
 
-def edge(app: ASGIApp, settings: Any, metrics: Metrics | None) -> ASGIApp:
-    """`app` wrapped in the edge layers `settings` asks for (see the module docstring)."""
+def edge(app: ASGIApp, settings: Any, metrics: Metrics | None, surfaces: Surfaces) -> ASGIApp:
+    """`app` wrapped in the edge layers `settings` asks for (see the module docstring); their
+    refusals take the error shape of the surface a path belongs to."""
     wrapped: ASGIApp = BodyLimits(
         app,
+        surfaces,
         max_body_bytes=settings.max_body_bytes,
         max_json_depth=settings.max_json_depth,
         max_json_values=settings.max_json_values,
     )
     if settings.owner != "worker":  # a worker's socket is reachable by its parent only
         if settings.api_key:
-            wrapped = ApiKeyCheck(wrapped, api_key=settings.api_key)
+            wrapped = ApiKeyCheck(wrapped, surfaces, api_key=settings.api_key)
         if settings.cors_origins:
             wrapped = CORSMiddleware(
                 wrapped,
@@ -192,9 +194,15 @@ def presented_keys(scope: Scope) -> tuple[bytes, bytes]:
 
 class ApiKeyCheck:
     def __init__(
-        self, app: ASGIApp, *, api_key: str, open_paths: frozenset[str] = OPEN_PATHS
+        self,
+        app: ASGIApp,
+        surfaces: Surfaces,
+        *,
+        api_key: str,
+        open_paths: frozenset[str] = OPEN_PATHS,
     ) -> None:
         self.app = app
+        self.surfaces = surfaces
         self.api_key = api_key.encode()
         self.open_paths = open_paths
 
@@ -215,6 +223,6 @@ class ApiKeyCheck:
             code = "missing_api_key"
             message = "an API key is required: send `Authorization: Bearer <key>` or `x-api-key`"
         body = {"message": message, "type": "invalid_request_error", "code": code}
-        response = error_format_for(scope["path"])(401, body)
+        response = self.surfaces.errors_for(scope["path"]).response(401, body)
         response.headers["www-authenticate"] = "Bearer"
         await response(scope, receive, send)

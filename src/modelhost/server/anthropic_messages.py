@@ -43,7 +43,7 @@ from modelhost.server.http import (
     respond_stream,
     serving_stage,
 )
-from modelhost.server.sse_frames import TextFrames
+from modelhost.server.sse_frames import TextFrames, named_event
 
 ROUTE = "POST /v1/messages"
 COUNT_ROUTE = "POST /v1/messages/count_tokens"
@@ -202,7 +202,7 @@ class MessageStream:
             "stop_sequence": None,
             "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 0},
         }
-        return [wire.event("message_start", {"message": message})]
+        return [named_event("message_start", {"message": message})]
 
     def delta(self, event: CompletionEvent) -> list[str]:
         frames: list[str] = []
@@ -240,12 +240,12 @@ class MessageStream:
         reason = stop_reason(event.finish_reason, event.stop_sequence)
         delta = {"stop_reason": reason, "stop_sequence": _stop_sequence(reason, event)}
         usage = usage_json(event.usage)
-        frames.append(wire.event("message_delta", {"delta": delta, "usage": usage}))
-        frames.append(wire.event("message_stop", {}))
+        frames.append(named_event("message_delta", {"delta": delta, "usage": usage}))
+        frames.append(named_event("message_stop", {}))
         return frames
 
     def error(self, status: int, body: Mapping[str, Any]) -> list[str]:
-        return [wire.event("error", {"error": wire.anthropic_error_json(status, body)["error"]})]
+        return [named_event("error", {"error": wire.anthropic_error_json(status, body)["error"]})]
 
     def _block(self, block: Mapping[str, Any]) -> list[str]:
         """Open a block of `block`'s type unless one is open already (closing another one)."""
@@ -255,10 +255,10 @@ class MessageStream:
         self.index += 1
         self.open = str(block["type"])
         payload = {"index": self.index, "content_block": dict(block)}
-        return [*frames, wire.event("content_block_start", payload)]
+        return [*frames, named_event("content_block_start", payload)]
 
     def _delta(self, delta: Mapping[str, Any]) -> str:
-        return wire.event("content_block_delta", {"index": self.index, "delta": dict(delta)})
+        return named_event("content_block_delta", {"index": self.index, "delta": dict(delta)})
 
     def _close(self) -> list[str]:
         if self.open is None:
@@ -267,7 +267,7 @@ class MessageStream:
         if self.open == "thinking":  # clients replay thinking with its signature; ours is empty
             frames.append(self._delta({"type": "signature_delta", "signature": ""}))
         self.open = None
-        return [*frames, wire.event("content_block_stop", {"index": self.index})]
+        return [*frames, named_event("content_block_stop", {"index": self.index})]
 
 
 def _stop_sequence(reason: str, result: CompletionEvent | InferenceResult) -> str | None:

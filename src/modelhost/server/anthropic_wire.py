@@ -21,7 +21,8 @@ from modelhost.inference.contracts import GrammarSpec, InvalidRequest
 from modelhost.inference.media import MEDIA_PARTS, media_kinds
 from modelhost.inference.tool_choice import forced_call
 from modelhost.server import openai_fields as fields
-from modelhost.server.sse_frames import compact_json
+from modelhost.server.http import ErrorShape
+from modelhost.server.sse_frames import named_event
 
 ROLES = ("user", "assistant", "system")
 PING = 'event: ping\ndata: {"type":"ping"}\n\n'
@@ -37,10 +38,6 @@ _ERROR_TYPES = {
 
 def new_message_id() -> str:
     return f"msg_{uuid.uuid4().hex[:24]}"
-
-
-def event(name: str, payload: Mapping[str, Any]) -> str:
-    return f"event: {name}\ndata: {compact_json({'type': name, **payload})}\n\n"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -61,6 +58,14 @@ def anthropic_error_json(status: int, body: Mapping[str, Any]) -> dict[str, Any]
 
 def anthropic_error(status: int, body: Mapping[str, Any]) -> Response:
     return JSONResponse(anthropic_error_json(status, body), status_code=status)
+
+
+def anthropic_stream_error(status: int, body: Mapping[str, Any]) -> str:
+    """The `error` event that ends a broken stream."""
+    return named_event("error", {"error": anthropic_error_json(status, body)["error"]})
+
+
+ANTHROPIC_ERRORS = ErrorShape(anthropic_error, anthropic_stream_error)
 
 
 # ---------------------------------------------------------------------------------------------

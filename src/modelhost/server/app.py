@@ -16,16 +16,6 @@ from modelhost.inference.admission import BYTES_PER_GB, AdmissionPolicy, plan_me
 from modelhost.inference.stage import InferenceStage
 from modelhost.models.loaded import LoadedModel
 from modelhost.residency.router import ModelRouter
-from modelhost.server import (
-    anthropic_messages,
-    audio,
-    decisions,
-    embeddings,
-    models,
-    openai_chat,
-    openai_completions,
-    openai_responses,
-)
 from modelhost.server.access import edge
 from modelhost.server.jobs import install_jobs, with_jobs
 from modelhost.server.metrics import Metrics, metrics_endpoint, use_json_logs
@@ -34,30 +24,11 @@ from modelhost.server.openai_wire import openai_error
 from modelhost.server.response_store import ResponseStore
 from modelhost.server.routing import ModelRouting
 from modelhost.server.settings import ServeSettings
+from modelhost.server.surfaces import SURFACES, Surfaces
 from modelhost.server.worker_admin import WORKER_ROUTES
 
 if TYPE_CHECKING:
     from modelhost.engine.engine import Engine
-
-
-ROUTES = (
-    ("POST", "/v1/chat/completions", openai_chat.create_chat_completion),
-    ("POST", "/v1/completions", openai_completions.create_completion),
-    ("POST", "/v1/messages", anthropic_messages.create_message),
-    ("POST", "/v1/messages/count_tokens", anthropic_messages.count_tokens),
-    ("POST", "/v1/responses", openai_responses.create_response),
-    ("GET", "/v1/responses/{response_id}", openai_responses.retrieve_response),
-    ("POST", "/v1/decisions", decisions.create_decision),
-    ("POST", "/v1/systemone", decisions.create_systemone),
-    ("POST", "/v1/embeddings", embeddings.create_embeddings),
-    ("POST", "/v1/audio/transcriptions", audio.create_transcription),
-    ("POST", "/v1/audio/translations", audio.create_translation),
-    ("GET", "/v1/models", models.list_models),
-    ("GET", "/v1/models/{model_id:path}", models.retrieve_model),
-    ("GET", "/v1", models.index),
-    ("GET", "/health", models.health),
-    ("GET", "/stats", models.stats),
-)
 
 
 def admission_policy(model: LoadedModel, settings: ServeSettings, *, rows: int) -> AdmissionPolicy:
@@ -91,14 +62,16 @@ def build_app(engine: Engine, model: LoadedModel, settings: ServeSettings | None
     return create_app(stage, settings)
 
 
-def create_app(stage: InferenceStage, settings: ServeSettings) -> FastAPI:
+def create_app(
+    stage: InferenceStage, settings: ServeSettings, surfaces: Surfaces = SURFACES
+) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
         if settings.close_engine_on_shutdown:
             stage.close()
 
-    app = _new_app(settings, lifespan)
+    app = _new_app(settings, lifespan, surfaces)
     app.state.stage = stage
     app.state.drain = stage.close  # the runner ends in-flight requests this way at its deadline
     if settings.owner == "worker":  # served on the worker's private socket only
@@ -111,6 +84,7 @@ def create_routed_app(
     router: ModelRouter[Any],
     settings: ServeSettings,
     startup: Callable[[], Awaitable[None]] | None = None,
+    surfaces: Surfaces = SURFACES,
 ) -> FastAPI:
     """The server for every local model behind one port, routed by the body's `model`.
     `startup` runs before the listener binds (it loads the startup model)."""
@@ -124,18 +98,18 @@ def create_routed_app(
         finally:
             await router.close()
 
-    app = _new_app(settings, lifespan)
+    app = _new_app(settings, lifespan, surfaces)
     app.state.stage = None
     app.state.router = router
     app.state.metrics.watch_residency(router.host)
     app.state.drain = router.interrupt_all
     for method, path, endpoint in ADMIN_ROUTES:
         app.router.add_route(path, endpoint, methods=[method])
-    app.add_middleware(ModelRouting, router=router)
+    app.add_middleware(ModelRouting, router=router, surfaces=surfaces)
     return app
 
 
-def _new_app(settings: ServeSettings, lifespan: Any) -> FastAPI:
+def _new_app(settings: ServeSettings, lifespan: Any, surfaces: Surfaces) -> FastAPI:
     serves_jobs = settings.owner != "worker"  # a worker process serves its model, nothing else
     if serves_jobs:
         lifespan = with_jobs(lifespan)
@@ -143,13 +117,14 @@ def _new_app(settings: ServeSettings, lifespan: Any) -> FastAPI:
         title="modelhost", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
     app.state.settings = settings
+    app.state.surfaces = surfaces
     app.state.metrics = Metrics(app.state)
     app.router.add_route("/metrics", metrics_endpoint, methods=["GET"])
     if settings.log_format == "json":
         use_json_logs()
     app.state.response_store = ResponseStore()
-    for method, path, endpoint in ROUTES:
-        app.router.add_route(path, endpoint, methods=[method])
+    for route in surfaces.routes():
+        app.router.add_route(route.path, route.endpoint, methods=[route.method])
     if serves_jobs:
         install_jobs(app)
     app.add_exception_handler(HTTPException, _http_error)
@@ -161,7 +136,8 @@ class _ModelhostApp(FastAPI):
     its whole middleware stack, model routing included: see `server/access.py`."""
 
     def build_middleware_stack(self) -> ASGIApp:
-        return edge(super().build_middleware_stack(), self.state.settings, self.state.metrics)
+        state = self.state
+        return edge(super().build_middleware_stack(), state.settings, state.metrics, state.surfaces)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

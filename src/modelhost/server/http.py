@@ -21,6 +21,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from starlette.requests import ClientDisconnect, Request
@@ -46,6 +47,15 @@ HEARTBEAT = ": keep-alive\n\n"
 SSE_HEADERS = {"cache-control": "no-cache", "connection": "keep-alive"}
 
 ErrorFormatter = Callable[[int, Mapping[str, Any]], Response]
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorShape:
+    """How a protocol writes a refusal: as a JSON response, and as the one SSE frame that ends
+    a stream which broke after it opened."""
+
+    response: ErrorFormatter
+    stream_frame: Callable[[int, Mapping[str, Any]], str]
 
 
 STAGE_KEY = "modelhost.stage"  # where the routing middleware leaves the leased unit's stage

@@ -59,7 +59,7 @@ from modelhost.server.responses_wire import (
     text_format,
     usage_json,
 )
-from modelhost.server.sse_frames import compact_json
+from modelhost.server.sse_frames import named_event
 
 ROUTE = "POST /v1/responses"
 
@@ -239,9 +239,9 @@ class ResponseStream:
         self.reasoning: list[str] = []
 
     def _event(self, kind: str, payload: Mapping[str, Any]) -> str:
-        body = {"type": kind, "sequence_number": self.sequence_number, **payload}
+        body = {"sequence_number": self.sequence_number, **payload}
         self.sequence_number += 1
-        return f"event: {kind}\ndata: {compact_json(body)}\n\n"
+        return named_event(kind, body)
 
     @property
     def _where(self) -> dict[str, Any]:

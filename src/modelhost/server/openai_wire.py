@@ -10,6 +10,7 @@ from typing import Any
 from starlette.responses import JSONResponse, Response
 
 from modelhost.inference.contracts import CompletionUsage, TokenLogprob
+from modelhost.server.http import ErrorShape
 from modelhost.server.sse_frames import compact_json
 from modelhost.text.tool_calls import ToolCall
 
@@ -49,6 +50,14 @@ def openai_error_json(status: int, body: Mapping[str, Any]) -> dict[str, Any]:
 
 def openai_error(status: int, body: Mapping[str, Any]) -> Response:
     return JSONResponse(openai_error_json(status, body), status_code=status)
+
+
+def openai_stream_error(status: int, body: Mapping[str, Any]) -> str:
+    """The frame that ends a broken stream: `data: {error: {...}}`."""
+    return sse(openai_error_json(status, body))
+
+
+OPENAI_ERRORS = ErrorShape(openai_error, openai_stream_error)
 
 
 def _finite(value: float) -> float:

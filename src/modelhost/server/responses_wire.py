@@ -25,6 +25,8 @@ from modelhost.inference.contracts import (
 )
 from modelhost.inference.media import MEDIA_PARTS, media_kinds
 from modelhost.server import openai_fields as fields
+from modelhost.server.http import ErrorShape
+from modelhost.server.sse_frames import named_event
 from modelhost.text.tool_calls import ToolCall
 
 ROLES = ("user", "assistant", "system", "developer")
@@ -51,6 +53,16 @@ def responses_error_json(status: int, body: Mapping[str, Any]) -> dict[str, Any]
 
 def responses_error(status: int, body: Mapping[str, Any]) -> Response:
     return JSONResponse(responses_error_json(status, body), status_code=status)
+
+
+def responses_stream_error(status: int, body: Mapping[str, Any]) -> str:
+    """The `error` event the front ends a broken stream with (the stream's own `response.failed`
+    needs what the stream sent so far, which only its writer knows)."""
+    error = responses_error_json(status, body)["error"]
+    return named_event("error", {**error, "type": "error", "param": error.get("param")})
+
+
+RESPONSES_ERRORS = ErrorShape(responses_error, responses_stream_error)
 
 
 def function_tools(body: dict[str, Any]) -> tuple[tuple[dict[str, Any], ...] | None, Any]:

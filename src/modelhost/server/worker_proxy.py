@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
@@ -21,11 +20,8 @@ from starlette.types import Receive, Scope, Send
 
 from modelhost.inference.contracts import SERVER_SHUTTING_DOWN, EngineUnavailable
 from modelhost.residency.worker_unit import WorkerUnit
-from modelhost.server.anthropic_wire import anthropic_error_json, event
-from modelhost.server.http import stream_status, wait_for_disconnect
+from modelhost.server.http import ErrorShape, stream_status, wait_for_disconnect
 from modelhost.server.metrics import current_request
-from modelhost.server.openai_wire import openai_error_json, sse
-from modelhost.server.responses_wire import responses_error_json
 from modelhost.server.runner import TRANSPORT_EXTENSION
 from modelhost.server.stream_handoff import (
     HANDOFF_HEADER,
@@ -63,29 +59,20 @@ def unavailable_body(model_id: str, why: str) -> dict[str, Any]:
     }
 
 
-def stream_error_frame(path: str, status: int, body: Mapping[str, Any]) -> str:
-    """The calling protocol's own SSE error frame."""
-    if path.startswith("/v1/messages"):
-        return event("error", {"error": anthropic_error_json(status, body)["error"]})
-    if path.startswith("/v1/responses"):
-        error = responses_error_json(status, body)["error"]
-        return event("error", {**error, "type": "error", "param": error.get("param")})
-    return sse(openai_error_json(status, body))
-
-
 async def proxy(
     unit: WorkerUnit,
     scope: Scope,
     body: bytes,
     receive: Receive,
     send: Send,
-    format_error: Callable[[int, Mapping[str, Any]], Any],
+    errors: ErrorShape,
 ) -> None:
-    """Answer the request in `scope` (its body already read) from `unit`'s worker."""
+    """Answer the request in `scope` (its body already read) from `unit`'s worker; refusals
+    and a broken stream's last frame take the calling surface's `errors` shape."""
     path: str = scope["path"]
 
     async def refuse(why: str) -> None:
-        response = format_error(502, unavailable_body(unit.model_id, why))
+        response = errors.response(502, unavailable_body(unit.model_id, why))
         with contextlib.suppress(OSError):
             await response(scope, receive, send)
 
@@ -117,7 +104,7 @@ async def proxy(
     else:
         return
     try:
-        await relay(unit, upstream, scope, receive, send, token)
+        await relay(unit, upstream, scope, receive, send, errors, token)
     finally:
         await upstream.aclose()
 
@@ -128,6 +115,7 @@ async def relay(
     scope: Scope,
     receive: Receive,
     send: Send,
+    errors: ErrorShape,
     token: bytes | None = None,
 ) -> None:
     """Write the worker's answer `upstream` to the client (or hand its stream over)."""
@@ -154,7 +142,7 @@ async def relay(
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except httpx.TransportError:
             if is_stream:
-                frame = _cut_stream_frame(unit, scope["path"])
+                frame = _cut_stream_frame(unit, errors)
                 await send({"type": "http.response.body", "body": frame, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
@@ -189,12 +177,12 @@ def _hand_over(unit: WorkerUnit, scope: Scope, token: bytes) -> None:
             context.metrics.handed_off_streams.inc()
 
 
-def _cut_stream_frame(unit: WorkerUnit, path: str) -> bytes:
+def _cut_stream_frame(unit: WorkerUnit, errors: ErrorShape) -> bytes:
     if unit.ending:
         closing = EngineUnavailable(SERVER_SHUTTING_DOWN)
-        return stream_error_frame(path, closing.status, closing.body).encode()
+        return errors.stream_frame(closing.status, closing.body).encode()
     why = "it stopped in the middle of the stream"
-    return stream_error_frame(path, 502, unavailable_body(unit.model_id, why)).encode()
+    return errors.stream_frame(502, unavailable_body(unit.model_id, why)).encode()
 
 
 def _client_transport(scope: Scope) -> asyncio.Transport | None:
