@@ -20,66 +20,63 @@ from collections.abc import Mapping
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from modelhost.inference.contracts import (
     ChatPrompt,
     CompletionEvent,
-    CompletionUsage,
     FinishReason,
     InferenceRequest,
     InferenceResult,
     SamplingRequest,
+    Usage,
 )
 from modelhost.inference.prompt import prompt_ids_for
-from modelhost.inference.stage import InferenceStage
+from modelhost.inference.stage import AdmittedRequest, InferenceStage
 from modelhost.server import anthropic_wire as wire
 from modelhost.server import openai_fields as fields
-from modelhost.server.http import (
-    RequestLog,
-    error_response,
-    read_json_object,
-    respond_json,
-    respond_stream,
-    serving_stage,
-)
+from modelhost.server.exchange import Prepared, Reply, answer_inference, answer_json
+from modelhost.server.http import EventStreamResponse, RequestLog, serving_stage
 from modelhost.server.sse_frames import TextFrames, named_event
 
 ROUTE = "POST /v1/messages"
 COUNT_ROUTE = "POST /v1/messages/count_tokens"
 
 
-async def create_message(request: Request) -> Response:
+async def create_message(request: Request) -> Response | EventStreamResponse:
     log = RequestLog(wire.new_message_id(), ROUTE)
-    try:
-        body = await read_json_object(request)
-        inference = parse_messages_request(body, log.request_id)
-        stage = serving_stage(request, body.get("model"))
-        admitted = await stage.admit(inference)
-    except Exception as exc:
-        return error_response(exc, log.request_id, wire.anthropic_error, log)
-    log.admitted = admitted
-    meta = {"id": log.request_id, "model": stage.model_id}
-    if inference.stream:
-        protocol = MessageStream(meta, admitted.prompt_tokens)
-        return respond_stream(request, admitted, protocol, log, heartbeat=wire.PING)
-    return await respond_json(
-        request, admitted, lambda result: message_json(meta, result), wire.anthropic_error, log
+    return await answer_inference(
+        request,
+        log,
+        wire.anthropic_error,
+        lambda body: prepare_message(body, log.request_id),
+        heartbeat=wire.PING,
     )
+
+
+def prepare_message(body: dict[str, Any], request_id: str) -> Prepared:
+    inference = parse_messages_request(body, request_id)
+
+    def reply(stage: InferenceStage, admitted: AdmittedRequest) -> Reply:
+        meta = {"id": request_id, "model": stage.model_id}
+        return Reply(
+            lambda result: message_json(meta, result),
+            lambda: MessageStream(meta, admitted.prompt_tokens),
+        )
+
+    return Prepared(inference, reply)
 
 
 async def count_tokens(request: Request) -> Response:
     """`{input_tokens}`: the prompt the same body would send, through the same template."""
     log = RequestLog(wire.new_message_id(), COUNT_ROUTE)
-    try:
-        body = await read_json_object(request)
+
+    async def count(body: dict[str, Any]) -> dict[str, Any]:
         inference = parse_messages_request(body, log.request_id, count_only=True)
         stage = serving_stage(request, body.get("model"))
-        num_tokens = await asyncio.to_thread(_prompt_tokens, stage, inference)
-    except Exception as exc:
-        return error_response(exc, log.request_id, wire.anthropic_error, log)
-    log.finish(200)
-    return JSONResponse({"input_tokens": num_tokens})
+        return {"input_tokens": await asyncio.to_thread(_prompt_tokens, stage, inference)}
+
+    return await answer_json(request, log, wire.anthropic_error, count)
 
 
 def _prompt_tokens(stage: InferenceStage, inference: InferenceRequest) -> int:
@@ -148,7 +145,7 @@ def stop_reason(finish_reason: FinishReason, stop_sequence: str | None) -> str:
     return {"length": "max_tokens", "tool_calls": "tool_use"}.get(finish_reason, "end_turn")
 
 
-def usage_json(usage: CompletionUsage) -> dict[str, Any]:
+def usage_json(usage: Usage) -> dict[str, Any]:
     """Anthropic counts cache reads apart from `input_tokens`, so the two add up to the prompt."""
     out: dict[str, Any] = {
         "input_tokens": usage.prompt_tokens - usage.cached_tokens,

@@ -29,15 +29,10 @@ from modelhost.inference.contracts import (
     TextPrompt,
     TokenLogprob,
 )
+from modelhost.inference.stage import AdmittedRequest, InferenceStage
 from modelhost.server import openai_fields as fields
-from modelhost.server.http import (
-    RequestLog,
-    error_response,
-    read_json_object,
-    respond_json,
-    respond_stream,
-    serving_stage,
-)
+from modelhost.server.exchange import Prepared, Reply, answer_inference
+from modelhost.server.http import EventStreamResponse, RequestLog
 from modelhost.server.openai_wire import (
     DONE,
     new_id,
@@ -57,28 +52,25 @@ PROMPT_REQUIRED = (
 )
 
 
-async def create_completion(request: Request) -> Response:
+async def create_completion(request: Request) -> Response | EventStreamResponse:
     log = RequestLog(new_id("cmpl"), ROUTE)
-    try:
-        body = await read_json_object(request)
-        inference, options = parse_completion_request(body, log.request_id)
-        stage = serving_stage(request, body.get("model"))
-        admitted = await stage.admit(inference)
-    except Exception as exc:
-        return error_response(exc, log.request_id, openai_error, log)
-    log.admitted = admitted
-    meta = {"id": log.request_id, "created": int(time.time()), "model": stage.model_id}
-    echo = body["prompt"] if body.get("echo") is True else None
-    if options.stream:
-        protocol = TextStream(meta, options.include_usage, admitted.want_logprobs, echo)
-        return respond_stream(request, admitted, protocol, log)
-    return await respond_json(
-        request,
-        admitted,
-        lambda result: text_completion_json(meta, result, echo),
-        openai_error,
-        log,
+    return await answer_inference(
+        request, log, openai_error, lambda body: prepare_completion(body, log.request_id)
     )
+
+
+def prepare_completion(body: dict[str, Any], request_id: str) -> Prepared:
+    inference, options = parse_completion_request(body, request_id)
+    echo = body["prompt"] if body.get("echo") is True else None
+
+    def reply(stage: InferenceStage, admitted: AdmittedRequest) -> Reply:
+        meta = {"id": request_id, "created": int(time.time()), "model": stage.model_id}
+        return Reply(
+            lambda result: text_completion_json(meta, result, echo),
+            lambda: TextStream(meta, options.include_usage, admitted.want_logprobs, echo),
+        )
+
+    return Prepared(inference, reply)
 
 
 def parse_completion_request(
@@ -88,6 +80,7 @@ def parse_completion_request(
     if not isinstance(prompt, str) or not prompt:
         raise InvalidRequest(PROMPT_REQUIRED, param="prompt")
     options = fields.stream_options(body)
+    grammar, structured_output = fields.structured_output(body)
     echo = fields.field(body, "echo", bool) is True
     logprobs = text_logprobs(body)
     inference = InferenceRequest(
@@ -103,8 +96,8 @@ def parse_completion_request(
         stream=options.stream,
         num_choices=fields.choices(body),
         adapter=fields.adapter(body),
-        structured_output=fields.structured_output(body),
-        grammar=fields.grammar(body),
+        structured_output=structured_output,
+        grammar=grammar,
     )
     return inference, options
 

@@ -29,21 +29,16 @@ from starlette.responses import JSONResponse, Response
 from modelhost.inference.contracts import (
     ChatPrompt,
     CompletionEvent,
-    CompletionUsage,
     FinishReason,
     InferenceRequest,
     InferenceResult,
     InvalidRequest,
+    Usage,
 )
+from modelhost.inference.stage import AdmittedRequest, InferenceStage
 from modelhost.server import openai_fields as fields
-from modelhost.server.http import (
-    RequestLog,
-    error_response,
-    read_json_object,
-    respond_json,
-    respond_stream,
-    serving_stage,
-)
+from modelhost.server.exchange import Prepared, Reply, answer_inference
+from modelhost.server.http import EventStreamResponse, RequestLog
 from modelhost.server.response_store import ResponseStore, StoredResponse
 from modelhost.server.responses_wire import (
     ResponseNotFound,
@@ -68,25 +63,26 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:24]}"
 
 
-async def create_response(request: Request) -> Response:
+async def create_response(request: Request) -> Response | EventStreamResponse:
     log = RequestLog(new_id("resp"), ROUTE)
     store: ResponseStore = request.app.state.response_store
-    try:
-        body = await read_json_object(request)
-        stage = serving_stage(request, body.get("model"))
-        turn = parse_turn(body, store, log.request_id, stage.model_id)
-        admitted = await stage.admit(turn.inference)
-    except Exception as exc:
-        return error_response(exc, log.request_id, responses_error, log)
-    log.admitted = admitted
-    if turn.inference.stream:
-        return respond_stream(request, admitted, ResponseStream(turn, store), log)
+    return await answer_inference(
+        request, log, responses_error, lambda body: prepare_turn(body, store, log.request_id)
+    )
+
+
+def prepare_turn(body: dict[str, Any], store: ResponseStore, request_id: str) -> Prepared:
+    turn = parse_turn(body, store, request_id)
 
     def render(result: InferenceResult) -> dict[str, Any]:
         output = output_items(result)
         return turn.complete(store, output, result.finish_reason, result.usage, result.reasoning)
 
-    return await respond_json(request, admitted, render, responses_error, log)
+    def reply(stage: InferenceStage, admitted: AdmittedRequest) -> Reply:
+        turn.base["model"] = stage.model_id
+        return Reply(render, lambda: ResponseStream(turn, store))
+
+    return Prepared(turn.inference, reply)
 
 
 async def retrieve_response(request: Request) -> Response:
@@ -118,7 +114,7 @@ class Turn:
         store: ResponseStore,
         output: list[dict[str, Any]],
         finish_reason: FinishReason,
-        usage: CompletionUsage,
+        usage: Usage,
         reasoning: str = "",
     ) -> dict[str, Any]:
         """The final response object; stored when the request allowed it."""
@@ -133,7 +129,8 @@ class Turn:
         return response
 
 
-def parse_turn(body: dict[str, Any], store: ResponseStore, request_id: str, model: str) -> Turn:
+def parse_turn(body: dict[str, Any], store: ResponseStore, request_id: str) -> Turn:
+    """The turn a body asks for; its response's `model` is set once a model admitted it."""
     raw_input = body.get("input")
     if isinstance(raw_input, str):
         new_items: list[Mapping[str, Any]] = [{"role": "user", "content": raw_input}]
@@ -190,7 +187,7 @@ def parse_turn(body: dict[str, Any], store: ResponseStore, request_id: str, mode
         "incomplete_details": None,
         "instructions": instructions,
         "max_output_tokens": max_tokens,
-        "model": model,
+        "model": None,
         "output": [],
         "parallel_tool_calls": True,
         "previous_response_id": previous_id,
