@@ -16,7 +16,7 @@ import time
 import torch
 
 from modelhost.engine.engine import Engine, EngineConfig
-from modelhost.engine.output import RowOutput
+from modelhost.engine.row_output import RowOutput
 from modelhost.engine.sampling_params import SamplingParams
 from modelhost.engine.sequence import Sequence
 from modelhost.models.loader import load_model

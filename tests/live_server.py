@@ -11,7 +11,7 @@ import time
 
 from fastapi import FastAPI
 
-from modelhost.server.runner import server_for
+from modelhost.server.http_server import server_for
 
 START_TIMEOUT_S = 60.0
 

@@ -2,7 +2,7 @@
 
 The CLI wires `add_serve_parser(subparsers)` (modelhost.cli_serve_args) and calls
 `run_serve(args)`; tests and embedders use `build_serving(...)` +
-`modelhost.server.runner.serve(app, ...)`, or `build_app` directly.
+`modelhost.server.http_server.serve(app, ...)`, or `build_app` directly.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from modelhost.residency.router import ModelRouter
 from modelhost.residency.unit import ResidencyError
 from modelhost.serve_config import default_budget_bytes, serving_shape, settings_from_args
 from modelhost.server.app import admission_policy, create_app, create_routed_app
-from modelhost.server.runner import serve
+from modelhost.server.http_server import serve
 from modelhost.server.settings import ServeSettings
 
 if TYPE_CHECKING:

@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     from modelhost.models.loader import load_model
     from modelhost.residency.companions import open_stage
     from modelhost.server.app import create_app
-    from modelhost.server.runner import Server
+    from modelhost.server.http_server import Server
     from modelhost.server.stream_handoff import SocketReceiver, StreamHandoff, handoff_socket_path
 
     config = WorkerConfig.from_json(args.config)

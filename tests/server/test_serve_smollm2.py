@@ -1,6 +1,6 @@
 """End to end: the official `openai` SDK and raw httpx against a real server over SmolLM2.
 
-The servers are what `modelhost serve` builds (`build_serving` + the runner's uvicorn server)
+The servers are what `modelhost serve` builds (`build_serving` + `server/http_server`'s uvicorn)
 on a free loopback port, over the suite's shared `smollm2` model: one roomy server for the
 protocol tests, and one tight server (`--batch 1 --max-queue 1`, a small `--memory-budget`, a
 short heartbeat) for admission, queueing and heartbeats.

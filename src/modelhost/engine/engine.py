@@ -34,8 +34,8 @@ from modelhost.engine.events import (
     PromptTooLong,
     QueueFull,
 )
-from modelhost.engine.output import RowOutput
 from modelhost.engine.prompt_logprobs import PromptScores, prompt_spans
+from modelhost.engine.row_output import RowOutput
 from modelhost.engine.runner import ModelRunner
 from modelhost.engine.sampler import SampledToken, sample
 from modelhost.engine.sampling_params import SamplingParams
@@ -158,7 +158,7 @@ class Engine:
         self.block_manager = BlockManager(num_blocks, config.block_size)
         self.scheduler = Scheduler(
             SchedulerConfig(
-                max_num_seqs=config.batch,
+                batch=config.batch,
                 max_queue=config.max_queue,
                 max_num_batched_tokens=max(config.max_num_batched_tokens, config.batch),
             ),

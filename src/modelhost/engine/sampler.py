@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from modelhost.engine.grammar import GrammarState, apply_masks
+from modelhost.engine.grammar_masks import GrammarState, apply_masks
 from modelhost.engine.sampling_params import SamplingParams
 from modelhost.models import native
 

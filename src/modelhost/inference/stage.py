@@ -27,6 +27,7 @@ from modelhost.engine.events import (
     QueueFull,
 )
 from modelhost.inference.admission import AdmissionPolicy, check_placement
+from modelhost.inference.channels import OutputChannels
 from modelhost.inference.contracts import (
     SERVER_SHUTTING_DOWN,
     AdmissionLimits,
@@ -48,9 +49,8 @@ from modelhost.inference.contracts import (
     Usage,
 )
 from modelhost.inference.defaults import ServingDefaults, resolve_sampling
-from modelhost.inference.grammar import GrammarInvalid, GrammarUnavailable, ModelGrammars
+from modelhost.inference.grammar_compile import GrammarInvalid, GrammarUnavailable, ModelGrammars
 from modelhost.inference.media import check_media
-from modelhost.inference.output import OutputChannels
 from modelhost.inference.prompt import prompt_ids_for
 from modelhost.models.loaded import LoadedModel
 

@@ -37,7 +37,8 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from modelhost.server.limits import BodyLimits
-from modelhost.server.metrics import Metrics, ObservedRequests
+from modelhost.server.prometheus import Metrics
+from modelhost.server.request_context import ObservedRequests
 from modelhost.server.surfaces import Surfaces
 
 WILDCARD_BINDS = frozenset({"", "0.0.0.0", "::", "[::]", "*"})

@@ -18,11 +18,12 @@ from modelhost.models.loaded import LoadedModel
 from modelhost.residency.router import ModelRouter
 from modelhost.server.access import edge
 from modelhost.server.jobs import install_jobs, with_jobs
-from modelhost.server.metrics import Metrics, metrics_endpoint, use_json_logs
+from modelhost.server.json_logs import use_json_logs
+from modelhost.server.leasing import ModelLeasing
 from modelhost.server.model_admin import ADMIN_ROUTES
 from modelhost.server.openai_wire import openai_error
+from modelhost.server.prometheus import Metrics, metrics_endpoint
 from modelhost.server.response_store import ResponseStore
-from modelhost.server.routing import ModelRouting
 from modelhost.server.settings import ServeSettings
 from modelhost.server.surfaces import SURFACES, Surfaces
 from modelhost.server.worker_admin import WORKER_ROUTES
@@ -73,7 +74,7 @@ def create_app(
 
     app = _new_app(settings, lifespan, surfaces)
     app.state.stage = stage
-    app.state.drain = stage.close  # the runner ends in-flight requests this way at its deadline
+    app.state.drain = stage.close  # the HTTP server ends in-flight requests so at its deadline
     if settings.owner == "worker":  # served on the worker's private socket only
         for method, path, endpoint in WORKER_ROUTES:
             app.router.add_route(path, endpoint, methods=[method])
@@ -105,7 +106,7 @@ def create_routed_app(
     app.state.drain = router.interrupt_all
     for method, path, endpoint in ADMIN_ROUTES:
         app.router.add_route(path, endpoint, methods=[method])
-    app.add_middleware(ModelRouting, router=router, surfaces=surfaces)
+    app.add_middleware(ModelLeasing, router=router, surfaces=surfaces)
     return app
 
 

@@ -31,7 +31,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from modelhost.audio.decode import decode_audio
 from modelhost.audio.formats import GRANULARITIES, RESPONSE_FORMATS, render
-from modelhost.audio.stage import DEFAULT_BEAM_SIZE, TranscriptionFields, TranscriptionStage
+from modelhost.audio.transcriber import DEFAULT_BEAM_SIZE, TranscriptionFields, TranscriptionStage
 from modelhost.inference.contracts import InvalidRequest, RequestCancelled, RequestError
 from modelhost.server.http import (
     SSE_HEADERS,
@@ -96,7 +96,7 @@ async def create_translation(request: Request) -> Response | EventStreamResponse
 
 
 def transcriber(request: Request) -> TranscriptionStage:
-    """The stage that answers: the one the routing middleware leased for this request, else the
+    """The stage that answers: the one the leasing middleware leased for this request, else the
     app's own transcriber (`app.state.transcriber`, or a single-model app's `stage`)."""
     state = request.app.state
     for stage in (

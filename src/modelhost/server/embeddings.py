@@ -54,7 +54,7 @@ async def create_embeddings(request: Request) -> Response:
 
 
 async def encoder_for(request: Request, model: object) -> EncoderStage:
-    """The encoder that answers: the one the routing middleware leased, or (one model served
+    """The encoder that answers: the one the leasing middleware leased, or (one model served
     without residency) an embedded encoder the body names; any other model is the 400 of the
     reference."""
     leased = request.scope.get(STAGE_KEY)

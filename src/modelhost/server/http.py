@@ -39,7 +39,7 @@ from modelhost.inference.contracts import (
 from modelhost.inference.embeddings import embedding_model_only, is_encoder
 from modelhost.inference.media import check_media_sizes
 from modelhost.inference.stage import AdmittedRequest, InferenceStage
-from modelhost.server.metrics import RequestOutcome, current_request
+from modelhost.server.request_context import RequestOutcome, current_request
 
 logger = logging.getLogger("modelhost.server")
 
@@ -58,11 +58,11 @@ class ErrorShape:
     stream_frame: Callable[[int, Mapping[str, Any]], str]
 
 
-STAGE_KEY = "modelhost.stage"  # where the routing middleware leaves the leased unit's stage
+STAGE_KEY = "modelhost.stage"  # where the leasing middleware leaves the leased unit's stage
 
 
 def serving_stage(request: Request, model: str | None = None) -> InferenceStage:
-    """The stage that answers this request. With several models, the routing middleware has
+    """The stage that answers this request. With several models, the leasing middleware has
     already leased the one the body's `model` names and left its stage in the scope; a read
     that leased nothing gets the active model's stage. An embedded encoder named here is a
     400: it serves /v1/embeddings only."""

@@ -2,7 +2,7 @@
 body's `model` routes, and for what the model must do), its JSON error shape and the frame that
 ends its broken streams.
 
-Everything else reads them from here: the app's route table, the routing middleware's routed
+Everything else reads them from here: the app's route table, the leasing middleware's routed
 paths, `GET /v1`'s endpoint list, and every refusal written outside a handler (the API key, the
 body limits, a model that cannot be leased, a worker that died). Adding a protocol is one module
 (its handlers and wire format) and one entry in `SURFACES`.

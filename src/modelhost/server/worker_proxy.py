@@ -21,8 +21,8 @@ from starlette.types import Receive, Scope, Send
 from modelhost.inference.contracts import SERVER_SHUTTING_DOWN, EngineUnavailable
 from modelhost.residency.worker_unit import WorkerUnit
 from modelhost.server.http import ErrorShape, stream_status, wait_for_disconnect
-from modelhost.server.metrics import current_request
-from modelhost.server.runner import TRANSPORT_EXTENSION
+from modelhost.server.http_server import TRANSPORT_EXTENSION
+from modelhost.server.request_context import current_request
 from modelhost.server.stream_handoff import (
     HANDOFF_HEADER,
     READY,

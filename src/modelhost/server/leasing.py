@@ -1,4 +1,4 @@
-"""Model routing as pure ASGI middleware: read the body's `model`, lease that model, and hold the
+"""Model leasing as pure ASGI middleware: read the body's `model`, lease that model, and hold the
 lease until the response body has ended, been cancelled or failed (never longer).
 
 Every POST under /v1/ goes through here: the surfaces' model-routed paths route by the body's
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 RESPONSES = "/v1/responses/"  # GET /v1/responses/{id}: a worker's store may hold it
 
 
-class ModelRouting:
+class ModelLeasing:
     def __init__(self, app: ASGIApp, router: ModelRouter[Any], surfaces: Surfaces) -> None:
         self.app = app
         self.router = router
