@@ -38,6 +38,7 @@ import torch
 
 from modelhost.cli_serve import build_serving
 from modelhost.cli_worker import worker_loader
+from modelhost.engine.engine import share_the_gil_with_the_engine
 from modelhost.engine.sampling_params import SamplingParams
 from modelhost.inference.contracts import ChatPrompt, InferenceRequest
 from modelhost.inference.prompt import prompt_ids_for
@@ -177,6 +178,7 @@ def main() -> None:
     )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    share_the_gil_with_the_engine()  # as `modelhost serve` does where engines run
     torch.set_num_threads(args.threads)  # as `modelhost serve` sets them
 
     model = load_model(args.model)

@@ -67,6 +67,7 @@ def build_serving(
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from modelhost.engine.engine import share_the_gil_with_the_engine
     from modelhost.models import loader
 
     logging.basicConfig(
@@ -89,6 +90,7 @@ def run_serve(args: argparse.Namespace) -> int:
         return _run_workers(args, settings, registry, startup)
     model = loader.load_model(str(startup.path))  # before listening: a bad model ends here
     model.id = startup.id
+    share_the_gil_with_the_engine()  # engines run in this process
 
     def stage_for(loaded: LoadedModel) -> InferenceStage:
         return build_stage(loaded, settings, batch=args.batch, max_queue=args.max_queue)

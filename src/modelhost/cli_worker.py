@@ -132,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from modelhost.cli_serve import build_stage
+    from modelhost.engine.engine import share_the_gil_with_the_engine
     from modelhost.models.loader import load_model
     from modelhost.residency.companions import open_stage
     from modelhost.server.app import create_app
@@ -144,10 +145,13 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(config.threads)
     settings = config.settings
+    operations = args.operations.split(",")
+    if "generate" in operations:
+        share_the_gil_with_the_engine()
     stage = open_stage(
         Path(args.model),
         args.id,
-        args.operations.split(","),
+        operations,
         load_model,
         lambda model: build_stage(model, settings, batch=config.batch, max_queue=config.max_queue),
     )
