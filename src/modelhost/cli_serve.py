@@ -28,7 +28,7 @@ from modelhost.server.http_server import serve
 from modelhost.server.settings import ServeSettings
 
 if TYPE_CHECKING:
-    from fastapi import FastAPI
+    from starlette.applications import Starlette
 
     from modelhost.models.loaded import LoadedModel
 
@@ -56,7 +56,7 @@ def build_stage(
 
 def build_serving(
     model: LoadedModel, settings: ServeSettings, *, batch: int = 8, max_queue: int = 64
-) -> FastAPI:
+) -> Starlette:
     """One model's server, without residency (tests and embedders)."""
     stage = build_stage(model, settings, batch=batch, max_queue=max_queue)
     try:

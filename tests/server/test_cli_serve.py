@@ -68,7 +68,7 @@ from modelhost.cli import main
 for command in ("bench", "jobs"):
     with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):
         main([command, "--help"])
-print(sorted(m for m in ("torch", "fastapi", "modelhost.cli_serve") if m in sys.modules))
+print(sorted(m for m in ("torch", "starlette", "modelhost.cli_serve") if m in sys.modules))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

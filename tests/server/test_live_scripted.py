@@ -12,10 +12,10 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from fastapi import FastAPI
 from scripted_engine import ScriptedEngine
+from starlette.applications import Starlette
 
-AppFactory = Callable[..., FastAPI]
+AppFactory = Callable[..., Starlette]
 HELLO = [{"role": "user", "content": "hi"}]
 
 

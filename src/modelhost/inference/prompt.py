@@ -22,7 +22,7 @@ def prompt_ids_for(
         return tokenizer.encode(prompt.text, add_special_tokens=True)
     if not tokenizer.has_chat_template:
         raise InvalidRequest("prompt build failed: this model has no chat template")
-    messages = _with_instruction(prompt.messages, instruction)
+    messages: Sequence[Mapping[str, Any]] = _with_instruction(prompt.messages, instruction)
     tools = prompt.tools
     if model.family.tool_call_markers == TOOL_CODE and _uses_tools(messages, tools):
         messages, tools = tool_code_messages(messages, tools), None  # declared in the text

@@ -143,7 +143,7 @@ class ModelRouter(Generic[U]):
             unit = self.host.peek(model.id)
             get_json = getattr(unit, "get_json", None)
             if get_json is not None and (found := await get_json(path)) is not None:
-                return found  # type: ignore[no-any-return]
+                return found
         return None
 
     def interrupt_all(self) -> None:

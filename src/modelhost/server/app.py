@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI
+from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
@@ -55,7 +55,9 @@ def admission_policy(model: LoadedModel, settings: ServeSettings, *, rows: int) 
     return AdmissionPolicy(context_window=window, memory=memory, context_length_flag=flagged)
 
 
-def build_app(engine: Engine, model: LoadedModel, settings: ServeSettings | None = None) -> FastAPI:
+def build_app(
+    engine: Engine, model: LoadedModel, settings: ServeSettings | None = None
+) -> Starlette:
     """The server for one in-process model: `engine` already built over `model`."""
     settings = settings or ServeSettings()
     policy = admission_policy(model, settings, rows=engine.stats().batch)
@@ -65,9 +67,9 @@ def build_app(engine: Engine, model: LoadedModel, settings: ServeSettings | None
 
 def create_app(
     stage: InferenceStage, settings: ServeSettings, surfaces: Surfaces = SURFACES
-) -> FastAPI:
+) -> Starlette:
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
         if settings.close_engine_on_shutdown:
             stage.close()
@@ -86,12 +88,12 @@ def create_routed_app(
     settings: ServeSettings,
     startup: Callable[[], Awaitable[None]] | None = None,
     surfaces: Surfaces = SURFACES,
-) -> FastAPI:
+) -> Starlette:
     """The server for every local model behind one port, routed by the body's `model`.
     `startup` runs before the listener binds (it loads the startup model)."""
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if startup is not None:
             await startup()
         try:
@@ -110,13 +112,11 @@ def create_routed_app(
     return app
 
 
-def _new_app(settings: ServeSettings, lifespan: Any, surfaces: Surfaces) -> FastAPI:
+def _new_app(settings: ServeSettings, lifespan: Any, surfaces: Surfaces) -> Starlette:
     serves_jobs = settings.owner != "worker"  # a worker process serves its model, nothing else
     if serves_jobs:
         lifespan = with_jobs(lifespan)
-    app = _ModelhostApp(
-        title="modelhost", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
-    )
+    app = _ModelhostApp(lifespan=lifespan)
     app.state.settings = settings
     app.state.surfaces = surfaces
     app.state.metrics = Metrics(app.state)
@@ -125,15 +125,18 @@ def _new_app(settings: ServeSettings, lifespan: Any, surfaces: Surfaces) -> Fast
         use_json_logs()
     app.state.response_store = ResponseStore()
     for route in surfaces.routes():
-        app.router.add_route(route.path, route.endpoint, methods=[route.method])
+        # Starlette calls whatever an endpoint returns as an ASGI app: an EventStreamResponse
+        # is one, though not a Response.
+        endpoint: Any = route.endpoint
+        app.router.add_route(route.path, endpoint, methods=[route.method])
     if serves_jobs:
         install_jobs(app)
     app.add_exception_handler(HTTPException, _http_error)
     return app
 
 
-class _ModelhostApp(FastAPI):
-    """FastAPI with modelhost's edge (request ids, access guard, API key, body limits) around
+class _ModelhostApp(Starlette):
+    """Starlette with modelhost's edge (request ids, access guard, API key, body limits) around
     its whole middleware stack, model routing included: see `server/access.py`."""
 
     def build_middleware_stack(self) -> ASGIApp:

@@ -19,7 +19,7 @@ import asyncio
 import base64
 import binascii
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -193,7 +193,7 @@ async def _read_body(request: Request, cap: int) -> bytes:
 
 
 async def _from_multipart(headers: Headers, body: bytes, cap: int) -> AudioRequest:
-    async def once() -> AsyncIterator[bytes]:
+    async def once() -> AsyncGenerator[bytes, None]:
         yield body
 
     parser = MultiPartParser(headers, once(), max_files=4, max_fields=64)

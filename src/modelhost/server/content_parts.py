@@ -60,7 +60,7 @@ def flatten_content(
             texts.append(part_text(part, at, param))
         elif kind in MEDIA_PARTS:
             media = media | media_kinds(kind)
-        elif others is not None and kind in others:
+        elif others is not None and isinstance(kind, str) and kind in others:
             text = others[kind](part, at)
             if text is not None:
                 texts.append(text)

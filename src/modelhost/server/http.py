@@ -78,7 +78,7 @@ def serving_stage(request: Request, model: str | None = None) -> InferenceStage:
     unit = router.active()
     if unit is None:
         raise EngineUnavailable("no model is resident; name one in a request to load it")
-    return unit.stage  # type: ignore[no-any-return]
+    return unit.stage
 
 
 async def read_json_object(request: Request) -> dict[str, Any]:

@@ -194,7 +194,7 @@ class ServingCollector:
         }
 
     def collect(self) -> Iterator[Metric]:
-        families = {
+        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
             "running": GaugeMetricFamily(
                 "modelhost_running_rows", "Rows decoding now", labels=["model"]
             ),

@@ -28,11 +28,11 @@ from modelhost.server import (
     openai_responses,
 )
 from modelhost.server.anthropic_wire import ANTHROPIC_ERRORS
-from modelhost.server.http import ErrorShape
+from modelhost.server.http import ErrorShape, EventStreamResponse
 from modelhost.server.openai_wire import OPENAI_ERRORS
 from modelhost.server.responses_wire import RESPONSES_ERRORS
 
-Endpoint = Callable[[Request], Awaitable[Response]]
+Endpoint = Callable[[Request], Awaitable[Response | EventStreamResponse]]
 Operation = Literal["generate", "embed", "transcribe"]
 GENERATE: Operation = "generate"
 
