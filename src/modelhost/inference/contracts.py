@@ -207,8 +207,8 @@ class RequestError(Exception):
 class InvalidRequest(RequestError):
     """A 400 for a malformed or out-of-range field; `param` names the field."""
 
-    def __init__(self, message: str, param: str | None = None) -> None:
-        body = {"message": message, "type": "invalid_request_error", "code": None, "param": param}
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
+        body = {"message": message, "type": "invalid_request_error", "code": code, "param": param}
         super().__init__(400, message, body)
         self.param = param
 

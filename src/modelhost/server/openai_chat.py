@@ -161,6 +161,8 @@ def normalize_messages(raw: Any) -> tuple[list[dict[str, Any]], frozenset[str]]:
         if role not in ROLES:
             allowed = ", ".join(f"'{r}'" for r in ROLES)
             raise InvalidRequest(f"{where}.role must be one of {allowed}", param="messages")
+        if role != "assistant":  # an assistant's turn may be only tool calls
+            _require_content(message, where)
         out = dict(message)
         out["role"] = "system" if role == "developer" else role
         content, media = _content(message.get("content"), where)
@@ -174,6 +176,17 @@ def normalize_messages(raw: Any) -> tuple[list[dict[str, Any]], frozenset[str]]:
             out["tool_calls"] = [_parsed_arguments(call) for call in out["tool_calls"]]
         messages.append(out)
     return messages, has_media
+
+
+def _require_content(message: dict[str, Any], where: str) -> None:
+    """OpenAI's 400s for a message without content, naming it (`messages[0].content`)."""
+    field = f"{where}.content"
+    if "content" not in message:
+        missing = f"Missing required parameter: '{field}'."
+        raise InvalidRequest(missing, param=field, code="missing_required_parameter")
+    if message["content"] is None:
+        expected = "expected one of a string or array of objects, but got null instead"
+        raise InvalidRequest(f"Invalid type for '{field}': {expected}.", field, "invalid_type")
 
 
 def _content(content: Any, where: str) -> tuple[Any, frozenset[str]]:
