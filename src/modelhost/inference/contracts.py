@@ -39,7 +39,16 @@ class TextPrompt:
     text: str
 
 
-Prompt = ChatPrompt | TextPrompt
+@dataclass(frozen=True, slots=True)
+class TokenPrompt:
+    """Token ids the client tokenized itself, prefilled as they are; `field` names where the
+    request wrote them, for the 400 that refuses an id outside the model's vocabulary."""
+
+    token_ids: tuple[int, ...]
+    field: str = "prompt"
+
+
+Prompt = ChatPrompt | TextPrompt | TokenPrompt
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +96,7 @@ class InferenceRequest:
     thinking: bool | None = None  # None: the template decides
     # Request shapes the stage may refuse to place (501), decided before any stream opens.
     num_choices: int = 1
+    num_prompts: int = 1
     adapter: str | None = None
     has_media: bool = False
     media: frozenset[str] = frozenset()  # kinds of media parts: image, audio, video, file

@@ -1,7 +1,10 @@
 """OpenAI text completions: `POST /v1/completions`, JSON and SSE.
 
-The prompt must be a non-empty string (token-array prompts are refused, as mlx_lm.server does)
-and is tokenized as it is, with no template. Sampling, stop and max-token fields are chat's.
+The prompt is a non-empty string, tokenized as it is with no template, or an array of token ids
+(clients that tokenize for themselves send them, as to OpenAI, vLLM and llama-server), prefilled
+as they are: an id outside the model's vocabulary is a 400. An array holding one such prompt is
+that prompt; several prompts in one request are a 501, as `n` above 1 is. Sampling, stop and
+max-token fields are chat's.
 `logprobs` is the legacy integer (0..5 alternatives; `true` means 0), answered in the legacy
 `{tokens, token_logprobs, top_logprobs, text_offset}` shape OpenAI clients read.
 `echo: true` puts the prompt in front of the text; with `logprobs` its tokens come first in
@@ -26,8 +29,10 @@ from modelhost.inference.contracts import (
     InferenceRequest,
     InferenceResult,
     InvalidRequest,
+    Prompt,
     TextPrompt,
     TokenLogprob,
+    TokenPrompt,
 )
 from modelhost.inference.stage import AdmittedRequest, InferenceStage
 from modelhost.server import openai_fields as fields
@@ -46,10 +51,7 @@ from modelhost.server.sse_frames import TextFrames
 
 ROUTE = "POST /v1/completions"
 MAX_LOGPROBS = 5
-PROMPT_REQUIRED = (
-    "prompt (a non-empty string) is required "
-    "(token-array prompts are not accepted, matching mlx_lm.server)"
-)
+PROMPT_REQUIRED = "prompt (a non-empty string, or a non-empty array of token ids) is required"
 
 
 async def create_completion(request: Request) -> Response | EventStreamResponse:
@@ -61,10 +63,10 @@ async def create_completion(request: Request) -> Response | EventStreamResponse:
 
 def prepare_completion(body: dict[str, Any], request_id: str) -> Prepared:
     inference, options = parse_completion_request(body, request_id)
-    echo = body["prompt"] if body.get("echo") is True else None
 
     def reply(stage: InferenceStage, admitted: AdmittedRequest) -> Reply:
         meta = {"id": request_id, "created": int(time.time()), "model": stage.model_id}
+        echo = echo_text(inference.prompt, stage) if body.get("echo") is True else None
         return Reply(
             lambda result: text_completion_json(meta, result, echo),
             lambda: TextStream(meta, options.include_usage, admitted.want_logprobs, echo),
@@ -76,9 +78,7 @@ def prepare_completion(body: dict[str, Any], request_id: str) -> Prepared:
 def parse_completion_request(
     body: dict[str, Any], request_id: str
 ) -> tuple[InferenceRequest, fields.StreamOptions]:
-    prompt = body.get("prompt")
-    if not isinstance(prompt, str) or not prompt:
-        raise InvalidRequest(PROMPT_REQUIRED, param="prompt")
+    prompt, num_prompts = parse_prompt(body.get("prompt"))
     options = fields.stream_options(body)
     grammar, structured_output = fields.structured_output(body)
     echo = fields.field(body, "echo", bool) is True
@@ -86,7 +86,7 @@ def parse_completion_request(
     inference = InferenceRequest(
         request_id=request_id,
         method="text",
-        prompt=TextPrompt(prompt),
+        prompt=prompt,
         sampling=fields.sampling(body),
         max_tokens=fields.max_tokens(body),
         stop=fields.stop(body),
@@ -95,11 +95,29 @@ def parse_completion_request(
         prompt_logprobs=echo and logprobs is not None,
         stream=options.stream,
         num_choices=fields.choices(body),
+        num_prompts=num_prompts,
         adapter=fields.adapter(body),
         structured_output=structured_output,
         grammar=grammar,
     )
     return inference, options
+
+
+def parse_prompt(value: Any) -> tuple[TextPrompt | TokenPrompt, int]:
+    """The (first) prompt, and how many the request holds: a string, an array of token ids,
+    or an array of those."""
+    prompts = value if isinstance(value, list) and value and not _is_token_ids(value) else [value]
+    field = "prompt[0]" if prompts is value else "prompt"
+    first = prompts[0]
+    if isinstance(first, str) and first:
+        return TextPrompt(first), len(prompts)
+    if _is_token_ids(first):
+        return TokenPrompt(tuple(first), field), len(prompts)
+    raise InvalidRequest(PROMPT_REQUIRED, param="prompt")
+
+
+def _is_token_ids(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(type(v) is int for v in value)
 
 
 def text_logprobs(body: dict[str, Any]) -> int | None:
@@ -115,6 +133,14 @@ def text_logprobs(body: dict[str, Any]) -> int | None:
     if value > MAX_LOGPROBS:
         raise InvalidRequest(f"logprobs must be at most {MAX_LOGPROBS}", param="logprobs")
     return value
+
+
+def echo_text(prompt: Prompt, stage: InferenceStage) -> str:
+    """The prompt as `echo` puts it in front of the text: as sent, or its ids decoded."""
+    if isinstance(prompt, TokenPrompt):
+        return stage.model.tokenizer.decode(prompt.token_ids, skip_special_tokens=False)
+    assert isinstance(prompt, TextPrompt)
+    return prompt.text
 
 
 def echo_logprobs_json(
