@@ -48,6 +48,7 @@ from modelhost.residency.registry import ModelRegistry, ServingShape
 from modelhost.residency.router import ModelRouter
 from modelhost.server.app import create_routed_app
 from modelhost.server.http_server import server_for
+from modelhost.server.prometheus import WorkerSamples
 from modelhost.server.settings import ServeSettings
 
 CONTENT = re.compile(r'"content":"[^"]')  # a chunk that carries text (not the opening role)
@@ -101,10 +102,11 @@ def routed_worker_app(
     registry = ModelRegistry(shape=ServingShape(batch=8))
     entry = registry.resolve_argument(model_name)
     assert entry is not None, f"no model '{model_name}'"
-    host: ResidencyHost[Any] = ResidencyHost(
-        budget_bytes=10**12, source=registry.get, load=worker_loader(settings, batch=8)
-    )
-    app = create_routed_app(ModelRouter(host, registry, current=entry.id), settings)
+    samples = WorkerSamples()
+    load = worker_loader(settings, batch=8, env=samples.env())
+    host: ResidencyHost[Any] = ResidencyHost(budget_bytes=10**12, source=registry.get, load=load)
+    router = ModelRouter(host, registry, current=entry.id)
+    app = create_routed_app(router, settings, worker_samples=samples)
     return app, host, entry.id
 
 

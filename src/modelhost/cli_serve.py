@@ -25,6 +25,7 @@ from modelhost.residency.unit import ResidencyError
 from modelhost.serve_config import default_budget_bytes, serving_shape, settings_from_args
 from modelhost.server.app import admission_policy, create_app, create_routed_app
 from modelhost.server.http_server import serve
+from modelhost.server.prometheus import WorkerSamples
 from modelhost.server.settings import ServeSettings
 
 if TYPE_CHECKING:
@@ -123,11 +124,16 @@ def _run_workers(
             print(f"modelhost serve: {exc.message}", file=sys.stderr)
             raise
 
+    samples = WorkerSamples()  # the workers' request series, for the front's /metrics
     load = worker_loader(
-        settings, batch=args.batch, max_queue=args.max_queue, log_level=args.log_level
+        settings,
+        batch=args.batch,
+        max_queue=args.max_queue,
+        log_level=args.log_level,
+        env=samples.env(),
     )
     return _serve_routed(
-        args, settings, registry, startup, load, load_startup_model, ", worker processes"
+        args, settings, registry, startup, load, load_startup_model, ", worker processes", samples
     )
 
 
@@ -146,6 +152,7 @@ def _serve_routed(
     load: Any,
     start: Callable[[ResidencyHost[Any]], Awaitable[None]],
     mode: str,
+    worker_samples: WorkerSamples | None = None,
 ) -> int:
     """Host, router and app over `load`; `start` brings the startup model in before listening."""
     budget_gb = args.model_budget
@@ -166,7 +173,7 @@ def _serve_routed(
         if getattr(args, "whisper_resident", False):
             await pin_companion(router, "transcribe")
 
-    app = create_routed_app(router, settings, start_all)
+    app = create_routed_app(router, settings, start_all, worker_samples=worker_samples)
     app.state.serving_mode = "workers" if mode else "in-process"
     budget_text = f"{host.budget_bytes / BYTES_PER_GB:.1f} GB model budget{mode}"
     print(f"modelhost: serving {startup.id} on http://{args.host}:{args.port}/v1 ({budget_text})",

@@ -22,7 +22,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -49,8 +49,10 @@ def worker_loader(
     log_level: str = "warning",
     start_timeout_s: float = 120.0,
     max_restarts: int = MAX_RESTARTS,
+    env: Mapping[str, str] | None = None,
 ) -> Callable[[ModelEntry], Awaitable[WorkerUnit]]:
-    """The host's `load`: spawn a worker for the entry and wait until it answers."""
+    """The host's `load`: spawn a worker for the entry (`env` added to its environment) and
+    wait until it answers."""
     import torch
 
     threads = torch.get_num_threads()  # `--threads` reaches the workers too
@@ -64,6 +66,7 @@ def worker_loader(
             [*command, "--log-level", log_level],
             start_timeout_s=start_timeout_s,
             max_restarts=max_restarts,
+            env=env,
         )
         try:
             await worker.start()

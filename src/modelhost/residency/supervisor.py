@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -53,8 +53,10 @@ class WorkerProcess:
         start_timeout_s: float = START_TIMEOUT_S,
         max_restarts: int = MAX_RESTARTS,
         restart_window_s: float = RESTART_WINDOW_S,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.command = list(command)  # `--socket PATH` follows
+        self.env = dict(env or {})  # added to this process's environment
         self.start_timeout_s = start_timeout_s
         self.max_restarts = max_restarts
         self.restart_window_s = restart_window_s
@@ -112,7 +114,10 @@ class WorkerProcess:
         os.chmod(self.directory, 0o700)
         command = [*self.command, "--socket", self.socket_path]
         self.state = "starting"
-        self.process = subprocess.Popen(command, start_new_session=True, stdin=subprocess.DEVNULL)
+        env = {**os.environ, **self.env} if self.env else None
+        self.process = subprocess.Popen(
+            command, start_new_session=True, stdin=subprocess.DEVNULL, env=env
+        )
         try:
             await self._wait_healthy()
         except BaseException:

@@ -22,7 +22,7 @@ from modelhost.server.json_logs import use_json_logs
 from modelhost.server.leasing import ModelLeasing
 from modelhost.server.model_admin import ADMIN_ROUTES
 from modelhost.server.openai_wire import openai_error
-from modelhost.server.prometheus import Metrics, metrics_endpoint
+from modelhost.server.prometheus import Metrics, WorkerSamples, metrics_endpoint
 from modelhost.server.response_store import ResponseStore
 from modelhost.server.settings import ServeSettings
 from modelhost.server.surfaces import SURFACES, Surfaces
@@ -88,9 +88,11 @@ def create_routed_app(
     settings: ServeSettings,
     startup: Callable[[], Awaitable[None]] | None = None,
     surfaces: Surfaces = SURFACES,
+    worker_samples: WorkerSamples | None = None,
 ) -> Starlette:
     """The server for every local model behind one port, routed by the body's `model`.
-    `startup` runs before the listener binds (it loads the startup model)."""
+    `startup` runs before the listener binds (it loads the startup model); `worker_samples`
+    is where worker processes write their request series (the app closes it)."""
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -100,8 +102,10 @@ def create_routed_app(
             yield
         finally:
             await router.close()
+            if worker_samples is not None:
+                worker_samples.close()
 
-    app = _new_app(settings, lifespan, surfaces)
+    app = _new_app(settings, lifespan, surfaces, worker_samples)
     app.state.stage = None
     app.state.router = router
     app.state.metrics.watch_residency(router.host)
@@ -112,14 +116,19 @@ def create_routed_app(
     return app
 
 
-def _new_app(settings: ServeSettings, lifespan: Any, surfaces: Surfaces) -> Starlette:
+def _new_app(
+    settings: ServeSettings,
+    lifespan: Any,
+    surfaces: Surfaces,
+    worker_samples: WorkerSamples | None = None,
+) -> Starlette:
     serves_jobs = settings.owner != "worker"  # a worker process serves its model, nothing else
     if serves_jobs:
         lifespan = with_jobs(lifespan)
     app = _ModelhostApp(lifespan=lifespan)
     app.state.settings = settings
     app.state.surfaces = surfaces
-    app.state.metrics = Metrics(app.state)
+    app.state.metrics = Metrics(app.state, worker_samples)
     app.router.add_route("/metrics", metrics_endpoint, methods=["GET"])
     if settings.log_format == "json":
         use_json_logs()

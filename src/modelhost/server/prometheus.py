@@ -25,13 +25,23 @@ are observed as requests end; what describes engines, residency and jobs is read
 
 The inter-token latency is each request's mean gap between tokens after the first; the queue
 time runs from arrival to the engine taking the row (waiting for a model to load included).
+
+A request served by a worker process is observed there. The workers write their request series
+(time to first token, inter-token, end to end, queue, tokens) to files in the front's
+`WorkerSamples` directory (prometheus-client's multiprocess mode), and the front's scrape adds
+them to its own: every request counts whichever process served it, and a worker's requests
+still count after it was evicted or respawned (its files stay).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator, Mapping
+import glob
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import (
@@ -43,6 +53,8 @@ from prometheus_client import (
 )
 from prometheus_client import generate_latest as exposition
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.samples import Sample
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -58,7 +70,7 @@ LOAD_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 class Metrics:
     """The app's Prometheus registry: request instruments, plus `ServingCollector` over `state`."""
 
-    def __init__(self, state: Any) -> None:
+    def __init__(self, state: Any, worker_samples: WorkerSamples | None = None) -> None:
         self.registry = registry = CollectorRegistry(auto_describe=False)
         self.requests = Counter(
             "modelhost_http_requests",
@@ -66,40 +78,44 @@ class Metrics:
             ["method", "route", "status"],
             registry=registry,
         )
+        # The request series: registered through RequestSeries, which adds the workers' samples.
         self.ttft = Histogram(
             "modelhost_time_to_first_token_seconds",
             "Seconds from arrival to the first generated token",
             ["route"],
             buckets=LATENCY_BUCKETS,
-            registry=registry,
+            registry=None,
         )
         self.token_gap = Histogram(
             "modelhost_inter_token_latency_seconds",
             "Each request's mean seconds between generated tokens after the first",
             ["route"],
             buckets=TOKEN_GAP_BUCKETS,
-            registry=registry,
+            registry=None,
         )
         self.e2e = Histogram(
             "modelhost_e2e_request_latency_seconds",
             "Seconds from arrival to the end of the response, for inference requests",
             ["route"],
             buckets=LATENCY_BUCKETS,
-            registry=registry,
+            registry=None,
         )
         self.queue = Histogram(
             "modelhost_request_queue_seconds",
             "Seconds from arrival until the engine took the row (model load waits included)",
             ["route"],
             buckets=LATENCY_BUCKETS,
-            registry=registry,
+            registry=None,
         )
         self.prompt_tokens = Counter(
-            "modelhost_prompt_tokens", "Prompt tokens admitted", ["route"], registry=registry
+            "modelhost_prompt_tokens", "Prompt tokens admitted", ["route"], registry=None
         )
         self.generation_tokens = Counter(
-            "modelhost_generation_tokens", "Tokens generated", ["route"], registry=registry
+            "modelhost_generation_tokens", "Tokens generated", ["route"], registry=None
         )
+        series: list[Counter | Histogram] = [self.ttft, self.token_gap, self.e2e, self.queue]
+        series += [self.prompt_tokens, self.generation_tokens]
+        registry.register(RequestSeries(series, worker_samples))
         self.model_loads = Counter(
             "modelhost_model_loads", "Models loaded into residency", ["model"], registry=registry
         )
@@ -157,6 +173,66 @@ class Metrics:
     def watch_residency(self, host: Any) -> None:
         """Count `host`'s load and unload events."""
         host.subscribe(self.residency_event)
+
+
+class WorkerSamples:
+    """The directory where worker processes write their request series, and its reading.
+
+    A worker finds it in its environment (`env()`, given when it is spawned); prometheus-client
+    then keeps each of its counters and histograms in a file there, by process id."""
+
+    def __init__(self) -> None:
+        self.directory = tempfile.mkdtemp(prefix="modelhost-metrics-")
+
+    def env(self) -> dict[str, str]:
+        return {"PROMETHEUS_MULTIPROC_DIR": self.directory}
+
+    def families(self) -> dict[str, Metric]:
+        """Every worker's series, summed over the workers, by family name."""
+        files = glob.glob(os.path.join(self.directory, "*.db"))
+        return {family.name: family for family in MultiProcessCollector.merge(files)}
+
+    def close(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class RequestSeries:
+    """The front's own request instruments, each with the workers' samples of it added."""
+
+    def __init__(
+        self, instruments: Sequence[Counter | Histogram], worker_samples: WorkerSamples | None
+    ) -> None:
+        self.instruments = instruments
+        self.worker_samples = worker_samples
+
+    def collect(self) -> Iterator[Metric]:
+        theirs = self.worker_samples.families() if self.worker_samples is not None else {}
+        for instrument in self.instruments:
+            for family in instrument.collect():
+                added = theirs.get(family.name)
+                if added is not None:
+                    family.samples = _summed([*family.samples, *added.samples])
+                yield family
+
+
+def _summed(samples: list[Sample]) -> list[Sample]:
+    """One sample per name and labels, the values added, in exposition order (each label set's
+    buckets by bound, then its count and sum)."""
+    values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for sample in samples:
+        key = (sample.name, tuple(sorted(sample.labels.items())))
+        values[key] = values.get(key, 0.0) + sample.value
+
+    def order(key: tuple[str, tuple[tuple[str, str], ...]]) -> tuple[Any, ...]:
+        name, labels = key
+        series = tuple(item for item in labels if item[0] != "le")
+        bound = float(dict(labels).get("le", "0"))
+        return series, name.endswith("_sum"), name.endswith("_count"), bound
+
+    return [
+        Sample(name, dict(labels), values[name, labels])
+        for name, labels in sorted(values, key=order)
+    ]
 
 
 class ServingCollector:
