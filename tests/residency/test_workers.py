@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from live_server import LiveServer, open_tcp_fds
 from prometheus_client.parser import text_string_to_metric_families
@@ -335,6 +336,39 @@ def test_a_workers_requests_still_count_after_it_was_killed_and_respawned(served
     assert chat(client, "tiny-a").status_code == 200  # served by its respawned worker
     assert unit_of(served, "tiny-a").pid != first_pid
     assert scraped(client, "modelhost_time_to_first_token_seconds_count") == 2
+
+
+def sdk(world: dict[str, Any]) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{world['url']}/v1", api_key="-", max_retries=0, timeout=WAIT_S)
+
+
+def test_a_responses_chain_survives_its_worker_being_evicted_between_turns(served):
+    turn: dict[str, Any] = {"model": "tiny-a", "max_output_tokens": 4}
+    with sdk(served) as client:
+        first = client.responses.create(**turn, input="Name a colour.")
+        unload = served["client"].post("/api/models/tiny-a/unload")
+        assert unload.status_code == 200 and served["host"].peek("tiny-a") is None
+        second = client.responses.create(**turn, input="Another?", previous_response_id=first.id)
+        alone = client.responses.create(**turn, input="Another?", store=False)
+        assert client.responses.retrieve(first.id).output_text == first.output_text
+    assert second.previous_response_id == first.id
+    assert second.usage is not None and alone.usage is not None
+    assert second.usage.input_tokens > alone.usage.input_tokens  # the first turn was in it
+
+
+def test_a_streamed_responses_turn_chains_on_after_its_worker_was_killed(served):
+    turn: dict[str, Any] = {"model": "tiny-a", "max_output_tokens": 4}
+    with sdk(served) as client:
+        with client.responses.create(**turn, input="Name a colour.", stream=True) as events:
+            completed = [e for e in events if e.type == "response.completed"]
+        first_id = completed[0].response.id
+        pid = unit_of(served, "tiny-a").pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        wait_gone(pid)
+        second = client.responses.create(**turn, input="Another?", previous_response_id=first_id)
+    assert second.previous_response_id == first_id
+    assert unit_of(served, "tiny-a").pid != pid  # a respawned worker answered
 
 
 def test_companion_models_run_in_worker_processes_too(models_dir, tmp_path):

@@ -136,16 +136,6 @@ class ModelRouter(Generic[U]):
             ],
         }
 
-    async def stored_response(self, path: str) -> dict[str, Any] | None:
-        """A stored Responses object held by a worker process (each worker keeps the responses
-        its model created), or None."""
-        for model in self.host.resident():
-            unit = self.host.peek(model.id)
-            get_json = getattr(unit, "get_json", None)
-            if get_json is not None and (found := await get_json(path)) is not None:
-                return found
-        return None
-
     def interrupt_all(self) -> None:
         """End every request on every resident unit now (a forced shutdown; any thread)."""
         for model_id in [m.id for m in self.host.resident()]:

@@ -19,7 +19,6 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from modelhost.inference.contracts import RequestCancelled
@@ -27,12 +26,10 @@ from modelhost.residency.router import ModelRouter
 from modelhost.residency.unit import ResidencyError
 from modelhost.residency.worker_unit import WorkerUnit
 from modelhost.server.http import STAGE_KEY, ErrorShape, replay_body, wait_for_disconnect
-from modelhost.server.worker_proxy import proxy
+from modelhost.server.worker_proxy import Forwarded, proxy
 
 if TYPE_CHECKING:
     from modelhost.server.surfaces import Surfaces
-
-RESPONSES = "/v1/responses/"  # GET /v1/responses/{id}: a worker's store may hold it
 
 
 class ModelLeasing:
@@ -43,11 +40,6 @@ class ModelLeasing:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
-        if scope["type"] == "http" and scope["method"] == "GET" and path.startswith(RESPONSES):
-            stored = await self.router.stored_response(path)
-            if stored is not None:
-                await JSONResponse(stored)(scope, receive, send)
-                return
         if scope["type"] != "http" or scope["method"] != "POST" or not path.startswith("/v1/"):
             await self.app(scope, receive, send)
             return
@@ -99,6 +91,17 @@ class ModelLeasing:
                     lease.release()  # the body has ended
 
         try:
+            forward = self.surfaces.forward(path)
+            if isinstance(lease.unit, WorkerUnit) and forward is not None:
+                # The lease holds until the front has settled what it keeps of the answer.
+                forwarded = await forward(scope, body)
+                try:
+                    await proxy(
+                        lease.unit, _with(scope, forwarded), forwarded.body, receive, send, errors
+                    )
+                finally:
+                    await forwarded.settle(lease.unit)
+                return
             if isinstance(lease.unit, WorkerUnit):  # a worker process serves this model
                 await proxy(lease.unit, scope, body, receive, send_then_release, errors)
                 return
@@ -117,6 +120,13 @@ def model_field(body: bytes) -> str | None:
         return None
     model = value.get("model") if isinstance(value, dict) else None
     return model if isinstance(model, str) else None
+
+
+def _with(scope: Scope, forwarded: Forwarded) -> Scope:
+    """`scope` with the forwarded request's headers in place of the client's of those names."""
+    names = {name for name, _ in forwarded.headers}
+    kept = [(k, v) for k, v in scope.get("headers", []) if k.lower() not in names]
+    return {**scope, "headers": [*kept, *forwarded.headers]}
 
 
 _FORM_MODEL = re.compile(rb'name="model"\r\n(?:[^\r\n]*\r\n)*?\r\n([^\r\n]{1,256})\r\n')

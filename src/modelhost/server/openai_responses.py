@@ -8,7 +8,10 @@ error after the stream opened ends it with `response.failed`.
 
 `previous_response_id` continues a stored conversation: the stored input, its output items and
 the new input, in that order (instructions fall back to the stored ones). Answers are stored
-unless `store: false`; failed ones never are.
+unless `store: false`; failed ones never are. The store is the front server's: when a worker
+process serves the model, the front names the response (`RESPONSE_ID_HEADER`), hands the
+worker the stored turn a request continues (`FORWARDED_TURN_FIELD`) and takes the answer from
+the worker's store once it is written (`responses_forwarding`).
 
 The stage splits reasoning and tool calls out of the text; here they become a `reasoning`
 item (first) and `function_call` items (last). A forced `tool_choice` and `text.format`
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +60,10 @@ from modelhost.server.responses_wire import (
 from modelhost.server.sse_frames import named_event
 
 ROUTE = "POST /v1/responses"
+# From the front to the worker that serves a request: the id to answer under, and the stored
+# turn that `previous_response_id` names (only a worker reads them: its socket is the front's).
+RESPONSE_ID_HEADER = "x-modelhost-response-id"
+FORWARDED_TURN_FIELD = "modelhost_previous_response"
 
 
 def new_id(prefix: str) -> str:
@@ -64,15 +71,30 @@ def new_id(prefix: str) -> str:
 
 
 async def create_response(request: Request) -> Response | EventStreamResponse:
-    log = RequestLog(new_id("resp"), ROUTE)
     store: ResponseStore = request.app.state.response_store
-    return await answer_inference(
-        request, log, responses_error, lambda body: prepare_turn(body, store, log.request_id)
-    )
+    from_front = request.app.state.settings.owner == "worker"
+    named = request.headers.get(RESPONSE_ID_HEADER) if from_front else None
+    log = RequestLog(named or new_id("resp"), ROUTE)
+
+    def prepare(body: dict[str, Any]) -> Prepared:
+        if from_front:
+            forwarded = body.get(FORWARDED_TURN_FIELD)
+            prior = StoredResponse.from_json(forwarded) if isinstance(forwarded, dict) else None
+            return prepare_turn(body, store, log.request_id, lambda _: prior)
+        return prepare_turn(body, store, log.request_id, store.get)
+
+    return await answer_inference(request, log, responses_error, prepare)
 
 
-def prepare_turn(body: dict[str, Any], store: ResponseStore, request_id: str) -> Prepared:
-    turn = parse_turn(body, store, request_id)
+def prepare_turn(
+    body: dict[str, Any],
+    store: ResponseStore,
+    request_id: str,
+    stored_turn: Callable[[str], StoredResponse | None],
+) -> Prepared:
+    """The turn `body` asks for (`stored_turn` finds the one it continues); its answer goes to
+    `store`."""
+    turn = parse_turn(body, stored_turn, request_id)
 
     def render(result: InferenceResult) -> dict[str, Any]:
         output = output_items(result)
@@ -88,7 +110,7 @@ def prepare_turn(body: dict[str, Any], store: ResponseStore, request_id: str) ->
 async def retrieve_response(request: Request) -> Response:
     response_id = request.path_params["response_id"]
     store: ResponseStore = request.app.state.response_store
-    stored = store.get(response_id)
+    stored = await store.get_settled(response_id)
     if stored is None:
         error = ResponseNotFound(f"response '{response_id}' not found or expired")
         return responses_error(error.status, error.body)
@@ -129,7 +151,11 @@ class Turn:
         return response
 
 
-def parse_turn(body: dict[str, Any], store: ResponseStore, request_id: str) -> Turn:
+def parse_turn(
+    body: dict[str, Any],
+    stored_turn: Callable[[str], StoredResponse | None],
+    request_id: str,
+) -> Turn:
     """The turn a body asks for; its response's `model` is set once a model admitted it."""
     raw_input = body.get("input")
     if isinstance(raw_input, str):
@@ -142,7 +168,7 @@ def parse_turn(body: dict[str, Any], store: ResponseStore, request_id: str) -> T
     previous_id = fields.field(body, "previous_response_id", str)
     items = new_items
     if previous_id is not None:
-        prior = store.get(previous_id)
+        prior = stored_turn(previous_id)
         if prior is None:
             raise ResponseNotFound(
                 f"previous_response_id '{previous_id}' not found or expired",

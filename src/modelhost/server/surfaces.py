@@ -16,6 +16,7 @@ from typing import Literal
 
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Scope
 
 from modelhost.server import (
     anthropic_messages,
@@ -30,9 +31,12 @@ from modelhost.server import (
 from modelhost.server.anthropic_wire import ANTHROPIC_ERRORS
 from modelhost.server.http import ErrorShape, EventStreamResponse
 from modelhost.server.openai_wire import OPENAI_ERRORS
+from modelhost.server.responses_forwarding import forward_turn
 from modelhost.server.responses_wire import RESPONSES_ERRORS
+from modelhost.server.worker_proxy import Forwarded
 
 Endpoint = Callable[[Request], Awaitable[Response | EventStreamResponse]]
+Forward = Callable[[Scope, bytes], Awaitable[Forwarded]]
 Operation = Literal["generate", "embed", "transcribe"]
 GENERATE: Operation = "generate"
 
@@ -44,6 +48,8 @@ class Route:
     endpoint: Endpoint
     # What the model a body's `model` names must do; None: the route is not model-routed.
     operation: Operation | None = None
+    # For a surface that keeps state in the front: how a request a worker serves is forwarded.
+    forward: Forward | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +70,11 @@ class Surfaces:
             for route in self.routes()
             if route.operation is not None and route.method == "POST"
         }
+        self._forwards = {
+            route.path: route.forward
+            for route in self.routes()
+            if route.forward is not None and route.method == "POST"
+        }
         # A path's errors are those of the surface whose route it extends the most: what
         # precedes a route's first parameter, the longest such prefix first.
         prefixes = {
@@ -80,6 +91,10 @@ class Surfaces:
     def operation(self, path: str) -> Operation | None:
         """What the model must do for a POST to `path`; None when `path` is not model-routed."""
         return self._operations.get(path)
+
+    def forward(self, path: str) -> Forward | None:
+        """How a POST to `path` is forwarded to a worker, when its surface says (else as it is)."""
+        return self._forwards.get(path)
 
     def routed_paths(self) -> tuple[str, ...]:
         """The model-routed paths, in registry order (what `GET /v1` lists)."""
@@ -116,7 +131,13 @@ SURFACES = Surfaces(
         Surface(
             "openai-responses",
             (
-                Route("POST", "/v1/responses", openai_responses.create_response, GENERATE),
+                Route(
+                    "POST",
+                    "/v1/responses",
+                    openai_responses.create_response,
+                    GENERATE,
+                    forward=forward_turn,
+                ),
                 Route("GET", "/v1/responses/{response_id}", openai_responses.retrieve_response),
             ),
             RESPONSES_ERRORS,

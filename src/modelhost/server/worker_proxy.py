@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -30,6 +32,17 @@ from modelhost.server.stream_handoff import (
     header_value,
     pass_socket,
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Forwarded:
+    """A request as the front forwards it, when its surface keeps state in the front: the body
+    and the headers to send instead, and what the front does once the worker's answer ended."""
+
+    body: bytes
+    headers: list[tuple[bytes, bytes]]
+    settle: Callable[[WorkerUnit], Awaitable[None]]
+
 
 HOP_BY_HOP = frozenset(
     {
