@@ -242,7 +242,7 @@ class MessageStream:
         return frames
 
     def error(self, status: int, body: Mapping[str, Any]) -> list[str]:
-        return [named_event("error", {"error": wire.anthropic_error_json(status, body)["error"]})]
+        return [wire.anthropic_stream_error(status, body)]
 
     def _block(self, block: Mapping[str, Any]) -> list[str]:
         """Open a block of `block`'s type unless one is open already (closing another one)."""

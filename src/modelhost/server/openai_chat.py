@@ -37,7 +37,7 @@ from modelhost.server.openai_wire import (
     chat_logprobs_json,
     new_id,
     openai_error,
-    openai_error_json,
+    openai_stream_error,
     sse,
     tool_calls_json,
     usage_json,
@@ -282,4 +282,4 @@ class ChatStream:
         return frames
 
     def error(self, status: int, body: Mapping[str, Any]) -> list[str]:
-        return [sse(openai_error_json(status, body))]
+        return [openai_stream_error(status, body)]

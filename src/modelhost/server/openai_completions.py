@@ -42,7 +42,7 @@ from modelhost.server.openai_wire import (
     DONE,
     new_id,
     openai_error,
-    openai_error_json,
+    openai_stream_error,
     sse,
     text_logprobs_json,
     usage_json,
@@ -226,4 +226,4 @@ class TextStream:
         return frames
 
     def error(self, status: int, body: Mapping[str, Any]) -> list[str]:
-        return [sse(openai_error_json(status, body))]
+        return [openai_stream_error(status, body)]
