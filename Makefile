@@ -23,6 +23,7 @@ serve: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from modelhost.engine.engine import Engine, EngineConfig
+from modelhost.engine.engine import Engine, EngineConfig, share_the_gil_with_the_engine
 from modelhost.engine.sampling_params import SamplingParams
 from modelhost.inference.decision_prompt import DecisionQuestion, DecisionRequest, Option
 from modelhost.inference.decisions import decide
@@ -105,6 +105,7 @@ def main() -> None:
     parser.add_argument("--json-tokens", type=int, default=48)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    share_the_gil_with_the_engine()  # as `modelhost serve` does where engines run
     torch.set_num_threads(args.threads)
     model = load_model(args.model)
     figures = asyncio.run(measure(model, args))

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from modelhost.engine.engine import Engine, EngineConfig
+from modelhost.engine.engine import Engine, EngineConfig, share_the_gil_with_the_engine
 from modelhost.engine.sampling_params import SamplingParams
 from modelhost.models.loaded import LoadedModel
 from modelhost.models.loader import load_model
@@ -92,6 +92,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128, help="generated tokens per stream")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    share_the_gil_with_the_engine()  # as `modelhost serve` does where engines run
     torch.set_num_threads(args.threads)
     results: dict[str, dict[str, float]] = {}
     for name in args.models:

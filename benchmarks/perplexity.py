@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from modelhost.engine.engine import Engine, EngineConfig
+from modelhost.engine.engine import Engine, EngineConfig, share_the_gil_with_the_engine
 from modelhost.engine.sampling_params import SamplingParams
 from modelhost.engine.scheduler import ScheduledRow, SchedulerOutput
 from modelhost.engine.sequence import Sequence
@@ -133,6 +133,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    share_the_gil_with_the_engine()  # as `modelhost serve` does where engines run
     torch.set_num_threads(args.threads)
     results: dict[str, dict[str, dict]] = {}
     for name in args.models:

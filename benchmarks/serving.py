@@ -37,6 +37,8 @@ import httpx
 import torch
 
 from modelhost.cli_serve import build_serving
+from modelhost.cli_worker import worker_loader
+from modelhost.engine.engine import share_the_gil_with_the_engine
 from modelhost.engine.sampling_params import SamplingParams
 from modelhost.inference.contracts import ChatPrompt, InferenceRequest
 from modelhost.inference.prompt import prompt_ids_for
@@ -44,9 +46,10 @@ from modelhost.models.loader import load_model
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.registry import ModelRegistry, ServingShape
 from modelhost.residency.router import ModelRouter
-from modelhost.residency.worker_unit import worker_loader
-from modelhost.server.app import ServeSettings, create_routed_app
-from modelhost.server.runner import server_for
+from modelhost.server.app import create_routed_app
+from modelhost.server.http_server import server_for
+from modelhost.server.prometheus import WorkerSamples
+from modelhost.server.settings import ServeSettings
 
 CONTENT = re.compile(r'"content":"[^"]')  # a chunk that carries text (not the opening role)
 CONTENT_BYTES = re.compile(CONTENT.pattern.encode())
@@ -99,10 +102,11 @@ def routed_worker_app(
     registry = ModelRegistry(shape=ServingShape(batch=8))
     entry = registry.resolve_argument(model_name)
     assert entry is not None, f"no model '{model_name}'"
-    host: ResidencyHost[Any] = ResidencyHost(
-        budget_bytes=10**12, source=registry.get, load=worker_loader(settings, batch=8)
-    )
-    app = create_routed_app(ModelRouter(host, registry, current=entry.id), settings)
+    samples = WorkerSamples()
+    load = worker_loader(settings, batch=8, env=samples.env())
+    host: ResidencyHost[Any] = ResidencyHost(budget_bytes=10**12, source=registry.get, load=load)
+    router = ModelRouter(host, registry, current=entry.id)
+    app = create_routed_app(router, settings, worker_samples=samples)
     return app, host, entry.id
 
 
@@ -176,6 +180,7 @@ def main() -> None:
     )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    share_the_gil_with_the_engine()  # as `modelhost serve` does where engines run
     torch.set_num_threads(args.threads)  # as `modelhost serve` sets them
 
     model = load_model(args.model)

@@ -15,8 +15,8 @@ import time
 
 import torch
 
-from modelhost.engine.engine import Engine, EngineConfig
-from modelhost.engine.output import RowOutput
+from modelhost.engine.engine import Engine, EngineConfig, share_the_gil_with_the_engine
+from modelhost.engine.row_output import RowOutput
 from modelhost.engine.sampling_params import SamplingParams
 from modelhost.engine.sequence import Sequence
 from modelhost.models.loader import load_model
@@ -26,6 +26,7 @@ def main() -> None:
     name, mode, rows, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     torch.set_num_threads(int(os.environ.get("THREADS", "1")))
     model = load_model(name, quantize=mode)
+    share_the_gil_with_the_engine()
     engine = Engine(model, EngineConfig(batch=max(16, rows)))
     engine.close()  # no engine thread: this thread drives the scheduler
     params = SamplingParams(temperature=0.0, max_tokens=10_000, ignore_eos=True)

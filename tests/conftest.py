@@ -13,12 +13,14 @@ os.environ.setdefault("MODELHOST_HOME", str(Path(__file__).resolve().parents[1] 
 
 import torch  # noqa: E402
 
+from modelhost.engine.engine import share_the_gil_with_the_engine  # noqa: E402
 from modelhost.models.loaded import LoadedModel  # noqa: E402
 from modelhost.models.loader import load_model  # noqa: E402
 
 # The engine, the event loop and test clients share two cores here; a second intra-op thread
 # spinning against them makes every matmul many times slower, and tests measure no speed.
 torch.set_num_threads(1)
+share_the_gil_with_the_engine()  # as `modelhost serve` does where its engines run
 
 
 @pytest.fixture(scope="session")

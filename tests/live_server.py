@@ -9,9 +9,9 @@ import socket
 import threading
 import time
 
-from fastapi import FastAPI
+from starlette.applications import Starlette
 
-from modelhost.server.runner import server_for
+from modelhost.server.http_server import server_for
 
 START_TIMEOUT_S = 60.0
 
@@ -39,7 +39,7 @@ def open_tcp_fds(pid: int | str = "self") -> int:
 class LiveServer:
     """`app` on 127.0.0.1 from `start()` (or `with`) until `stop()`."""
 
-    def __init__(self, app: FastAPI, *, shutdown_timeout_s: float = 5.0) -> None:
+    def __init__(self, app: Starlette, *, shutdown_timeout_s: float = 5.0) -> None:
         self.app = app
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"

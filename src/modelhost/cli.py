@@ -69,7 +69,7 @@ def _add_generate_parser(subparsers: argparse._SubParsersAction) -> argparse.Arg
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from modelhost.engine.engine import Engine, EngineConfig
+    from modelhost.engine.engine import Engine, EngineConfig, share_the_gil_with_the_engine
     from modelhost.engine.sampling_params import SamplingParams
     from modelhost.models.loader import ModelNotFound, load_model
 
@@ -87,6 +87,7 @@ def run_generate(args: argparse.Namespace) -> int:
     if temperature is None:
         temperature = min(model.gen_defaults.get("temperature", 0.7), 0.7)
     params = SamplingParams(temperature=temperature, max_tokens=args.max_tokens, seed=args.seed)
+    share_the_gil_with_the_engine()
     engine = Engine(model, EngineConfig(batch=1))
     try:
         first_s, total_s, num_tokens = asyncio.run(_stream(engine, prompt_ids, params))

@@ -91,7 +91,7 @@ def _answer(response: httpx.Response) -> dict[str, Any] | None:
     if response.status_code >= 400 or not body.get("ok"):
         print(f"modelhost jobs: {body.get('error', response.status_code)}", file=sys.stderr)
         return None
-    return body  # type: ignore[no-any-return]
+    return body
 
 
 def _ls(client: httpx.Client, args: argparse.Namespace) -> int:

@@ -23,8 +23,8 @@ def add_ls_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
 
 
 def run_ls(args: argparse.Namespace) -> int:
-    from modelhost.cli_serve import default_budget_bytes
     from modelhost.residency.registry import ModelRegistry, ServingShape
+    from modelhost.serve_config import default_budget_bytes
 
     budget = int(args.model_budget * BYTES_PER_GB) if args.model_budget else default_budget_bytes()
     import torch

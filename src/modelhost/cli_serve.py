@@ -2,18 +2,16 @@
 
 The CLI wires `add_serve_parser(subparsers)` (modelhost.cli_serve_args) and calls
 `run_serve(args)`; tests and embedders use `build_serving(...)` +
-`modelhost.server.runner.serve(app, ...)`, or `build_app` directly.
+`modelhost.server.http_server.serve(app, ...)`, or `build_app` directly.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sqlite3
 import sys
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from modelhost.inference.admission import BYTES_PER_GB, BudgetTooSmall
@@ -21,52 +19,19 @@ from modelhost.inference.stage import InferenceStage
 from modelhost.models.embedded import DEFAULT_MODEL
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.inprocess import InProcessUnit, in_process_loader
-from modelhost.residency.registry import ModelEntry, ModelRegistry, ServingShape
+from modelhost.residency.registry import ModelEntry, ModelRegistry
 from modelhost.residency.router import ModelRouter
 from modelhost.residency.unit import ResidencyError
-from modelhost.server.app import ServeSettings, admission_policy, create_app, create_routed_app
-from modelhost.server.limits import DEFAULT_MAX_BODY_BYTES, MiB
-from modelhost.server.runner import serve
+from modelhost.serve_config import default_budget_bytes, serving_shape, settings_from_args
+from modelhost.server.app import admission_policy, create_app, create_routed_app
+from modelhost.server.http_server import serve
+from modelhost.server.prometheus import WorkerSamples
+from modelhost.server.settings import ServeSettings
 
 if TYPE_CHECKING:
-    from fastapi import FastAPI
+    from starlette.applications import Starlette
 
     from modelhost.models.loaded import LoadedModel
-
-
-def settings_from_args(args: argparse.Namespace) -> ServeSettings:
-    return ServeSettings(
-        heartbeat_s=args.heartbeat,
-        memory_budget_gb=args.memory_budget,
-        context_length=args.context_length,
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        host=args.host,
-        api_key=api_key_from(args),
-        cors_origins=tuple(args.cors_origin),
-        max_body_bytes=(
-            DEFAULT_MAX_BODY_BYTES if args.max_body_mb is None else int(args.max_body_mb * MiB)
-        ),
-        log_format=args.log_format,
-        prompt_threads=args.prompt_threads,
-    )
-
-
-def api_key_from(args: argparse.Namespace) -> str | None:
-    """--api-key, else the first line of --api-key-file, else $MODELHOST_API_KEY, else None."""
-    if args.api_key:
-        return str(args.api_key)
-    if args.api_key_file:
-        try:
-            key = Path(args.api_key_file).read_text().strip()
-        except OSError as exc:
-            raise SystemExit(f"modelhost serve: cannot read --api-key-file: {exc}") from None
-        if not key:
-            raise SystemExit(f"modelhost serve: --api-key-file {args.api_key_file} is empty")
-        return key
-    return os.environ.get("MODELHOST_API_KEY") or None
 
 
 def build_stage(
@@ -92,7 +57,7 @@ def build_stage(
 
 def build_serving(
     model: LoadedModel, settings: ServeSettings, *, batch: int = 8, max_queue: int = 64
-) -> FastAPI:
+) -> Starlette:
     """One model's server, without residency (tests and embedders)."""
     stage = build_stage(model, settings, batch=batch, max_queue=max_queue)
     try:
@@ -102,31 +67,8 @@ def build_serving(
         raise
 
 
-def default_budget_bytes() -> int:
-    """70% of GPU memory on CUDA, else of physical RAM."""
-    import torch
-
-    if torch.cuda.is_available():
-        total = torch.cuda.get_device_properties(0).total_memory
-    else:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return int(total * 0.7)
-
-
-def serving_shape(args: argparse.Namespace, settings: ServeSettings) -> ServingShape:
-    import torch
-
-    budget = settings.memory_budget_gb
-    return ServingShape(
-        dtype_bytes=2 if torch.cuda.is_available() else 4,
-        batch=args.batch,
-        chunk_tokens=settings.chunk_tokens,
-        context_length=settings.context_length,
-        memory_budget_bytes=int(budget * BYTES_PER_GB) if budget is not None else None,
-    )
-
-
 def run_serve(args: argparse.Namespace) -> int:
+    from modelhost.engine.engine import share_the_gil_with_the_engine
     from modelhost.models import loader
 
     logging.basicConfig(
@@ -149,6 +91,7 @@ def run_serve(args: argparse.Namespace) -> int:
         return _run_workers(args, settings, registry, startup)
     model = loader.load_model(str(startup.path))  # before listening: a bad model ends here
     model.id = startup.id
+    share_the_gil_with_the_engine()  # engines run in this process
 
     def stage_for(loaded: LoadedModel) -> InferenceStage:
         return build_stage(loaded, settings, batch=args.batch, max_queue=args.max_queue)
@@ -170,7 +113,8 @@ def _run_workers(
     args: argparse.Namespace, settings: ServeSettings, registry: ModelRegistry, startup: ModelEntry
 ) -> int:
     """`--workers`: every resident model in its own process; the startup model loads first."""
-    from modelhost.residency.worker_unit import WorkerUnit, worker_loader
+    from modelhost.cli_worker import worker_loader
+    from modelhost.residency.worker_unit import WorkerUnit
 
     async def load_startup_model(host: ResidencyHost[WorkerUnit]) -> None:
         try:
@@ -180,11 +124,16 @@ def _run_workers(
             print(f"modelhost serve: {exc.message}", file=sys.stderr)
             raise
 
+    samples = WorkerSamples()  # the workers' request series, for the front's /metrics
     load = worker_loader(
-        settings, batch=args.batch, max_queue=args.max_queue, log_level=args.log_level
+        settings,
+        batch=args.batch,
+        max_queue=args.max_queue,
+        log_level=args.log_level,
+        env=samples.env(),
     )
     return _serve_routed(
-        args, settings, registry, startup, load, load_startup_model, ", worker processes"
+        args, settings, registry, startup, load, load_startup_model, ", worker processes", samples
     )
 
 
@@ -203,6 +152,7 @@ def _serve_routed(
     load: Any,
     start: Callable[[ResidencyHost[Any]], Awaitable[None]],
     mode: str,
+    worker_samples: WorkerSamples | None = None,
 ) -> int:
     """Host, router and app over `load`; `start` brings the startup model in before listening."""
     budget_gb = args.model_budget
@@ -223,7 +173,7 @@ def _serve_routed(
         if getattr(args, "whisper_resident", False):
             await pin_companion(router, "transcribe")
 
-    app = create_routed_app(router, settings, start_all)
+    app = create_routed_app(router, settings, start_all, worker_samples=worker_samples)
     app.state.serving_mode = "workers" if mode else "in-process"
     budget_text = f"{host.budget_bytes / BYTES_PER_GB:.1f} GB model budget{mode}"
     print(f"modelhost: serving {startup.id} on http://{args.host}:{args.port}/v1 ({budget_text})",

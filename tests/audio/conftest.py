@@ -9,9 +9,10 @@ import pytest
 from live_server import LiveServer
 from openai import OpenAI
 
-from modelhost.audio.stage import TranscriptionStage, load_transcriber
+from modelhost.audio.transcriber import TranscriptionStage, load_transcriber
 from modelhost.audio.whisper_files import WHISPER_BASE, whisper_base_dir
-from modelhost.server.app import ServeSettings, create_app
+from modelhost.server.app import create_app
+from modelhost.server.settings import ServeSettings
 
 
 @pytest.fixture(scope="session")

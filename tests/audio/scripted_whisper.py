@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from modelhost.audio.stage import TranscriptionStage
+from modelhost.audio.transcriber import TranscriptionStage
 
 ONE_SECOND = np.zeros(16_000, dtype=np.float32)
 

@@ -14,7 +14,8 @@ from audio_files import ENGLISH
 from live_server import LiveServer
 from scripted_whisper import ScriptedWhisper, stage_over
 
-from modelhost.server.app import ServeSettings, create_app
+from modelhost.server.app import create_app
+from modelhost.server.settings import ServeSettings
 
 FIVE_SEGMENTS = [" one", " two", " three", " four", " five"]
 

@@ -16,7 +16,8 @@ from audio_files import ENGLISH, GERMAN, NOT_AUDIO
 from live_server import LiveServer
 from openai import OpenAI
 
-from modelhost.server.app import ServeSettings, create_app
+from modelhost.server.app import create_app
+from modelhost.server.settings import ServeSettings
 
 KEY_WORDS = ("purple", "umbrellas", "harbor", "tuesday")
 

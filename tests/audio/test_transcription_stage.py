@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from scripted_whisper import ONE_SECOND, ScriptedWhisper, stage_over
 
-from modelhost.audio import stage as stage_module
-from modelhost.audio.stage import TranscriptionStage
+from modelhost.audio import transcriber as stage_module
+from modelhost.audio.transcriber import TranscriptionStage
 from modelhost.inference.contracts import EngineUnavailable, InvalidRequest, QueueFullError
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from modelhost.audio.stage import load_transcriber
+from modelhost.audio.transcriber import load_transcriber
 from modelhost.audio.whisper_files import WHISPER_BASE, is_whisper_dir, whisper_base_dir
 
 PART_BYTES = 94_371_840 + 50_845_767  # model.bin.part1 + model.bin.part2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 
 import pytest
@@ -291,3 +292,14 @@ def test_a_decode_steps_batch_is_the_one_the_general_path_builds(smollm2, window
             ), name
     finally:
         engine.close()
+
+
+def test_building_an_engine_leaves_the_interpreters_switch_interval_alone(smollm2):
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.005)
+    engine = Engine(smollm2, EngineConfig(batch=1, kv_cache_bytes=1 << 20))
+    try:
+        assert sys.getswitchinterval() == pytest.approx(0.005)
+    finally:
+        engine.close()
+        sys.setswitchinterval(before)

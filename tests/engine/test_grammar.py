@@ -9,11 +9,11 @@ import torch
 import xgrammar
 
 from modelhost.engine.engine import Engine, EngineConfig
-from modelhost.engine.grammar import GrammarState, apply_masks
+from modelhost.engine.grammar_masks import GrammarState, apply_masks
 from modelhost.engine.sampler import RowSamplingState, sample
 from modelhost.engine.sampling_params import SamplingParams
 from modelhost.inference.contracts import GrammarSpec
-from modelhost.inference.grammar import GrammarInvalid, ModelGrammars
+from modelhost.inference.grammar_compile import GrammarInvalid, ModelGrammars
 from modelhost.models.loaded import LoadedModel
 
 # A four-token vocabulary, padded to 40 logits as models pad their embeddings.

@@ -17,11 +17,11 @@ EOS = 2
 
 def make_scheduler(
     num_blocks: int = 16,
-    max_num_seqs: int = 8,
+    batch: int = 8,
     max_queue: int = 64,
     max_num_batched_tokens: int = 512,
 ) -> Scheduler:
-    config = SchedulerConfig(max_num_seqs, max_queue, max_num_batched_tokens)
+    config = SchedulerConfig(batch, max_queue, max_num_batched_tokens)
     return Scheduler(config, BlockManager(num_blocks, BS))
 
 
@@ -54,8 +54,8 @@ def row_tokens(out: SchedulerOutput) -> dict[int, int]:
     return {row.seq.seq_id: row.num_tokens for row in out.rows}
 
 
-def test_scheduler_admits_rows_fifo_up_to_max_num_seqs_when_more_are_waiting() -> None:
-    sched = make_scheduler(max_num_seqs=2)
+def test_scheduler_admits_rows_fifo_up_to_the_batch_when_more_are_waiting() -> None:
+    sched = make_scheduler(batch=2)
     for seq_id in (1, 2, 3):
         sched.add(make_seq(seq_id, 3))
 
@@ -67,7 +67,7 @@ def test_scheduler_admits_rows_fifo_up_to_max_num_seqs_when_more_are_waiting() -
 
 
 def test_scheduler_refuses_a_third_request_when_batch_and_queue_are_one() -> None:
-    sched = make_scheduler(max_num_seqs=1, max_queue=1, max_num_batched_tokens=8)
+    sched = make_scheduler(batch=1, max_queue=1, max_num_batched_tokens=8)
     assert sched.has_room()
     sched.add(make_seq(1, 3))
     assert sched.has_room()
@@ -80,7 +80,7 @@ def test_scheduler_refuses_a_third_request_when_batch_and_queue_are_one() -> Non
 
 
 def test_scheduler_counts_pending_requests_when_checking_room() -> None:
-    sched = make_scheduler(max_num_seqs=1, max_queue=1)
+    sched = make_scheduler(batch=1, max_queue=1)
 
     assert sched.has_room(num_pending_outside=1)
     assert not sched.has_room(num_pending_outside=2)
@@ -161,7 +161,7 @@ def test_scheduler_finishes_the_only_row_with_length_when_the_pool_cannot_hold_i
 
 
 def test_scheduler_frees_a_waiting_row_at_the_next_schedule_when_it_is_aborted() -> None:
-    sched = make_scheduler(max_num_seqs=1)
+    sched = make_scheduler(batch=1)
     sched.add(make_seq(1, 3, max_tokens=100))
     waiting = make_seq(2, 3)
     sched.add(waiting)
@@ -277,14 +277,14 @@ def test_scheduler_reports_cached_tokens_when_a_second_turn_shares_the_prefix() 
     assert out.rows[0].start == 8 and out.rows[0].num_tokens == 7
 
 
-def test_scheduler_rejects_a_config_when_budget_is_below_max_num_seqs() -> None:
+def test_scheduler_rejects_a_config_when_the_token_budget_is_below_the_batch() -> None:
     with pytest.raises(ValueError):
-        SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=4)
+        SchedulerConfig(batch=8, max_num_batched_tokens=4)
 
 
 def test_scheduler_returns_blocks_to_baseline_when_every_row_finishes() -> None:
     rng = random.Random(7)
-    sched = make_scheduler(num_blocks=10, max_num_seqs=4, max_num_batched_tokens=16)
+    sched = make_scheduler(num_blocks=10, batch=4, max_num_batched_tokens=16)
     bm = sched.block_manager
     shared = [rng.randrange(100) for _ in range(9)]
     added: list[Sequence] = []

@@ -8,9 +8,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from fastapi import FastAPI
 from job_helpers import scripted_app
 from live_server import LiveServer
+from starlette.applications import Starlette
 
 
 @pytest.fixture(autouse=True)
@@ -31,7 +31,7 @@ def live_app() -> Iterator[Callable[..., LiveServer]]:
     """`live_app(app=None)`: a started server (a scripted engine by default), stopped after."""
     servers: list[LiveServer] = []
 
-    def start(app: FastAPI | None = None) -> LiveServer:
+    def start(app: Starlette | None = None) -> LiveServer:
         server = LiveServer(app or scripted_app()).start()
         servers.append(server)
         return server

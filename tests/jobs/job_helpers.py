@@ -8,11 +8,12 @@ import time
 from typing import Any
 
 import httpx
-from fastapi import FastAPI
 from job_test_kinds import TEST_KINDS
 from scripted_engine import ScriptedEngine, scripted_model
+from starlette.applications import Starlette
 
-from modelhost.server.app import ServeSettings, build_app
+from modelhost.server.app import build_app
+from modelhost.server.settings import ServeSettings
 
 TERMINAL = ("done", "failed", "zombie")
 
@@ -68,7 +69,7 @@ def alive(pid: int) -> bool:
         return False
 
 
-def scripted_app(engine: ScriptedEngine | None = None) -> FastAPI:
+def scripted_app(engine: ScriptedEngine | None = None) -> Starlette:
     app = build_app(engine or ScriptedEngine(), scripted_model(), ServeSettings())
     app.state.jobs.kinds.update(TEST_KINDS)
     return app

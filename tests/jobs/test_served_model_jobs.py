@@ -15,7 +15,8 @@ from live_server import LiveServer
 from modelhost.engine.engine import Engine, EngineConfig
 from modelhost.jobs.eval_serve import SAMPLE_TEXT
 from modelhost.models.loaded import LoadedModel
-from modelhost.server.app import ServeSettings, build_app
+from modelhost.server.app import build_app
+from modelhost.server.settings import ServeSettings
 
 PROMPT = "The capital of France is Paris. The capital of Italy is"
 

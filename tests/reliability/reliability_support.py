@@ -6,8 +6,8 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
-from fastapi import FastAPI
+from starlette.applications import Starlette
 
-AppFactory = Callable[..., FastAPI]
+AppFactory = Callable[..., Starlette]
 ClientFactory = Callable[..., httpx.AsyncClient]
 HELLO: dict[str, Any] = {"model": "scripted-model", "messages": [{"role": "user", "content": "hi"}]}

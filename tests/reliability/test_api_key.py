@@ -13,7 +13,7 @@ import openai
 import pytest
 from reliability_support import HELLO, AppFactory, ClientFactory
 
-from modelhost import cli_serve, cli_serve_args
+from modelhost import cli_serve_args, serve_config
 
 KEY = "sk-local-test-key"
 MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
@@ -164,21 +164,21 @@ def test_the_key_comes_from_the_flag_then_the_file_then_the_environment(
     key_file = tmp_path / "key"
     key_file.write_text("from-file\n")
     monkeypatch.setenv("MODELHOST_API_KEY", "from-env")
-    assert cli_serve.settings_from_args(parse("--api-key", "from-flag")).api_key == "from-flag"
-    settings = cli_serve.settings_from_args(parse("--api-key-file", str(key_file)))
+    assert serve_config.settings_from_args(parse("--api-key", "from-flag")).api_key == "from-flag"
+    settings = serve_config.settings_from_args(parse("--api-key-file", str(key_file)))
     assert settings.api_key == "from-file"
-    assert cli_serve.settings_from_args(parse()).api_key == "from-env"
+    assert serve_config.settings_from_args(parse()).api_key == "from-env"
     monkeypatch.delenv("MODELHOST_API_KEY")
-    assert cli_serve.settings_from_args(parse()).api_key is None
+    assert serve_config.settings_from_args(parse()).api_key is None
 
 
 def test_an_unreadable_key_file_stops_serve_with_a_message(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="api-key-file"):
-        cli_serve.settings_from_args(parse("--api-key-file", str(tmp_path / "missing")))
+        serve_config.settings_from_args(parse("--api-key-file", str(tmp_path / "missing")))
 
 
 def test_the_key_never_shows_in_the_settings_repr() -> None:
-    settings = cli_serve.settings_from_args(parse("--api-key", "hunter2"))
+    settings = serve_config.settings_from_args(parse("--api-key", "hunter2"))
     assert "hunter2" not in repr(settings)
 
 
@@ -187,7 +187,7 @@ def test_the_edge_flags_become_settings() -> None:
         *("--cors-origin", "http://localhost:3000", "--cors-origin", "http://localhost:5173"),
         *("--max-body-mb", "2", "--log-format", "json", "--host", "0.0.0.0"),
     )
-    settings = cli_serve.settings_from_args(args)
+    settings = serve_config.settings_from_args(args)
     assert settings.cors_origins == ("http://localhost:3000", "http://localhost:5173")
     assert settings.max_body_bytes == 2 * 1024 * 1024
     assert (settings.log_format, settings.host) == ("json", "0.0.0.0")
@@ -197,7 +197,7 @@ def test_serve_defaults_to_no_key_a_32_mib_body_cap_and_text_logs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("MODELHOST_API_KEY", raising=False)
-    settings = cli_serve.settings_from_args(parse())
+    settings = serve_config.settings_from_args(parse())
     assert (settings.api_key, settings.cors_origins) == (None, ())
     assert settings.max_body_bytes == 32 * 1024 * 1024
     assert (settings.log_format, settings.host) == ("text", "127.0.0.1")

@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scripted_engine import ScriptedEngine, scripted_model
 
-from modelhost.server.app import ServeSettings, build_app
+from modelhost.server.app import build_app
+from modelhost.server.settings import ServeSettings
 
 ANSWER_TIMEOUT_S = 15.0
 REFUSALS = {400, 404, 409, 413, 415, 422, 429}

@@ -17,8 +17,10 @@ from modelhost.residency.host import ResidencyHost
 from modelhost.residency.inprocess import InProcessUnit
 from modelhost.residency.registry import ModelEntry, ModelRegistry
 from modelhost.residency.router import ModelRouter
-from modelhost.server.app import ServeSettings, create_routed_app
+from modelhost.server.app import create_routed_app
 from modelhost.server.limits import BodyLimits, json_shape_problem
+from modelhost.server.settings import ServeSettings
+from modelhost.server.surfaces import SURFACES
 
 KiB = 1024
 
@@ -76,7 +78,7 @@ async def never_called(scope: Any, receive: Any, send: Any) -> None:
 
 async def test_a_declared_length_over_the_cap_is_refused_before_reading_a_byte() -> None:
     peer = Recorder(chunks=1, chunk_bytes=1)
-    limits = BodyLimits(never_called, max_body_bytes=1000)
+    limits = BodyLimits(never_called, SURFACES, max_body_bytes=1000)
     await limits(scope_for([(b"content-length", b"5000000")]), peer.receive, peer.send)
     assert peer.status == 413
     assert peer.received == 0
@@ -84,7 +86,7 @@ async def test_a_declared_length_over_the_cap_is_refused_before_reading_a_byte()
 
 async def test_a_chunked_body_is_refused_as_soon_as_it_passes_the_cap() -> None:
     peer = Recorder(chunks=1000, chunk_bytes=100)
-    limits = BodyLimits(never_called, max_body_bytes=1000)
+    limits = BodyLimits(never_called, SURFACES, max_body_bytes=1000)
     await limits(scope_for([]), peer.receive, peer.send)
     assert peer.status == 413
     assert peer.received == 11  # 1,100 bytes: one chunk past the cap, and no more

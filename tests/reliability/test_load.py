@@ -20,14 +20,16 @@ import pytest
 from live_server import LiveServer, open_tcp_fds
 from scripted_engine import ScriptedEngine, scripted_model
 
+from modelhost.cli_worker import worker_loader
 from modelhost.inference.stage import InferenceStage
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.inprocess import InProcessUnit
 from modelhost.residency.registry import ModelEntry, ModelRegistry, ServingShape
 from modelhost.residency.router import ModelRouter
 from modelhost.residency.supervisor import rss_bytes
-from modelhost.residency.worker_unit import WorkerUnit, worker_loader
-from modelhost.server.app import ServeSettings, create_routed_app
+from modelhost.residency.worker_unit import WorkerUnit
+from modelhost.server.app import create_routed_app
+from modelhost.server.settings import ServeSettings
 
 REQUESTS = 200
 CLIENTS = 32

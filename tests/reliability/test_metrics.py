@@ -17,7 +17,8 @@ from modelhost.residency.host import ResidencyHost
 from modelhost.residency.inprocess import InProcessUnit
 from modelhost.residency.registry import ModelEntry
 from modelhost.residency.router import ModelRouter
-from modelhost.server.app import ServeSettings, create_routed_app
+from modelhost.server.app import create_routed_app
+from modelhost.server.settings import ServeSettings
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

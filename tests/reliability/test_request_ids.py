@@ -8,15 +8,18 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from reliability_support import HELLO, AppFactory, ClientFactory
-from starlette.responses import JSONResponse
 
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.registry import ModelEntry
 from modelhost.residency.router import ModelRouter
-from modelhost.server.app import ServeSettings, create_routed_app
-from modelhost.server.metrics import JsonLogFormatter, use_json_logs
+from modelhost.residency.supervisor import WorkerProcess
+from modelhost.residency.worker_unit import WorkerUnit
+from modelhost.server.app import create_routed_app
+from modelhost.server.json_logs import JsonLogFormatter, use_json_logs
+from modelhost.server.settings import ServeSettings
 
 CHAT = "/v1/chat/completions"
 
@@ -162,28 +165,24 @@ def test_log_format_json_sets_the_json_formatter_on_the_root_handlers(
 async def test_a_request_proxied_to_a_worker_carries_the_same_id_to_it(
     tmp_path: Path, client_of: ClientFactory
 ) -> None:
-    seen: list[dict[bytes, bytes]] = []
+    seen: list[httpx.Headers] = []
 
-    class ProxyUnit:
-        resumed, model_id = False, "w"
+    async def worker_answers(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers)
+        headers = {"content-type": "application/json", "x-request-id": "the-workers-own"}
+        return httpx.Response(200, headers=headers, stream=httpx.ByteStream(b'{"ok":true}'))
 
-        def measured_bytes(self) -> int | None:
-            return 1
-
-        async def refresh(self) -> None:
-            return None
-
-        def broken(self) -> bool:
-            return False
-
-        async def close(self) -> bool:
+    class LiveWorker(WorkerProcess):
+        async def ensure_alive(self) -> bool:
             return True
 
-        async def proxy(self, scope: Any, body: bytes, receive: Any, send: Any, fmt: Any) -> None:
-            seen.append(dict(scope["headers"]))
-            await JSONResponse({"ok": True}, headers={"x-request-id": "the-workers-own"})(
-                scope, receive, send
-            )
+    class ProxyUnit(WorkerUnit):
+        def __init__(self) -> None:
+            super().__init__("w", 1, LiveWorker([]))
+
+        def client(self) -> httpx.AsyncClient:
+            transport = httpx.MockTransport(worker_answers)
+            return httpx.AsyncClient(transport=transport, base_url="http://worker")
 
     entry = ModelEntry("w", tmp_path / "w", "safetensors", "llama", 1, 1, 1)
 
@@ -203,5 +202,5 @@ async def test_a_request_proxied_to_a_worker_carries_the_same_id_to_it(
     response = await client_of(app).post(CHAT, json={**HELLO, "model": "w"})
     request_id = response.headers["x-request-id"]
     assert response.headers.get_list("x-request-id") == [request_id]
-    assert seen[0][b"x-request-id"] == request_id.encode()
+    assert seen[0]["x-request-id"] == request_id
     await host.close()

@@ -21,9 +21,10 @@ from modelhost.models.loader import load_model
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.inprocess import InProcessUnit, in_process_loader
 from modelhost.residency.registry import ModelEntry, ModelRegistry, ServingShape
-from modelhost.residency.router import ModelRouter, operation_for
+from modelhost.residency.router import ModelRouter
 from modelhost.residency.unit import ResidencyError
-from modelhost.server.app import ServeSettings, create_routed_app
+from modelhost.server.app import create_routed_app
+from modelhost.server.settings import ServeSettings
 
 ENGLISH = Path(__file__).resolve().parents[1] / "fixtures" / "audio" / "deliver-umbrellas.en.ogg"
 
@@ -46,13 +47,6 @@ def router_over(*entries: ModelEntry, current: str = "chat") -> ModelRouter:
 CHAT = entry("chat", "generate")
 ENCODER = entry("minilm", "embed")
 WHISPER = entry("whisper-base", "transcribe")
-
-
-def test_each_routed_path_needs_its_own_operation():
-    assert operation_for("/v1/chat/completions") == "generate"
-    assert operation_for("/v1/embeddings") == "embed"
-    assert operation_for("/v1/audio/transcriptions") == "transcribe"
-    assert operation_for("/v1/audio/translations") == "transcribe"
 
 
 def test_embeddings_that_name_no_local_model_go_to_the_first_local_encoder():

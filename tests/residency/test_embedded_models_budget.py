@@ -15,7 +15,8 @@ from modelhost.residency.host import ResidencyHost
 from modelhost.residency.inprocess import InProcessUnit, in_process_loader
 from modelhost.residency.registry import ModelRegistry, ServingShape
 from modelhost.residency.router import ModelRouter
-from modelhost.server.app import ServeSettings, create_routed_app
+from modelhost.server.app import create_routed_app
+from modelhost.server.settings import ServeSettings
 
 pytestmark = pytest.mark.slow
 SMOLLM2, GEMMA = "smollm2-135m-instruct", "gemma-3-270m"

@@ -18,11 +18,13 @@ import pytest
 from live_server import LiveServer
 from routed_world import FakeRegistry
 
+from modelhost.cli_worker import worker_loader
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.registry import ModelRegistry, ServingShape
 from modelhost.residency.router import ModelRouter
-from modelhost.residency.worker_unit import WorkerUnit, worker_loader
-from modelhost.server.app import ServeSettings, create_routed_app
+from modelhost.residency.worker_unit import WorkerUnit
+from modelhost.server.app import create_routed_app
+from modelhost.server.settings import ServeSettings
 
 pytestmark = pytest.mark.slow
 START_TIMEOUT_S = 25.0  # a tiny model's worker starts well within it, even on a busy machine

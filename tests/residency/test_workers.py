@@ -14,17 +14,23 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from live_server import LiveServer, open_tcp_fds
+from prometheus_client.parser import text_string_to_metric_families
 
 from modelhost.audio.whisper_files import WHISPER_BASE
+from modelhost.cli_worker import worker_loader
 from modelhost.models.embedded import EMBEDDING_MODEL
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.registry import ModelRegistry, ServingShape
 from modelhost.residency.router import ModelRouter
 from modelhost.residency.supervisor import MAX_RESTARTS
-from modelhost.residency.worker_unit import PID_HEADER, WorkerUnit, worker_loader
-from modelhost.server.app import ServeSettings, create_routed_app
+from modelhost.residency.worker_unit import WorkerUnit
+from modelhost.server.app import create_routed_app
+from modelhost.server.prometheus import WorkerSamples
+from modelhost.server.settings import ServeSettings
+from modelhost.server.worker_proxy import PID_HEADER
 
 pytestmark = pytest.mark.slow
 SHAPE = ServingShape(batch=2)
@@ -39,16 +45,18 @@ def served(models_dir, tmp_path, request) -> Iterator[dict[str, Any]]:
         [models_dir], home=tmp_path / "home", hf_hub=tmp_path / "hub", embedded=False, shape=SHAPE
     )
     settings = ServeSettings()
+    samples = WorkerSamples()  # as `modelhost serve` wires its workers
+    load = worker_loader(
+        settings, batch=2, start_timeout_s=WAIT_S, max_restarts=max_restarts, env=samples.env()
+    )
     host: ResidencyHost[WorkerUnit] = ResidencyHost(
-        budget_bytes=10**12,
-        source=registry.get,
-        load=worker_loader(settings, batch=2, start_timeout_s=WAIT_S, max_restarts=max_restarts),
-        hold_s=0.0,
+        budget_bytes=10**12, source=registry.get, load=load, hold_s=0.0
     )
     router = ModelRouter(host, registry, current="tiny-a")
     pids: list[int] = []
     world: dict[str, Any] = {"host": host, "pids": pids}
-    with LiveServer(create_routed_app(router, settings)) as server:
+    app = create_routed_app(router, settings, worker_samples=samples)
+    with LiveServer(app) as server:
         world["url"] = server.base_url
         with httpx.Client(base_url=server.base_url, timeout=WAIT_S) as client:
             world["client"] = client
@@ -288,6 +296,79 @@ def test_a_worker_out_of_restarts_is_evicted_and_respawned_on_the_next_request(s
     fresh = unit_of(served, "tiny-a")
     assert fresh is not first and fresh.worker.restarts == 0
     assert int(reply.headers[PID_HEADER]) == fresh.pid
+
+
+def scraped(client: httpx.Client, name: str, route: str = "/v1/chat/completions") -> float:
+    """The value of sample `name` for `route` in a scrape of the front's /metrics."""
+    text = client.get("/metrics").text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels.get("route") == route:
+                return float(sample.value)
+    return 0.0
+
+
+def test_a_scrape_of_the_front_sees_the_requests_every_worker_served(served):
+    client = served["client"]
+    generated = 0
+    for model in ("tiny-a", "tiny-b"):  # two worker processes
+        reply = chat(client, model, ignore_eos=True)
+        assert reply.status_code == 200, reply.text
+        generated += reply.json()["usage"]["completion_tokens"]
+    body = {"model": "tiny-b", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    with client.stream("POST", "/v1/chat/completions", json={**body, "max_tokens": 4}) as stream:
+        assert stream.status_code == 200
+        frames = [json.loads(line[6:]) for line in stream.iter_lines() if line[6:7] == "{"]
+    generated += frames[-1]["usage"]["completion_tokens"]
+    assert scraped(client, "modelhost_time_to_first_token_seconds_count") == 3
+    assert scraped(client, "modelhost_e2e_request_latency_seconds_count") == 3
+    assert scraped(client, "modelhost_inter_token_latency_seconds_count") >= 2
+    assert scraped(client, "modelhost_generation_tokens_total") == generated
+
+
+def test_a_workers_requests_still_count_after_it_was_killed_and_respawned(served):
+    client = served["client"]
+    assert chat(client, "tiny-a").status_code == 200
+    first_pid = unit_of(served, "tiny-a").pid
+    assert first_pid is not None
+    os.kill(first_pid, signal.SIGKILL)
+    wait_gone(first_pid)
+    assert chat(client, "tiny-a").status_code == 200  # served by its respawned worker
+    assert unit_of(served, "tiny-a").pid != first_pid
+    assert scraped(client, "modelhost_time_to_first_token_seconds_count") == 2
+
+
+def sdk(world: dict[str, Any]) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{world['url']}/v1", api_key="-", max_retries=0, timeout=WAIT_S)
+
+
+def test_a_responses_chain_survives_its_worker_being_evicted_between_turns(served):
+    turn: dict[str, Any] = {"model": "tiny-a", "max_output_tokens": 4}
+    with sdk(served) as client:
+        first = client.responses.create(**turn, input="Name a colour.")
+        unload = served["client"].post("/api/models/tiny-a/unload")
+        assert unload.status_code == 200 and served["host"].peek("tiny-a") is None
+        second = client.responses.create(**turn, input="Another?", previous_response_id=first.id)
+        alone = client.responses.create(**turn, input="Another?", store=False)
+        assert client.responses.retrieve(first.id).output_text == first.output_text
+    assert second.previous_response_id == first.id
+    assert second.usage is not None and alone.usage is not None
+    assert second.usage.input_tokens > alone.usage.input_tokens  # the first turn was in it
+
+
+def test_a_streamed_responses_turn_chains_on_after_its_worker_was_killed(served):
+    turn: dict[str, Any] = {"model": "tiny-a", "max_output_tokens": 4}
+    with sdk(served) as client:
+        with client.responses.create(**turn, input="Name a colour.", stream=True) as events:
+            completed = [e for e in events if e.type == "response.completed"]
+        first_id = completed[0].response.id
+        pid = unit_of(served, "tiny-a").pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        wait_gone(pid)
+        second = client.responses.create(**turn, input="Another?", previous_response_id=first_id)
+    assert second.previous_response_id == first_id
+    assert unit_of(served, "tiny-a").pid != pid  # a respawned worker answered
 
 
 def test_companion_models_run_in_worker_processes_too(models_dir, tmp_path):

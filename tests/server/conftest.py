@@ -8,22 +8,23 @@ from typing import Any
 
 import httpx
 import pytest
-from fastapi import FastAPI
 from live_server import LiveServer
 from scripted_engine import ScriptedEngine, scripted_model
+from starlette.applications import Starlette
 
 from modelhost.models.loaded import LoadedModel
-from modelhost.server.app import ServeSettings, build_app
+from modelhost.server.app import build_app
+from modelhost.server.settings import ServeSettings
 
-AppFactory = Callable[..., FastAPI]
-ClientFactory = Callable[[FastAPI], httpx.AsyncClient]
+AppFactory = Callable[..., Starlette]
+ClientFactory = Callable[[Starlette], httpx.AsyncClient]
 
 
 def _make_app(
     engine: ScriptedEngine | None = None,
     model: LoadedModel | None = None,
     **settings: Any,
-) -> FastAPI:
+) -> Starlette:
     settings.setdefault("heartbeat_s", 15.0)
     return build_app(
         engine or ScriptedEngine(), model or scripted_model(), ServeSettings(**settings)
@@ -41,7 +42,7 @@ async def client_of() -> AsyncIterator[ClientFactory]:
     """`client_of(app)`: an httpx client calling `app` in-process, closed after the test."""
     clients: list[httpx.AsyncClient] = []
 
-    def open_client(app: FastAPI) -> httpx.AsyncClient:
+    def open_client(app: Starlette) -> httpx.AsyncClient:
         transport = httpx.ASGITransport(app=app)
         clients.append(httpx.AsyncClient(transport=transport, base_url="http://testserver"))
         return clients[-1]
@@ -57,12 +58,12 @@ def engine() -> ScriptedEngine:
 
 
 @pytest.fixture
-def app(engine: ScriptedEngine) -> FastAPI:
+def app(engine: ScriptedEngine) -> Starlette:
     return _make_app(engine)
 
 
 @pytest.fixture
-def client(app: FastAPI, client_of: ClientFactory) -> httpx.AsyncClient:
+def client(app: Starlette, client_of: ClientFactory) -> httpx.AsyncClient:
     return client_of(app)
 
 
@@ -71,7 +72,7 @@ def live_server() -> Iterator[Callable[..., LiveServer]]:
     """`live_server(app, shutdown_timeout_s=5.0)`: a started LiveServer, stopped after the test."""
     servers: list[LiveServer] = []
 
-    def start(app: FastAPI, *, shutdown_timeout_s: float = 5.0) -> LiveServer:
+    def start(app: Starlette, *, shutdown_timeout_s: float = 5.0) -> LiveServer:
         server = LiveServer(app, shutdown_timeout_s=shutdown_timeout_s).start()
         servers.append(server)
         return server
@@ -86,7 +87,7 @@ def module_live_server() -> Iterator[Callable[..., LiveServer]]:
     """As `live_server`, for servers shared by a module's tests (a real model loads once)."""
     servers: list[LiveServer] = []
 
-    def start(app: FastAPI, *, shutdown_timeout_s: float = 5.0) -> LiveServer:
+    def start(app: Starlette, *, shutdown_timeout_s: float = 5.0) -> LiveServer:
         server = LiveServer(app, shutdown_timeout_s=shutdown_timeout_s).start()
         servers.append(server)
         return server

@@ -10,11 +10,11 @@ from typing import Any
 
 import httpx
 import pytest
-from fastapi import FastAPI
 from scripted_engine import ScriptedEngine, scripted_model
+from starlette.applications import Starlette
 
-AppFactory = Callable[..., FastAPI]
-ClientFactory = Callable[[FastAPI], httpx.AsyncClient]
+AppFactory = Callable[..., Starlette]
+ClientFactory = Callable[[Starlette], httpx.AsyncClient]
 HELLO: dict[str, Any] = {
     "model": "scripted-model",
     "max_tokens": 64,

@@ -9,7 +9,7 @@ import sys
 import pytest
 from scripted_engine import scripted_model
 
-from modelhost import cli_serve, cli_serve_args
+from modelhost import cli_serve, cli_serve_args, serve_config
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -38,7 +38,7 @@ def test_serve_flags_become_the_servers_settings() -> None:
         *("--top-p", "0.9", "--top-k", "5", "--context-length", "512", "--heartbeat", "3"),
         *("--prompt-threads", "3"),
     )
-    settings = cli_serve.settings_from_args(args)
+    settings = serve_config.settings_from_args(args)
     assert args.models == ["my-model"]
     assert settings.memory_budget_gb == 1.5
     assert settings.context_length == 512
@@ -54,8 +54,10 @@ def test_serve_flags_become_the_servers_settings() -> None:
 
 
 def test_the_body_cap_is_32_mib_unless_max_body_mb_says_otherwise() -> None:
-    assert cli_serve.settings_from_args(parse()).max_body_bytes == 32 * 1024 * 1024
-    assert cli_serve.settings_from_args(parse("--max-body-mb", "0.5")).max_body_bytes == 512 * 1024
+    assert serve_config.settings_from_args(parse()).max_body_bytes == 32 * 1024 * 1024
+    assert (
+        serve_config.settings_from_args(parse("--max-body-mb", "0.5")).max_body_bytes == 512 * 1024
+    )
 
 
 def test_the_command_line_parses_without_importing_pytorch_or_the_server() -> None:
@@ -66,7 +68,7 @@ from modelhost.cli import main
 for command in ("bench", "jobs"):
     with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):
         main([command, "--help"])
-print(sorted(m for m in ("torch", "fastapi", "modelhost.cli_serve") if m in sys.modules))
+print(sorted(m for m in ("torch", "starlette", "modelhost.cli_serve") if m in sys.modules))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

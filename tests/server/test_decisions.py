@@ -13,7 +13,8 @@ from scripted_engine import ScriptedEngine, scripted_model
 
 from modelhost.engine.engine import Engine, EngineConfig
 from modelhost.models.loaded import LoadedModel
-from modelhost.server.app import ServeSettings, build_app
+from modelhost.server.app import build_app
+from modelhost.server.settings import ServeSettings
 
 TICKET = "Customer: my card was charged twice for the same order and I want a refund now!"
 OPENAI_QUESTIONS: list[dict[str, Any]] = [

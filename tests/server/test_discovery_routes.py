@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import httpx
-from fastapi import FastAPI
 from scripted_engine import ScriptedEngine, scripted_model
+from starlette.applications import Starlette
 
-AppFactory = Callable[..., FastAPI]
-ClientFactory = Callable[[FastAPI], httpx.AsyncClient]
+AppFactory = Callable[..., Starlette]
+ClientFactory = Callable[[Starlette], httpx.AsyncClient]
 
 
 async def test_models_lists_the_served_model_with_capabilities_and_gen_defaults(

@@ -11,13 +11,13 @@ from typing import Any
 
 import httpx
 import pytest
-from fastapi import FastAPI
 from scripted_engine import ScriptedEngine, ScriptedStream
+from starlette.applications import Starlette
 
 from modelhost.engine.sampling_params import SamplingParams
 
-AppFactory = Callable[..., FastAPI]
-ClientFactory = Callable[[FastAPI], httpx.AsyncClient]
+AppFactory = Callable[..., Starlette]
+ClientFactory = Callable[[Starlette], httpx.AsyncClient]
 HELLO = {"messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -35,7 +35,7 @@ async def eventually(condition: Callable[[], bool], timeout_s: float = 2.0) -> b
 
 
 async def call_and_leave(
-    app: FastAPI, body: dict[str, Any], *, leave: Callable[[list[dict[str, Any]]], bool]
+    app: Starlette, body: dict[str, Any], *, leave: Callable[[list[dict[str, Any]]], bool]
 ) -> list[dict[str, Any]]:
     """Drive `app` as an ASGI server would, disconnecting once `leave(sent)` is true."""
     sent: list[dict[str, Any]] = []

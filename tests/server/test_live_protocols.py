@@ -9,10 +9,10 @@ from typing import Any
 import anthropic
 import openai
 import pytest
-from fastapi import FastAPI
 from scripted_engine import ScriptedEngine
+from starlette.applications import Starlette
 
-AppFactory = Callable[..., FastAPI]
+AppFactory = Callable[..., Starlette]
 HELLO: list[Any] = [{"role": "user", "content": "hi"}]
 
 

@@ -12,10 +12,10 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from fastapi import FastAPI
 from scripted_engine import ScriptedEngine
+from starlette.applications import Starlette
 
-AppFactory = Callable[..., FastAPI]
+AppFactory = Callable[..., Starlette]
 HELLO = [{"role": "user", "content": "hi"}]
 
 
@@ -133,3 +133,42 @@ def test_shutdown_ends_a_stream_that_outlives_the_grace_period_with_a_closing_er
     assert engine.closed
     assert json.loads(rest[-1].removeprefix("data: "))["error"]["code"] == "closed"
     assert "data: [DONE]" not in rest
+
+
+def test_a_chat_message_without_content_is_a_400_naming_it_as_openai_does(
+    make_app: AppFactory, live_server: Any
+) -> None:
+    server = live_server(make_app())
+    messages: Any = [{"role": "system", "content": "Be brief."}, {"role": "user"}]
+    with sdk(server.base_url) as client, pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="scripted-model", messages=messages)
+    assert refused.value.status_code == 400
+    assert refused.value.param == "messages[1].content"
+    assert refused.value.code == "missing_required_parameter"
+    assert refused.value.message.endswith("Missing required parameter: 'messages[1].content'.")
+
+
+def test_a_chat_message_whose_content_is_null_is_a_400_naming_it_as_openai_does(
+    make_app: AppFactory, live_server: Any
+) -> None:
+    server = live_server(make_app())
+    messages: Any = [{"role": "user", "content": None}]
+    with sdk(server.base_url) as client, pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="scripted-model", messages=messages)
+    assert refused.value.param == "messages[0].content"
+    assert refused.value.code == "invalid_type"
+
+
+def test_an_assistant_turn_of_only_tool_calls_needs_no_content(
+    make_app: AppFactory, live_server: Any
+) -> None:
+    server = live_server(make_app())
+    call = {"id": "call_1", "type": "function", "function": {"name": "now", "arguments": "{}"}}
+    messages: Any = [
+        {"role": "user", "content": "What time is it?"},
+        {"role": "assistant", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "noon"},
+    ]
+    with sdk(server.base_url) as client:
+        answer = client.chat.completions.create(model="scripted-model", messages=messages)
+    assert answer.choices[0].message.content == "Hello, world!"

@@ -9,10 +9,10 @@ from typing import Any
 
 import anthropic
 import openai
-from fastapi import FastAPI
 from scripted_engine import ScriptedEngine, scripted_model
+from starlette.applications import Starlette
 
-AppFactory = Callable[..., FastAPI]
+AppFactory = Callable[..., Starlette]
 SCRIPT = (
     "<think>", "Use the tool.", "</think>", "<tool_call>",
     '{"name": "get_weather", "arguments": {"city": "Paris"}}', "</tool_call>",

@@ -8,13 +8,13 @@ from typing import Any
 
 import httpx
 import pytest
-from fastapi import FastAPI
 from scripted_engine import ScriptedEngine, scripted_model
+from starlette.applications import Starlette
 
 from modelhost.engine.sampling_params import SamplingParams
 
-AppFactory = Callable[..., FastAPI]
-ClientFactory = Callable[[FastAPI], httpx.AsyncClient]
+AppFactory = Callable[..., Starlette]
+ClientFactory = Callable[[Starlette], httpx.AsyncClient]
 HELLO = {"messages": [{"role": "user", "content": "hi"}]}
 
 

@@ -1,6 +1,10 @@
-"""ResponseStore: expiry after its TTL, least-recently-used eviction under its byte cap."""
+"""ResponseStore: expiry after its TTL, least-recently-used eviction under its byte cap, and
+what the front does with a worker's answers (take, wait for an expected one)."""
 
 from __future__ import annotations
+
+import asyncio
+import json
 
 from modelhost.server.response_store import ResponseStore, StoredResponse
 
@@ -68,3 +72,29 @@ def test_store_counts_a_replaced_entry_once() -> None:
     assert store.stats().entries == 1
     assert store.stats().num_bytes == entry("a much longer answer").num_bytes
     store.check_invariants()
+
+
+def test_a_taken_entry_leaves_the_store() -> None:
+    store = ResponseStore()
+    store.put("a", entry())
+    assert store.take("a") == entry()
+    assert store.get("a") is None and store.stats().num_bytes == 0
+
+
+def test_an_entry_crosses_processes_as_json_unchanged() -> None:
+    assert StoredResponse.from_json(json.loads(json.dumps(entry().to_json()))) == entry()
+
+
+async def test_a_lookup_of_an_expected_response_waits_until_it_is_settled() -> None:
+    store = ResponseStore()
+    store.expect("a")
+    lookup = asyncio.create_task(store.get_settled("a"))
+    await asyncio.sleep(0.01)
+    assert not lookup.done()
+    store.put("a", entry())
+    store.settle("a")
+    assert await lookup == entry()
+
+
+async def test_a_lookup_of_a_response_not_expected_answers_at_once() -> None:
+    assert await ResponseStore().get_settled("a", timeout_s=60) is None

@@ -1,6 +1,6 @@
 """End to end: the official `openai` SDK and raw httpx against a real server over SmolLM2.
 
-The servers are what `modelhost serve` builds (`build_serving` + the runner's uvicorn server)
+The servers are what `modelhost serve` builds (`build_serving` + `server/http_server`'s uvicorn)
 on a free loopback port, over the suite's shared `smollm2` model: one roomy server for the
 protocol tests, and one tight server (`--batch 1 --max-queue 1`, a small `--memory-budget`, a
 short heartbeat) for admission, queueing and heartbeats.
@@ -21,7 +21,7 @@ import pytest
 from modelhost.cli_serve import build_serving
 from modelhost.inference.admission import BYTES_PER_GB, working_bytes
 from modelhost.models.loaded import LoadedModel
-from modelhost.server.app import ServeSettings
+from modelhost.server.settings import ServeSettings
 
 pytestmark = pytest.mark.slow
 
@@ -159,6 +159,43 @@ def test_sdk_text_completion_json_and_stream_agree(client: openai.OpenAI) -> Non
     assert len(whole.choices[0].logprobs.tokens or []) == 6
     streamed = list(client.completions.create(**kwargs, temperature=0, stream=True))
     assert "".join(c.choices[0].text for c in streamed if c.choices) == whole.choices[0].text
+
+
+def test_sdk_token_array_prompt_is_answered_as_the_text_it_encodes(
+    client: openai.OpenAI, smollm2: LoadedModel
+) -> None:
+    ids = smollm2.tokenizer.encode("The sky is", add_special_tokens=True)
+    kwargs: dict[str, Any] = {"model": "m", "max_tokens": 6, "temperature": 0}
+    as_text = client.completions.create(**kwargs, prompt="The sky is")
+    as_ids = client.completions.create(**kwargs, prompt=ids)
+    as_batch_of_one = client.completions.create(**kwargs, prompt=[ids])
+    assert as_ids.choices[0].text == as_batch_of_one.choices[0].text == as_text.choices[0].text
+    assert as_ids.usage is not None and as_ids.usage.prompt_tokens == len(ids)
+
+
+def test_sdk_token_array_prompt_echoes_its_decoded_text(
+    client: openai.OpenAI, smollm2: LoadedModel
+) -> None:
+    ids = smollm2.tokenizer.encode("The sky is", add_special_tokens=False)
+    echoed = client.completions.create(model="m", prompt=ids, max_tokens=2, echo=True)
+    assert echoed.choices[0].text.startswith("The sky is")
+
+
+def test_sdk_token_id_outside_the_vocabulary_is_a_400_naming_it(
+    client: openai.OpenAI, smollm2: LoadedModel
+) -> None:
+    outside = smollm2.config.vocab_size
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model="m", prompt=[[464, 2068, outside]], max_tokens=2)
+    assert refused.value.param == "prompt"
+    assert f"prompt[0][2] is {outside}, not a token id of this model" in refused.value.message
+
+
+def test_sdk_sees_a_501_for_several_prompts_in_one_request(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.APIStatusError) as refused:
+        client.completions.create(model="m", prompt=[[464, 2068], [464, 2069]], max_tokens=2)
+    assert refused.value.status_code == 501
+    assert "multi-prompt-batch-unsupported" in refused.value.message
 
 
 def test_sdk_models_list_and_retrieve_name_the_served_model(client: openai.OpenAI) -> None:

@@ -20,7 +20,7 @@ import pytest
 
 from modelhost.cli_serve import build_serving
 from modelhost.models.loaded import LoadedModel
-from modelhost.server.app import ServeSettings
+from modelhost.server.settings import ServeSettings
 
 pytestmark = pytest.mark.slow
 

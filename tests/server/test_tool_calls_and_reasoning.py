@@ -9,11 +9,11 @@ from typing import Any
 
 import httpx
 import pytest
-from fastapi import FastAPI
 from scripted_engine import ScriptedEngine, scripted_model
+from starlette.applications import Starlette
 
-AppFactory = Callable[..., FastAPI]
-ClientFactory = Callable[[FastAPI], httpx.AsyncClient]
+AppFactory = Callable[..., Starlette]
+ClientFactory = Callable[[Starlette], httpx.AsyncClient]
 
 # The markup arrives split across tokens, as a real tokenizer would split it.
 CALL_SCRIPT = (
@@ -41,7 +41,7 @@ ANTHROPIC_WEATHER = {
 USER = [{"role": "user", "content": "Weather in Paris?"}]
 
 
-def qwen_app(make_app: AppFactory, script: tuple[str, ...]) -> tuple[FastAPI, ScriptedEngine]:
+def qwen_app(make_app: AppFactory, script: tuple[str, ...]) -> tuple[Starlette, ScriptedEngine]:
     engine = ScriptedEngine(script)
     return make_app(engine, scripted_model(family="qwen3")), engine
 

@@ -4,7 +4,7 @@
 samples, `stage` runs the model one request at a time, `formats` writes the response formats.
 """
 
-from modelhost.audio.stage import TranscriptionStage, load_transcriber
+from modelhost.audio.transcriber import TranscriptionStage, load_transcriber
 from modelhost.audio.whisper_files import WHISPER_BASE, is_whisper_dir, whisper_base_dir
 
 __all__ = [

@@ -69,7 +69,7 @@ def _decode(data: bytes) -> np.ndarray:
     return np.concatenate(chunks).astype(np.float32, copy=False)
 
 
-def _valid_frames(frames):  # type: ignore[no-untyped-def]
+def _valid_frames(frames):
     """The frames that decode; a corrupt packet in the middle of a file is skipped."""
     iterator = iter(frames)
     while True:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from modelhost.engine.grammar import GrammarState, apply_masks
+from modelhost.engine.grammar_masks import GrammarState, apply_masks
 from modelhost.engine.sampling_params import SamplingParams
 from modelhost.models import native
 
@@ -224,13 +224,17 @@ def _draw(logits: torch.Tensor, rows: Sequence[RowSamplingState]) -> torch.Tenso
     )
     kernels = native.kernels()
     native_draw = kernels is not None and native.readable(logits)
-    if native_draw and not any(_filters(row.params, logits.shape[1]) for row in rows):
+    if (
+        kernels is not None
+        and native_draw
+        and not any(_filters(row.params, logits.shape[1]) for row in rows)
+    ):
         # The same draw in one native pass per row (~10x faster on a 262,144-token vocabulary),
         # the temperature applied inside it: one pass over the logits fewer.
         return kernels.choose_tokens(logits, uniforms, temperatures.view(-1))
     logits.div_(temperatures)
     _filter(logits, rows)
-    if native_draw:
+    if kernels is not None and native_draw:
         return kernels.choose_tokens(logits, uniforms)
     cdf = torch.softmax(logits, dim=-1).cumsum_(dim=-1)
     total = cdf[:, -1]

@@ -22,17 +22,17 @@ from modelhost.engine.sequence import Sequence, SequenceStatus
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    max_num_seqs: int = 8  # running rows
+    batch: int = 8  # running rows
     max_queue: int = 64  # waiting rows beyond the free running slots
     max_num_batched_tokens: int = 512  # tokens per step, prefill chunks and decodes together
 
     def __post_init__(self) -> None:
-        if self.max_num_seqs < 1:
-            raise ValueError("max_num_seqs must be >= 1")
+        if self.batch < 1:
+            raise ValueError("batch must be >= 1")
         if self.max_queue < 0:
             raise ValueError("max_queue must be >= 0")
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
+        if self.max_num_batched_tokens < self.batch:
+            raise ValueError("max_num_batched_tokens must be >= batch")
 
 
 @dataclass(slots=True)
@@ -83,7 +83,7 @@ class Scheduler:
 
     def has_room(self, num_pending_outside: int = 0) -> bool:
         """Whether one more request may queue; free running slots count as capacity."""
-        free_slots = max(0, self.config.max_num_seqs - len(self.running))
+        free_slots = max(0, self.config.batch - len(self.running))
         return len(self.waiting) + num_pending_outside < self.config.max_queue + free_slots
 
     def fits(self, num_tokens: int) -> bool:
@@ -148,7 +148,7 @@ class Scheduler:
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
         bm = self.block_manager
-        while self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
+        while self.waiting and len(self.running) < self.config.batch and budget > 0:
             seq = self.waiting[0]
             if not bm.fits(seq.num_tokens - 1):  # grown past the pool while preempted
                 self._finish(seq, "length")

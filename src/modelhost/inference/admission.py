@@ -154,6 +154,8 @@ def placement_reasons(request: InferenceRequest) -> list[str]:
         reasons.append("adapter-batch-unsupported")
     if request.num_choices > 1:
         reasons.append("multi-choice-batch-unsupported")
+    if request.num_prompts > 1:
+        reasons.append("multi-prompt-batch-unsupported")
     return reasons
 
 

@@ -1,9 +1,10 @@
 """The protocol-neutral hand-offs between the HTTP surfaces and the inference stage.
 
-Every completion surface (OpenAI chat, OpenAI text, later Anthropic and Responses) turns its wire
+Every completion surface (OpenAI chat and text, Anthropic Messages, Responses) turns its wire
 request into an `InferenceRequest`, and reads back either one `InferenceResult` or a stream of
-`CompletionEvent`s. Refusals are `RequestError`s carrying their HTTP status and a neutral error
-body that each surface reshapes into its own error format.
+`CompletionEvent`s (their logprobs and usage are the engine's own types). Refusals are
+`RequestError`s carrying their HTTP status and a neutral error body that each surface reshapes
+into its own error format.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from modelhost.engine.events import TokenLogprob, Usage
 from modelhost.text.tool_calls import ToolCall
 
 FinishReason = Literal["stop", "length", "tool_calls"]
-Lane = Literal["batched"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -38,7 +39,16 @@ class TextPrompt:
     text: str
 
 
-Prompt = ChatPrompt | TextPrompt
+@dataclass(frozen=True, slots=True)
+class TokenPrompt:
+    """Token ids the client tokenized itself, prefilled as they are; `field` names where the
+    request wrote them, for the 400 that refuses an id outside the model's vocabulary."""
+
+    token_ids: tuple[int, ...]
+    field: str = "prompt"
+
+
+Prompt = ChatPrompt | TextPrompt | TokenPrompt
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +96,7 @@ class InferenceRequest:
     thinking: bool | None = None  # None: the template decides
     # Request shapes the stage may refuse to place (501), decided before any stream opens.
     num_choices: int = 1
+    num_prompts: int = 1
     adapter: str | None = None
     has_media: bool = False
     media: frozenset[str] = frozenset()  # kinds of media parts: image, audio, video, file
@@ -100,33 +111,6 @@ class InferenceRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class TopLogprob:
-    token_id: int
-    token: str
-    logprob: float
-
-
-@dataclass(frozen=True, slots=True)
-class TokenLogprob:
-    token_id: int
-    token: str
-    logprob: float
-    top: tuple[TopLogprob, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class CompletionUsage:
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int = 0
-    lane: Lane = "batched"
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
-
-
-@dataclass(frozen=True, slots=True)
 class CompletionEvent:
     """Text safe to show (stop strings already cut), in order. The last event of a stream is
     terminal: it has `finish_reason` and `usage` set (and may still carry text)."""
@@ -135,7 +119,7 @@ class CompletionEvent:
     num_tokens: int = 0
     logprobs: tuple[TokenLogprob, ...] = ()
     finish_reason: FinishReason | None = None
-    usage: CompletionUsage | None = None
+    usage: Usage | None = None
     stop_sequence: str | None = None  # the request's stop string that ended it, if one did
     reasoning: str = ""  # thinking text, split from `text` by the family's markers
     tool_calls: tuple[ToolCall, ...] = ()  # parsed calls; only on the terminal event
@@ -152,7 +136,7 @@ class InferenceResult:
     request_id: str
     text: str
     finish_reason: FinishReason
-    usage: CompletionUsage
+    usage: Usage
     logprobs: tuple[TokenLogprob, ...] | None  # None when the request did not ask for them
     stop_sequence: str | None = None  # the request's stop string that ended it, if one did
     reasoning: str = ""
@@ -233,8 +217,8 @@ class RequestError(Exception):
 class InvalidRequest(RequestError):
     """A 400 for a malformed or out-of-range field; `param` names the field."""
 
-    def __init__(self, message: str, param: str | None = None) -> None:
-        body = {"message": message, "type": "invalid_request_error", "code": None, "param": param}
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
+        body = {"message": message, "type": "invalid_request_error", "code": code, "param": param}
         super().__init__(400, message, body)
         self.param = param
 

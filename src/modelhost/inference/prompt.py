@@ -5,7 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from modelhost.inference.contracts import ChatPrompt, InferenceRequest, InvalidRequest
+from modelhost.inference.contracts import (
+    InferenceRequest,
+    InvalidRequest,
+    TextPrompt,
+    TokenPrompt,
+)
 from modelhost.models.loaded import LoadedModel
 from modelhost.text.tokenizer import ChatTemplateError
 from modelhost.text.tool_calls import TOOL_CODE
@@ -18,11 +23,13 @@ def prompt_ids_for(
     """The ids to prefill; `instruction` (structured output not enforced) joins the system text."""
     tokenizer = model.tokenizer
     prompt = request.prompt
-    if not isinstance(prompt, ChatPrompt):
+    if isinstance(prompt, TokenPrompt):
+        return checked_token_ids(model, prompt)
+    if isinstance(prompt, TextPrompt):
         return tokenizer.encode(prompt.text, add_special_tokens=True)
     if not tokenizer.has_chat_template:
         raise InvalidRequest("prompt build failed: this model has no chat template")
-    messages = _with_instruction(prompt.messages, instruction)
+    messages: Sequence[Mapping[str, Any]] = _with_instruction(prompt.messages, instruction)
     tools = prompt.tools
     if model.family.tool_call_markers == TOOL_CODE and _uses_tools(messages, tools):
         messages, tools = tool_code_messages(messages, tools), None  # declared in the text
@@ -33,6 +40,19 @@ def prompt_ids_for(
         return tokenizer.encode_chat(messages, add_generation_prompt=True, tools=tools, **kwargs)
     except (ChatTemplateError, TypeError, ValueError, KeyError) as exc:
         raise InvalidRequest(f"prompt build failed: {exc}") from exc
+
+
+def checked_token_ids(model: LoadedModel, prompt: TokenPrompt) -> list[int]:
+    """The prompt's ids; a 400 naming the first one the model has no token for."""
+    vocabulary = min(model.config.vocab_size, model.tokenizer.vocab_size)
+    for index, token_id in enumerate(prompt.token_ids):
+        if not 0 <= token_id < vocabulary:
+            message = (
+                f"{prompt.field}[{index}] is {token_id}, not a token id of this model "
+                f"(its vocabulary is 0 to {vocabulary - 1})"
+            )
+            raise InvalidRequest(message, param="prompt")
+    return list(prompt.token_ids)
 
 
 def _with_instruction(

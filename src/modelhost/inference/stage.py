@@ -26,15 +26,14 @@ from modelhost.engine.events import (
     PromptTooLong,
     QueueFull,
 )
-from modelhost.engine.events import TokenLogprob as EngineLogprob
 from modelhost.inference.admission import AdmissionPolicy, check_placement
+from modelhost.inference.channels import OutputChannels
 from modelhost.inference.contracts import (
     SERVER_SHUTTING_DOWN,
     AdmissionLimits,
     BatchStats,
     ChatPrompt,
     CompletionEvent,
-    CompletionUsage,
     ContextOverBudget,
     EngineUnavailable,
     FinishReason,
@@ -47,12 +46,11 @@ from modelhost.inference.contracts import (
     QueueFullError,
     StageStats,
     TokenLogprob,
-    TopLogprob,
+    Usage,
 )
 from modelhost.inference.defaults import ServingDefaults, resolve_sampling
-from modelhost.inference.grammar import GrammarInvalid, GrammarUnavailable, ModelGrammars
+from modelhost.inference.grammar_compile import GrammarInvalid, GrammarUnavailable, ModelGrammars
 from modelhost.inference.media import check_media
-from modelhost.inference.output import OutputChannels
 from modelhost.inference.prompt import prompt_ids_for
 from modelhost.models.loaded import LoadedModel
 
@@ -401,8 +399,8 @@ class AdmittedRequest:
             self.completion_tokens += len(event.token_ids)
             if self.first_token_at is None:
                 self.first_token_at = self._clock()
-        logprobs = tuple(map(_logprob, event.logprobs or ()))
-        prompt_logprobs = tuple(map(_logprob, event.prompt_logprobs or ()))
+        logprobs = tuple(event.logprobs or ())
+        prompt_logprobs = tuple(event.prompt_logprobs or ())
         if event.finish_reason is None:
             if not event.text and not event.token_ids and not logprobs:
                 return None
@@ -427,14 +425,9 @@ class AdmittedRequest:
             prompt_logprobs=prompt_logprobs,
             finish_reason=finish,
             stop_sequence=event.stop_string,
-            usage=CompletionUsage(
+            usage=Usage(
                 prompt_tokens=usage.prompt_tokens if usage else self.prompt_tokens,
                 completion_tokens=self.completion_tokens,
                 cached_tokens=self.cached_tokens,
             ),
         )
-
-
-def _logprob(lp: EngineLogprob) -> TokenLogprob:
-    top = tuple(TopLogprob(t.token_id, t.token, t.logprob) for t in lp.top)
-    return TokenLogprob(lp.token_id, lp.token, lp.logprob, top)

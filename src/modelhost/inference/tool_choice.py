@@ -19,8 +19,7 @@ def forced_call(
     tools: Sequence[Mapping[str, Any]], name: str | None, *, param: str = "tool_choice"
 ) -> tuple[GrammarSpec, str]:
     """(grammar, prompt instruction) forcing one call to `name`, or to any of `tools`."""
-    functions = [_function(tool) for tool in tools]
-    functions = [function for function in functions if function is not None]
+    functions = [function for tool in tools if (function := _function(tool)) is not None]
     if name is not None:
         functions = [function for function in functions if function["name"] == name]
         if not functions:

@@ -8,14 +8,14 @@ returned dict becomes the `done` event's extra fields (`summary`, `output_dir`, 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from modelhost.jobs.config import InvalidJob
 
 Emit = Callable[[dict[str, Any]], None]
-Runner = Callable[[dict[str, Any], "JobContext", Emit], Awaitable[dict[str, Any]]]
+Runner = Callable[[dict[str, Any], "JobContext", Emit], Coroutine[Any, Any, dict[str, Any]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +36,7 @@ class JobKind:
 
     def runner(self) -> Runner:
         module, _, function = self.run.partition(":")
-        return getattr(importlib.import_module(module), function)  # type: ignore[no-any-return]
+        return getattr(importlib.import_module(module), function)
 
 
 def _validator(path: str) -> Callable[[Mapping[str, Any]], dict[str, Any]]:

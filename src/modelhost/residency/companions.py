@@ -33,7 +33,7 @@ def open_companion(path: Path, model_id: str, operations: Sequence[str]) -> Any:
 
         return EncoderStage(load_bert(Path(path), model_id))
     if "transcribe" in operations:
-        from modelhost.audio.stage import load_transcriber
+        from modelhost.audio.transcriber import load_transcriber
 
         return load_transcriber(Path(path), model_id)
     raise ValueError(f"{model_id}: no companion serves {', '.join(operations)}")

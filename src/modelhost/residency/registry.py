@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from modelhost.inference.admission import working_bytes
+from modelhost.models import packed
 from modelhost.models.config import ModelConfig
 from modelhost.models.embedded import EMBEDDED, EMBEDDED_ENCODERS
-from modelhost.models import packed
 from modelhost.models.load_safetensors import config_from_hf, read_json
 from modelhost.models.quant import held_bytes, unsupported_tensor
 from modelhost.paths import modelhost_home

@@ -2,18 +2,17 @@
 
 An exact local id (one the registry lists) leases that model, loading it when it is not
 resident; anything else (no `model`, an alias such as `gpt-4`, a non-string) is answered by the
-current model. Naming a model never changes the current one. Companion paths need a companion:
-`/v1/embeddings` goes to the named encoder, else the current model when it embeds, else the first
-local encoder; `/v1/audio/*` to the named transcriber, else the first local one (clients send
-`whisper-1`). A local model named for something it cannot do is refused before anything loads.
-Reads that name no model (`/stats`, `/health`) go to the *active* unit: the current model when
+current model. Naming a model never changes the current one. What a request needs its model to
+do decides the rest: an `embed` goes to the named encoder, else the current model when it
+embeds, else the first local encoder; a `transcribe` to the named transcriber, else the first
+local one (clients send `whisper-1`). A local model named for something it cannot do is refused
+before anything loads. Reads that name no model go to the *active* unit: the current model when
 it is resident, else the most recently used ready one. This module knows ids, leases and units;
-HTTP is `server/routing.py`'s.
+which paths need what, and HTTP, are the server's (`server/surfaces.py`, `server/leasing.py`).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -21,30 +20,6 @@ from modelhost.residency.host import ResidencyHost
 from modelhost.residency.lease import Lease
 from modelhost.residency.registry import ModelEntry
 from modelhost.residency.unit import ResidencyError, Unit
-
-# The inference endpoints whose body carries the routing `model` field (in this order, `GET /v1`
-# lists them).
-MODEL_ROUTED = (
-    "/v1/chat/completions",
-    "/v1/completions",
-    "/v1/messages",
-    "/v1/messages/count_tokens",
-    "/v1/responses",
-    "/v1/embeddings",
-    "/v1/decisions",
-    "/v1/systemone",
-    "/v1/audio/transcriptions",
-    "/v1/audio/translations",
-)
-
-
-def operation_for(path: str) -> str:
-    """What a routed path needs its model to do."""
-    if path == "/v1/embeddings":
-        return "embed"
-    if path.startswith("/v1/audio/"):
-        return "transcribe"
-    return "generate"
 
 
 class Registry(Protocol):
@@ -59,17 +34,6 @@ class RoutedUnit(Unit, Protocol):
 
 
 U = TypeVar("U", bound=RoutedUnit)
-
-
-def model_field(body: bytes) -> str | None:
-    """The routing key of a buffered body: a JSON object's string `model`, else None (the
-    current model answers, and its own parser refuses a malformed body)."""
-    try:
-        value = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    model = value.get("model") if isinstance(value, dict) else None
-    return model if isinstance(model, str) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,16 +136,6 @@ class ModelRouter(Generic[U]):
             ],
         }
 
-    async def stored_response(self, path: str) -> dict[str, Any] | None:
-        """A stored Responses object held by a worker process (each worker keeps the responses
-        its model created), or None."""
-        for model in self.host.resident():
-            unit = self.host.peek(model.id)
-            get_json = getattr(unit, "get_json", None)
-            if get_json is not None and (found := await get_json(path)) is not None:
-                return found  # type: ignore[no-any-return]
-        return None
-
     def interrupt_all(self) -> None:
         """End every request on every resident unit now (a forced shutdown; any thread)."""
         for model_id in [m.id for m in self.host.resident()]:
@@ -206,17 +160,3 @@ def cannot_message(entry: ModelEntry | None, need: str) -> str:
     if need == "transcribe":
         return f'model "{name}" is not a transcription model'
     return f'model "{name}" is an embedding model; it serves /v1/embeddings only'
-
-
-def residency_status(error: ResidencyError) -> tuple[int, dict[str, Any]]:
-    """(status, neutral body) of a model that could not be leased."""
-    if error.code == "load-failed":
-        status, kind = 502, "model_load_failed"
-    elif error.code == "closed":
-        status, kind = 503, "server_closing"
-    else:
-        status, kind = 400, "invalid_request_error"
-    body = {"message": error.message, "type": kind, "code": error.code}
-    if error.code == "wrong-operation":
-        body["param"] = "model"
-    return status, body

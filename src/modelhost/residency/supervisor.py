@@ -1,6 +1,7 @@
 """One worker process's life: spawn it, wait until it answers, measure it, stop it, respawn it.
 
-The worker runs in its own process group (so a stop reaches anything it started) and listens on
+The worker is whatever program `command` runs, told where to listen with `--socket PATH`. It runs
+in its own process group (so a stop reaches anything it started) and listens on
 `<dir>/worker.sock`, the directory made here with mode 0700 and removed when the worker stops.
 A dead worker is respawned on demand, at most `MAX_RESTARTS` times in `RESTART_WINDOW_S`; past
 that the supervisor reports itself exhausted and the host evicts the model.
@@ -14,11 +15,10 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -48,13 +48,15 @@ def rss_bytes(pid: int) -> int | None:
 class WorkerProcess:
     def __init__(
         self,
-        args: Sequence[str],
+        command: Sequence[str],
         *,
         start_timeout_s: float = START_TIMEOUT_S,
         max_restarts: int = MAX_RESTARTS,
         restart_window_s: float = RESTART_WINDOW_S,
+        env: Mapping[str, str] | None = None,
     ) -> None:
-        self.args = list(args)  # after `--socket PATH`
+        self.command = list(command)  # `--socket PATH` follows
+        self.env = dict(env or {})  # added to this process's environment
         self.start_timeout_s = start_timeout_s
         self.max_restarts = max_restarts
         self.restart_window_s = restart_window_s
@@ -110,10 +112,12 @@ class WorkerProcess:
     async def _start(self) -> None:
         self.directory = Path(tempfile.mkdtemp(prefix="modelhost-worker-"))
         os.chmod(self.directory, 0o700)
-        command = [sys.executable, "-m", "modelhost.residency.worker"]
-        command += ["--socket", self.socket_path, *self.args]
+        command = [*self.command, "--socket", self.socket_path]
         self.state = "starting"
-        self.process = subprocess.Popen(command, start_new_session=True, stdin=subprocess.DEVNULL)
+        env = {**os.environ, **self.env} if self.env else None
+        self.process = subprocess.Popen(
+            command, start_new_session=True, stdin=subprocess.DEVNULL, env=env
+        )
         try:
             await self._wait_healthy()
         except BaseException:

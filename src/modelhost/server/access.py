@@ -17,11 +17,12 @@ Clients that send none of these headers (curl, the SDKs) pass. With `--api-key`,
 `/health` also needs `Authorization: Bearer KEY` or `x-api-key: KEY` (the Anthropic SDK's
 header), compared in constant time; a miss is a 401 in the calling protocol's error shape.
 
-The edge, outermost first: request id and log (`metrics.ObservedRequests`), the guard, CORS,
-the API key, body limits (`limits.BodyLimits`), then the app itself (model routing included),
-so nothing unauthorised or oversized ever leases or loads a model. A worker process's app
-skips the guard, CORS and the key: only its parent reaches its Unix socket (0600, in a 0700
-directory), and the parent already checked the request.
+The edge, outermost first: request id and log (`request_context.ObservedRequests`), the guard,
+CORS, the API key, body limits (`limits.BodyLimits`), then the app itself (model leasing
+included), so nothing unauthorised or oversized ever leases or loads a model. A worker
+process's app keeps only the request id and log: only its parent reaches its Unix socket (0600,
+in a 0700 directory), and the parent already checked the request (a Responses turn it forwards
+may be longer than the client's body: it carries the stored turn it continues).
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from modelhost.server.limits import BodyLimits
-from modelhost.server.metrics import Metrics, ObservedRequests
-from modelhost.server.routing import error_format_for
+from modelhost.server.prometheus import Metrics
+from modelhost.server.request_context import ObservedRequests
+from modelhost.server.surfaces import Surfaces
 
 WILDCARD_BINDS = frozenset({"", "0.0.0.0", "::", "[::]", "*"})
 LOOPBACK_NAMES = frozenset({"localhost", "host.docker.internal"})
@@ -46,28 +48,31 @@ SAME_SITE_FETCHES = frozenset({"same-origin", "none"})
 OPEN_PATHS = frozenset({"/health"})
 
 
-def edge(app: ASGIApp, settings: Any, metrics: Metrics | None) -> ASGIApp:
-    """`app` wrapped in the edge layers `settings` asks for (see the module docstring)."""
+def edge(app: ASGIApp, settings: Any, metrics: Metrics | None, surfaces: Surfaces) -> ASGIApp:
+    """`app` wrapped in the edge layers `settings` asks for (see the module docstring); their
+    refusals take the error shape of the surface a path belongs to."""
+    if settings.owner == "worker":  # a worker's socket is reachable by its parent only
+        return ObservedRequests(app, metrics)
     wrapped: ASGIApp = BodyLimits(
         app,
+        surfaces,
         max_body_bytes=settings.max_body_bytes,
         max_json_depth=settings.max_json_depth,
         max_json_values=settings.max_json_values,
     )
-    if settings.owner != "worker":  # a worker's socket is reachable by its parent only
-        if settings.api_key:
-            wrapped = ApiKeyCheck(wrapped, api_key=settings.api_key)
-        if settings.cors_origins:
-            wrapped = CORSMiddleware(
-                wrapped,
-                allow_origins=list(settings.cors_origins),
-                allow_methods=["*"],
-                allow_headers=["*"],
-                expose_headers=["x-request-id", "warning"],
-            )
-        wrapped = LocalAccessGuard(
-            wrapped, bind_host=settings.host, allowed_origins=settings.cors_origins
+    if settings.api_key:
+        wrapped = ApiKeyCheck(wrapped, surfaces, api_key=settings.api_key)
+    if settings.cors_origins:
+        wrapped = CORSMiddleware(
+            wrapped,
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=["x-request-id", "warning"],
         )
+    wrapped = LocalAccessGuard(
+        wrapped, bind_host=settings.host, allowed_origins=settings.cors_origins
+    )
     return ObservedRequests(wrapped, metrics)
 
 
@@ -192,9 +197,15 @@ def presented_keys(scope: Scope) -> tuple[bytes, bytes]:
 
 class ApiKeyCheck:
     def __init__(
-        self, app: ASGIApp, *, api_key: str, open_paths: frozenset[str] = OPEN_PATHS
+        self,
+        app: ASGIApp,
+        surfaces: Surfaces,
+        *,
+        api_key: str,
+        open_paths: frozenset[str] = OPEN_PATHS,
     ) -> None:
         self.app = app
+        self.surfaces = surfaces
         self.api_key = api_key.encode()
         self.open_paths = open_paths
 
@@ -215,6 +226,6 @@ class ApiKeyCheck:
             code = "missing_api_key"
             message = "an API key is required: send `Authorization: Bearer <key>` or `x-api-key`"
         body = {"message": message, "type": "invalid_request_error", "code": code}
-        response = error_format_for(scope["path"])(401, body)
+        response = self.surfaces.errors_for(scope["path"]).response(401, body)
         response.headers["www-authenticate"] = "Bearer"
         await response(scope, receive, send)

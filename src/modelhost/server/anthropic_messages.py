@@ -20,66 +20,63 @@ from collections.abc import Mapping
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from modelhost.inference.contracts import (
     ChatPrompt,
     CompletionEvent,
-    CompletionUsage,
     FinishReason,
     InferenceRequest,
     InferenceResult,
     SamplingRequest,
+    Usage,
 )
 from modelhost.inference.prompt import prompt_ids_for
-from modelhost.inference.stage import InferenceStage
+from modelhost.inference.stage import AdmittedRequest, InferenceStage
 from modelhost.server import anthropic_wire as wire
 from modelhost.server import openai_fields as fields
-from modelhost.server.http import (
-    RequestLog,
-    error_response,
-    read_json_object,
-    respond_json,
-    respond_stream,
-    serving_stage,
-)
-from modelhost.server.sse_frames import TextFrames
+from modelhost.server.exchange import Prepared, Reply, answer_inference, answer_json
+from modelhost.server.http import EventStreamResponse, RequestLog, serving_stage
+from modelhost.server.sse_frames import TextFrames, named_event
 
 ROUTE = "POST /v1/messages"
 COUNT_ROUTE = "POST /v1/messages/count_tokens"
 
 
-async def create_message(request: Request) -> Response:
+async def create_message(request: Request) -> Response | EventStreamResponse:
     log = RequestLog(wire.new_message_id(), ROUTE)
-    try:
-        body = await read_json_object(request)
-        inference = parse_messages_request(body, log.request_id)
-        stage = serving_stage(request, body.get("model"))
-        admitted = await stage.admit(inference)
-    except Exception as exc:
-        return error_response(exc, log.request_id, wire.anthropic_error, log)
-    log.admitted = admitted
-    meta = {"id": log.request_id, "model": stage.model_id}
-    if inference.stream:
-        protocol = MessageStream(meta, admitted.prompt_tokens)
-        return respond_stream(request, admitted, protocol, log, heartbeat=wire.PING)
-    return await respond_json(
-        request, admitted, lambda result: message_json(meta, result), wire.anthropic_error, log
+    return await answer_inference(
+        request,
+        log,
+        wire.anthropic_error,
+        lambda body: prepare_message(body, log.request_id),
+        heartbeat=wire.PING,
     )
+
+
+def prepare_message(body: dict[str, Any], request_id: str) -> Prepared:
+    inference = parse_messages_request(body, request_id)
+
+    def reply(stage: InferenceStage, admitted: AdmittedRequest) -> Reply:
+        meta = {"id": request_id, "model": stage.model_id}
+        return Reply(
+            lambda result: message_json(meta, result),
+            lambda: MessageStream(meta, admitted.prompt_tokens),
+        )
+
+    return Prepared(inference, reply)
 
 
 async def count_tokens(request: Request) -> Response:
     """`{input_tokens}`: the prompt the same body would send, through the same template."""
     log = RequestLog(wire.new_message_id(), COUNT_ROUTE)
-    try:
-        body = await read_json_object(request)
+
+    async def count(body: dict[str, Any]) -> dict[str, Any]:
         inference = parse_messages_request(body, log.request_id, count_only=True)
         stage = serving_stage(request, body.get("model"))
-        num_tokens = await asyncio.to_thread(_prompt_tokens, stage, inference)
-    except Exception as exc:
-        return error_response(exc, log.request_id, wire.anthropic_error, log)
-    log.finish(200)
-    return JSONResponse({"input_tokens": num_tokens})
+        return {"input_tokens": await asyncio.to_thread(_prompt_tokens, stage, inference)}
+
+    return await answer_json(request, log, wire.anthropic_error, count)
 
 
 def _prompt_tokens(stage: InferenceStage, inference: InferenceRequest) -> int:
@@ -148,7 +145,7 @@ def stop_reason(finish_reason: FinishReason, stop_sequence: str | None) -> str:
     return {"length": "max_tokens", "tool_calls": "tool_use"}.get(finish_reason, "end_turn")
 
 
-def usage_json(usage: CompletionUsage) -> dict[str, Any]:
+def usage_json(usage: Usage) -> dict[str, Any]:
     """Anthropic counts cache reads apart from `input_tokens`, so the two add up to the prompt."""
     out: dict[str, Any] = {
         "input_tokens": usage.prompt_tokens - usage.cached_tokens,
@@ -202,7 +199,7 @@ class MessageStream:
             "stop_sequence": None,
             "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 0},
         }
-        return [wire.event("message_start", {"message": message})]
+        return [named_event("message_start", {"message": message})]
 
     def delta(self, event: CompletionEvent) -> list[str]:
         frames: list[str] = []
@@ -240,12 +237,12 @@ class MessageStream:
         reason = stop_reason(event.finish_reason, event.stop_sequence)
         delta = {"stop_reason": reason, "stop_sequence": _stop_sequence(reason, event)}
         usage = usage_json(event.usage)
-        frames.append(wire.event("message_delta", {"delta": delta, "usage": usage}))
-        frames.append(wire.event("message_stop", {}))
+        frames.append(named_event("message_delta", {"delta": delta, "usage": usage}))
+        frames.append(named_event("message_stop", {}))
         return frames
 
     def error(self, status: int, body: Mapping[str, Any]) -> list[str]:
-        return [wire.event("error", {"error": wire.anthropic_error_json(status, body)["error"]})]
+        return [wire.anthropic_stream_error(status, body)]
 
     def _block(self, block: Mapping[str, Any]) -> list[str]:
         """Open a block of `block`'s type unless one is open already (closing another one)."""
@@ -255,10 +252,10 @@ class MessageStream:
         self.index += 1
         self.open = str(block["type"])
         payload = {"index": self.index, "content_block": dict(block)}
-        return [*frames, wire.event("content_block_start", payload)]
+        return [*frames, named_event("content_block_start", payload)]
 
     def _delta(self, delta: Mapping[str, Any]) -> str:
-        return wire.event("content_block_delta", {"index": self.index, "delta": dict(delta)})
+        return named_event("content_block_delta", {"index": self.index, "delta": dict(delta)})
 
     def _close(self) -> list[str]:
         if self.open is None:
@@ -267,7 +264,7 @@ class MessageStream:
         if self.open == "thinking":  # clients replay thinking with its signature; ours is empty
             frames.append(self._delta({"type": "signature_delta", "signature": ""}))
         self.open = None
-        return [*frames, wire.event("content_block_stop", {"index": self.index})]
+        return [*frames, named_event("content_block_stop", {"index": self.index})]
 
 
 def _stop_sequence(reason: str, result: CompletionEvent | InferenceResult) -> str | None:

@@ -18,12 +18,14 @@ from typing import Any
 from starlette.responses import JSONResponse, Response
 
 from modelhost.inference.contracts import GrammarSpec, InvalidRequest
-from modelhost.inference.media import MEDIA_PARTS, media_kinds
 from modelhost.inference.tool_choice import forced_call
 from modelhost.server import openai_fields as fields
-from modelhost.server.sse_frames import compact_json
+from modelhost.server.content_parts import PartHandler, flatten_content, part_text
+from modelhost.server.http import ErrorShape
+from modelhost.server.sse_frames import named_event
 
 ROLES = ("user", "assistant", "system")
+BLOCKS = "content blocks"  # what errors call a message's parts
 PING = 'event: ping\ndata: {"type":"ping"}\n\n'
 _ERROR_TYPES = {
     401: "authentication_error",
@@ -37,10 +39,6 @@ _ERROR_TYPES = {
 
 def new_message_id() -> str:
     return f"msg_{uuid.uuid4().hex[:24]}"
-
-
-def event(name: str, payload: Mapping[str, Any]) -> str:
-    return f"event: {name}\ndata: {compact_json({'type': name, **payload})}\n\n"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -61,6 +59,14 @@ def anthropic_error_json(status: int, body: Mapping[str, Any]) -> dict[str, Any]
 
 def anthropic_error(status: int, body: Mapping[str, Any]) -> Response:
     return JSONResponse(anthropic_error_json(status, body), status_code=status)
+
+
+def anthropic_stream_error(status: int, body: Mapping[str, Any]) -> str:
+    """The `error` event that ends a broken stream."""
+    return named_event("error", {"error": anthropic_error_json(status, body)["error"]})
+
+
+ANTHROPIC_ERRORS = ErrorShape(anthropic_error, anthropic_stream_error)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,8 +141,8 @@ def output_format(body: dict[str, Any]) -> tuple[GrammarSpec | None, str | None]
     if not isinstance(schema, dict):
         raise InvalidRequest("output_config.format.schema must be an object", "output_config")
     text = json.dumps(schema, ensure_ascii=False)
-    instruction = f"Respond only with JSON that matches this JSON schema:\n{text}"
-    return GrammarSpec("json_schema", text, field="output_config.format.schema"), instruction
+    grammar = GrammarSpec("json_schema", text, field="output_config.format.schema")
+    return grammar, fields.json_schema_instruction(text)
 
 
 def system_text(value: Any, where: str = "system") -> str:
@@ -151,7 +157,7 @@ def system_text(value: Any, where: str = "system") -> str:
     for number, block in enumerate(value):
         if not isinstance(block, dict) or block.get("type") != "text":
             raise InvalidRequest(f"{where}[{number}] must be a text block", param="system")
-        texts.append(_text_of(block, f"{where}[{number}]"))
+        texts.append(part_text(block, f"{where}[{number}]", "messages"))
     return "\n\n".join(texts)
 
 
@@ -189,52 +195,40 @@ def template_messages(body: dict[str, Any]) -> tuple[list[dict[str, Any]], froze
 
 def _flatten(role: str, content: Any, where: str) -> tuple[list[dict[str, Any]], frozenset[str]]:
     """One wire message → tool messages (for tool_result blocks) then the message itself."""
-    if isinstance(content, str):
-        return [{"role": role, "content": content}], frozenset()
-    if not isinstance(content, list):
-        raise InvalidRequest(
-            f"{where}.content must be a string or a list of content blocks", param="messages"
-        )
-    texts: list[str] = []
     reasoning: list[str] = []
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
-    has_media: frozenset[str] = frozenset()
-    for number, block in enumerate(content):
-        at = f"{where}.content[{number}]"
-        kind = block.get("type") if isinstance(block, dict) else None
-        if kind == "text":
-            texts.append(_text_of(block, at))
-        elif kind == "thinking":
-            reasoning.append(str(block.get("thinking") or ""))
-        elif kind == "redacted_thinking":
-            continue  # opaque to us: nothing a template could show
-        elif kind == "tool_use":
-            calls.append(_tool_call(block, at))
-        elif kind == "tool_result":
-            result, media = _tool_result(block, at)
-            results.append(result)
-            has_media = has_media | media
-        elif kind in MEDIA_PARTS:
-            has_media = has_media | media_kinds(kind)
-        else:
-            raise InvalidRequest(f"{at} has an unsupported type {kind!r}", param="messages")
+    result_media: set[str] = set()
+
+    def thinking(block: Mapping[str, Any], at: str) -> None:
+        reasoning.append(str(block.get("thinking") or ""))
+
+    def tool_use(block: Mapping[str, Any], at: str) -> None:
+        calls.append(_tool_call(block, at))
+
+    def tool_result(block: Mapping[str, Any], at: str) -> None:
+        result, media = _tool_result(block, at)
+        results.append(result)
+        result_media.update(media)
+
+    others: dict[str, PartHandler] = {
+        "thinking": thinking,
+        "redacted_thinking": lambda block, at: None,  # opaque to us: nothing a template shows
+        "tool_use": tool_use,
+        "tool_result": tool_result,
+    }
+    flat = flatten_content(
+        content, where, param="messages", others=others, noun=BLOCKS, absent_is_empty=False
+    )
     out: list[dict[str, Any]] = list(results)
-    if texts or calls or reasoning or not results:
-        message: dict[str, Any] = {"role": role, "content": "\n".join(texts)}
+    if flat.texts or calls or reasoning or not results:
+        message: dict[str, Any] = {"role": role, "content": flat.text}
         if calls:
             message["tool_calls"] = calls
         if reasoning:
             message["reasoning_content"] = "\n".join(reasoning)
         out.append(message)
-    return out, has_media
-
-
-def _text_of(block: Mapping[str, Any], where: str) -> str:
-    text = block.get("text")
-    if not isinstance(text, str):
-        raise InvalidRequest(f"{where}.text must be of type str", param="messages")
-    return text
+    return out, flat.media | result_media
 
 
 def _tool_call(block: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -249,29 +243,7 @@ def _tool_call(block: Mapping[str, Any], where: str) -> dict[str, Any]:
 
 
 def _tool_result(block: Mapping[str, Any], where: str) -> tuple[dict[str, Any], frozenset[str]]:
-    content = block.get("content")
-    has_media: frozenset[str] = frozenset()
-    if isinstance(content, list):
-        texts = []
-        for number, part in enumerate(content):
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind == "text":
-                texts.append(_text_of(part, f"{where}.content[{number}]"))
-            elif kind in MEDIA_PARTS:
-                has_media = has_media | media_kinds(kind)
-            else:
-                raise InvalidRequest(
-                    f"{where}.content[{number}] has an unsupported type {kind!r}",
-                    param="messages",
-                )
-        text = "\n".join(texts)
-    elif content is None or isinstance(content, str):
-        text = content or ""
-    else:
-        raise InvalidRequest(
-            f"{where}.content must be a string or a list of content blocks", param="messages"
-        )
-    if block.get("is_error") is True:
-        text = f"Error: {text}"
+    flat = flatten_content(block.get("content"), where, param="messages", noun=BLOCKS)
+    text = f"Error: {flat.text}" if block.get("is_error") is True else flat.text
     call_id = block.get("tool_use_id") if isinstance(block.get("tool_use_id"), str) else ""
-    return {"role": "tool", "tool_call_id": call_id, "content": text}, has_media
+    return {"role": "tool", "tool_call_id": call_id, "content": text}, flat.media

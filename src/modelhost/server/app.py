@@ -1,107 +1,35 @@
-"""The ASGI application: settings, the route table, and the lifespan that closes the engine."""
+"""The ASGI application: the route table, and the lifespan that closes the engine."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI
+from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
 from modelhost.inference.admission import BYTES_PER_GB, AdmissionPolicy, plan_memory
-from modelhost.inference.defaults import ServingDefaults
-from modelhost.inference.media import DEFAULT_MAX_AUDIO_BYTES, DEFAULT_MAX_IMAGE_BYTES
 from modelhost.inference.stage import InferenceStage
 from modelhost.models.loaded import LoadedModel
 from modelhost.residency.router import ModelRouter
-from modelhost.server import (
-    anthropic_messages,
-    audio,
-    decisions,
-    embeddings,
-    models,
-    openai_chat,
-    openai_completions,
-    openai_responses,
-)
 from modelhost.server.access import edge
 from modelhost.server.jobs import install_jobs, with_jobs
-from modelhost.server.limits import (
-    DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_JSON_DEPTH,
-    DEFAULT_MAX_JSON_VALUES,
-)
-from modelhost.server.metrics import Metrics, metrics_endpoint, use_json_logs
+from modelhost.server.json_logs import use_json_logs
+from modelhost.server.leasing import ModelLeasing
 from modelhost.server.model_admin import ADMIN_ROUTES
 from modelhost.server.openai_wire import openai_error
+from modelhost.server.prometheus import Metrics, WorkerSamples, metrics_endpoint
 from modelhost.server.response_store import ResponseStore
-from modelhost.server.routing import ModelRouting
+from modelhost.server.settings import ServeSettings
+from modelhost.server.surfaces import SURFACES, Surfaces
 from modelhost.server.worker_admin import WORKER_ROUTES
 
 if TYPE_CHECKING:
     from modelhost.engine.engine import Engine
-
-
-@dataclass(frozen=True, slots=True)
-class ServeSettings:
-    """What `modelhost serve` decides about HTTP, admission and defaults."""
-
-    heartbeat_s: float = 15.0
-    memory_budget_gb: float | None = None
-    context_length: int | None = None  # --context-length: a ceiling below the model's window
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    chunk_tokens: int = 512  # the engine's max_num_batched_tokens (sizes working memory)
-    prompt_threads: int | None = None  # --prompt-threads: the engine's prompt-heavy steps
-    owner: str = "serve"
-    close_engine_on_shutdown: bool = True
-    # The edge (server/access.py): the bind address the Host guard accepts, the API key
-    # (None: open), browser origins allowed through CORS and the guard, and request limits.
-    host: str = "127.0.0.1"
-    api_key: str | None = field(default=None, repr=False)
-    cors_origins: tuple[str, ...] = ()
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
-    max_json_values: int = DEFAULT_MAX_JSON_VALUES
-    max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
-    max_audio_bytes: int = DEFAULT_MAX_AUDIO_BYTES
-    log_format: str = "text"  # or "json": one JSON object per log line
-
-    @property
-    def defaults(self) -> ServingDefaults:
-        return ServingDefaults(
-            max_tokens=self.max_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-        )
-
-
-ROUTES = (
-    ("POST", "/v1/chat/completions", openai_chat.create_chat_completion),
-    ("POST", "/v1/completions", openai_completions.create_completion),
-    ("POST", "/v1/messages", anthropic_messages.create_message),
-    ("POST", "/v1/messages/count_tokens", anthropic_messages.count_tokens),
-    ("POST", "/v1/responses", openai_responses.create_response),
-    ("GET", "/v1/responses/{response_id}", openai_responses.retrieve_response),
-    ("POST", "/v1/decisions", decisions.create_decision),
-    ("POST", "/v1/systemone", decisions.create_systemone),
-    ("POST", "/v1/embeddings", embeddings.create_embeddings),
-    ("POST", "/v1/audio/transcriptions", audio.create_transcription),
-    ("POST", "/v1/audio/translations", audio.create_translation),
-    ("GET", "/v1/models", models.list_models),
-    ("GET", "/v1/models/{model_id:path}", models.retrieve_model),
-    ("GET", "/v1", models.index),
-    ("GET", "/health", models.health),
-    ("GET", "/stats", models.stats),
-)
 
 
 def admission_policy(model: LoadedModel, settings: ServeSettings, *, rows: int) -> AdmissionPolicy:
@@ -127,7 +55,9 @@ def admission_policy(model: LoadedModel, settings: ServeSettings, *, rows: int) 
     return AdmissionPolicy(context_window=window, memory=memory, context_length_flag=flagged)
 
 
-def build_app(engine: Engine, model: LoadedModel, settings: ServeSettings | None = None) -> FastAPI:
+def build_app(
+    engine: Engine, model: LoadedModel, settings: ServeSettings | None = None
+) -> Starlette:
     """The server for one in-process model: `engine` already built over `model`."""
     settings = settings or ServeSettings()
     policy = admission_policy(model, settings, rows=engine.stats().batch)
@@ -135,16 +65,18 @@ def build_app(engine: Engine, model: LoadedModel, settings: ServeSettings | None
     return create_app(stage, settings)
 
 
-def create_app(stage: InferenceStage, settings: ServeSettings) -> FastAPI:
+def create_app(
+    stage: InferenceStage, settings: ServeSettings, surfaces: Surfaces = SURFACES
+) -> Starlette:
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
         if settings.close_engine_on_shutdown:
             stage.close()
 
-    app = _new_app(settings, lifespan)
+    app = _new_app(settings, lifespan, surfaces)
     app.state.stage = stage
-    app.state.drain = stage.close  # the runner ends in-flight requests this way at its deadline
+    app.state.drain = stage.close  # the HTTP server ends in-flight requests so at its deadline
     if settings.owner == "worker":  # served on the worker's private socket only
         for method, path, endpoint in WORKER_ROUTES:
             app.router.add_route(path, endpoint, methods=[method])
@@ -155,57 +87,70 @@ def create_routed_app(
     router: ModelRouter[Any],
     settings: ServeSettings,
     startup: Callable[[], Awaitable[None]] | None = None,
-) -> FastAPI:
+    surfaces: Surfaces = SURFACES,
+    worker_samples: WorkerSamples | None = None,
+) -> Starlette:
     """The server for every local model behind one port, routed by the body's `model`.
-    `startup` runs before the listener binds (it loads the startup model)."""
+    `startup` runs before the listener binds (it loads the startup model); `worker_samples`
+    is where worker processes write their request series (the app closes it)."""
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if startup is not None:
             await startup()
         try:
             yield
         finally:
             await router.close()
+            if worker_samples is not None:
+                worker_samples.close()
 
-    app = _new_app(settings, lifespan)
+    app = _new_app(settings, lifespan, surfaces, worker_samples)
     app.state.stage = None
     app.state.router = router
     app.state.metrics.watch_residency(router.host)
     app.state.drain = router.interrupt_all
     for method, path, endpoint in ADMIN_ROUTES:
         app.router.add_route(path, endpoint, methods=[method])
-    app.add_middleware(ModelRouting, router=router)
+    app.add_middleware(ModelLeasing, router=router, surfaces=surfaces)
     return app
 
 
-def _new_app(settings: ServeSettings, lifespan: Any) -> FastAPI:
+def _new_app(
+    settings: ServeSettings,
+    lifespan: Any,
+    surfaces: Surfaces,
+    worker_samples: WorkerSamples | None = None,
+) -> Starlette:
     serves_jobs = settings.owner != "worker"  # a worker process serves its model, nothing else
     if serves_jobs:
         lifespan = with_jobs(lifespan)
-    app = _ModelhostApp(
-        title="modelhost", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
-    )
+    app = _ModelhostApp(lifespan=lifespan)
     app.state.settings = settings
-    app.state.metrics = Metrics(app.state)
+    app.state.surfaces = surfaces
+    app.state.metrics = Metrics(app.state, worker_samples)
     app.router.add_route("/metrics", metrics_endpoint, methods=["GET"])
     if settings.log_format == "json":
         use_json_logs()
     app.state.response_store = ResponseStore()
-    for method, path, endpoint in ROUTES:
-        app.router.add_route(path, endpoint, methods=[method])
+    for route in surfaces.routes():
+        # Starlette calls whatever an endpoint returns as an ASGI app: an EventStreamResponse
+        # is one, though not a Response.
+        endpoint: Any = route.endpoint
+        app.router.add_route(route.path, endpoint, methods=[route.method])
     if serves_jobs:
         install_jobs(app)
     app.add_exception_handler(HTTPException, _http_error)
     return app
 
 
-class _ModelhostApp(FastAPI):
-    """FastAPI with modelhost's edge (request ids, access guard, API key, body limits) around
+class _ModelhostApp(Starlette):
+    """Starlette with modelhost's edge (request ids, access guard, API key, body limits) around
     its whole middleware stack, model routing included: see `server/access.py`."""
 
     def build_middleware_stack(self) -> ASGIApp:
-        return edge(super().build_middleware_stack(), self.state.settings, self.state.metrics)
+        state = self.state
+        return edge(super().build_middleware_stack(), state.settings, state.metrics, state.surfaces)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -19,7 +19,7 @@ import asyncio
 import base64
 import binascii
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from modelhost.audio.decode import decode_audio
 from modelhost.audio.formats import GRANULARITIES, RESPONSE_FORMATS, render
-from modelhost.audio.stage import DEFAULT_BEAM_SIZE, TranscriptionFields, TranscriptionStage
+from modelhost.audio.transcriber import DEFAULT_BEAM_SIZE, TranscriptionFields, TranscriptionStage
 from modelhost.inference.contracts import InvalidRequest, RequestCancelled, RequestError
 from modelhost.server.http import (
     SSE_HEADERS,
@@ -42,7 +42,7 @@ from modelhost.server.http import (
     error_status_body,
     wait_for_disconnect,
 )
-from modelhost.server.openai_wire import new_id, openai_error, openai_error_json, sse
+from modelhost.server.openai_wire import new_id, openai_error, openai_stream_error, sse
 
 MAX_AUDIO_BYTES = 25 * 1024 * 1024  # OpenAI's own cap on one upload; `max_audio_bytes` wins
 _FIELDS_ALLOWANCE = 1024 * 1024  # the multipart or JSON wrapping around the audio
@@ -96,7 +96,7 @@ async def create_translation(request: Request) -> Response | EventStreamResponse
 
 
 def transcriber(request: Request) -> TranscriptionStage:
-    """The stage that answers: the one the routing middleware leased for this request, else the
+    """The stage that answers: the one the leasing middleware leased for this request, else the
     app's own transcriber (`app.state.transcriber`, or a single-model app's `stage`)."""
     state = request.app.state
     for stage in (
@@ -193,7 +193,7 @@ async def _read_body(request: Request, cap: int) -> bytes:
 
 
 async def _from_multipart(headers: Headers, body: bytes, cap: int) -> AudioRequest:
-    async def once() -> AsyncIterator[bytes]:
+    async def once() -> AsyncGenerator[bytes, None]:
         yield body
 
     parser = MultiPartParser(headers, once(), max_files=4, max_fields=64)
@@ -378,7 +378,7 @@ def _event_stream(
         except Exception as exc:
             status, body = error_status_body(exc, log.request_id, client_gone=False)
             log.status_hint = status
-            yield sse(openai_error_json(status, body))
+            yield openai_stream_error(status, body)
         finally:
             await deltas.aclose()  # type: ignore[attr-defined]
 

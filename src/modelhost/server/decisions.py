@@ -11,12 +11,13 @@ from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from modelhost.inference.decision_prompt import DecisionRequest
 from modelhost.inference.decisions import DecisionAnswer, DecisionResult, decide
 from modelhost.server.decisions_wire import parse_decisions, parse_systemone
-from modelhost.server.http import RequestLog, error_response, read_json_object, serving_stage
+from modelhost.server.exchange import answer_json
+from modelhost.server.http import RequestLog, serving_stage
 from modelhost.server.openai_wire import new_id, openai_error
 
 DECISIONS_ROUTE = "POST /v1/decisions"
@@ -43,15 +44,13 @@ async def _answer(
 ) -> Response:
     """One wire shape in, one out; parsing, routing, running and errors are shared."""
     log = RequestLog(request_id, route)
-    try:
-        body = await read_json_object(request)
+
+    async def answer(body: dict[str, Any]) -> dict[str, Any]:
         decision = parse(body, log.request_id)
         stage = serving_stage(request, body.get("model"))
-        result = await decide(stage, decision)
-    except Exception as exc:
-        return error_response(exc, log.request_id, openai_error, log)
-    log.finish(200)
-    return JSONResponse(render(log.request_id, stage.model_id, result))
+        return render(log.request_id, stage.model_id, await decide(stage, decision))
+
+    return await answer_json(request, log, openai_error, answer)
 
 
 def decisions_json(request_id: str, model: str, result: DecisionResult) -> dict[str, Any]:

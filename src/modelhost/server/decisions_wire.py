@@ -111,6 +111,7 @@ def _openai_question(item: Any, where: str) -> DecisionQuestion:
     if name is not None and not isinstance(name, str):
         raise InvalidRequest(f"{where}.name must be a string", param=f"{where}.name")
     instructions = _instructions(item.get("instructions"), f"{where}.instructions")
+    options: tuple[Option, ...]
     if kind == "predicate":
         options = (Option("true"), Option("false"))
         return DecisionQuestion("binary", name, instructions, options, where)
@@ -157,6 +158,7 @@ def _systemone_question(name: str, item: Any) -> DecisionQuestion:
     instructions = _instructions(item.get("instructions"), f"{where}.instructions")
     criteria = item.get("criteria")
     at = f"{where}.criteria"
+    options: tuple[Option, ...]
     if kind == "noul":
         if criteria is None:
             criteria = {}

@@ -13,7 +13,7 @@ import struct
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from modelhost.inference.contracts import InvalidRequest
 from modelhost.inference.embeddings import (
@@ -23,13 +23,8 @@ from modelhost.inference.embeddings import (
     is_encoder,
     not_an_embedding_model,
 )
-from modelhost.server.http import (
-    STAGE_KEY,
-    RequestLog,
-    error_response,
-    read_json_object,
-    serving_stage,
-)
+from modelhost.server.exchange import answer_json
+from modelhost.server.http import STAGE_KEY, RequestLog, serving_stage
 from modelhost.server.openai_wire import new_id, openai_error
 
 ROUTE = "POST /v1/embeddings"
@@ -39,8 +34,8 @@ INPUT_SHAPE = "`input` must be a string, an array of strings, or an array of tok
 
 async def create_embeddings(request: Request) -> Response:
     log = RequestLog(new_id("emb"), ROUTE)
-    try:
-        body = await read_json_object(request)
+
+    async def embed(body: dict[str, Any]) -> dict[str, Any]:
         stage = await encoder_for(request, body.get("model"))
         inputs = parse_input(body.get("input"))
         base64_format = encoding_format(body.get("encoding_format"))
@@ -48,19 +43,18 @@ async def create_embeddings(request: Request) -> Response:
         if dimensions is not None and (type(dimensions) is not int or dimensions < 1):
             raise InvalidRequest("dimensions must be a positive integer", param="dimensions")
         result = await stage.embed(inputs, dimensions)
-    except Exception as exc:
-        return error_response(exc, log.request_id, openai_error, log)
-    log.finish(200)
-    data = [
-        {"object": "embedding", "index": index, "embedding": _encoded(vector, base64_format)}
-        for index, vector in enumerate(result.vectors)
-    ]
-    usage = {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens}
-    return JSONResponse({"object": "list", "model": stage.model_id, "data": data, "usage": usage})
+        data = [
+            {"object": "embedding", "index": index, "embedding": _encoded(vector, base64_format)}
+            for index, vector in enumerate(result.vectors)
+        ]
+        usage = {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens}
+        return {"object": "list", "model": stage.model_id, "data": data, "usage": usage}
+
+    return await answer_json(request, log, openai_error, embed)
 
 
 async def encoder_for(request: Request, model: object) -> EncoderStage:
-    """The encoder that answers: the one the routing middleware leased, or (one model served
+    """The encoder that answers: the one the leasing middleware leased, or (one model served
     without residency) an embedded encoder the body names; any other model is the 400 of the
     reference."""
     leased = request.scope.get(STAGE_KEY)

@@ -21,6 +21,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from starlette.requests import ClientDisconnect, Request
@@ -38,7 +39,7 @@ from modelhost.inference.contracts import (
 from modelhost.inference.embeddings import embedding_model_only, is_encoder
 from modelhost.inference.media import check_media_sizes
 from modelhost.inference.stage import AdmittedRequest, InferenceStage
-from modelhost.server.metrics import RequestOutcome, current_request
+from modelhost.server.request_context import RequestOutcome, current_request
 
 logger = logging.getLogger("modelhost.server")
 
@@ -48,11 +49,20 @@ SSE_HEADERS = {"cache-control": "no-cache", "connection": "keep-alive"}
 ErrorFormatter = Callable[[int, Mapping[str, Any]], Response]
 
 
-STAGE_KEY = "modelhost.stage"  # where the routing middleware leaves the leased unit's stage
+@dataclass(frozen=True, slots=True)
+class ErrorShape:
+    """How a protocol writes a refusal: as a JSON response, and as the one SSE frame that ends
+    a stream which broke after it opened."""
+
+    response: ErrorFormatter
+    stream_frame: Callable[[int, Mapping[str, Any]], str]
+
+
+STAGE_KEY = "modelhost.stage"  # where the leasing middleware leaves the leased unit's stage
 
 
 def serving_stage(request: Request, model: str | None = None) -> InferenceStage:
-    """The stage that answers this request. With several models, the routing middleware has
+    """The stage that answers this request. With several models, the leasing middleware has
     already leased the one the body's `model` names and left its stage in the scope; a read
     that leased nothing gets the active model's stage. An embedded encoder named here is a
     400: it serves /v1/embeddings only."""
@@ -68,7 +78,7 @@ def serving_stage(request: Request, model: str | None = None) -> InferenceStage:
     unit = router.active()
     if unit is None:
         raise EngineUnavailable("no model is resident; name one in a request to load it")
-    return unit.stage  # type: ignore[no-any-return]
+    return unit.stage
 
 
 async def read_json_object(request: Request) -> dict[str, Any]:

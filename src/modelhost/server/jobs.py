@@ -21,7 +21,7 @@ import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from fastapi import FastAPI
+from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -125,7 +125,7 @@ JOB_ROUTES = tuple(
 )
 
 
-def _model_hold(app: FastAPI) -> Any:
+def _model_hold(app: Starlette) -> Any:
     """With several models, a job that drives one holds its lease for the whole run, so it
     is not evicted underneath the job; a single-model app has nothing to evict."""
 
@@ -141,7 +141,7 @@ def _model_hold(app: FastAPI) -> Any:
     return hold
 
 
-def install_jobs(app: FastAPI) -> None:
+def install_jobs(app: Starlette) -> None:
     """The job routes and the job host (its database opens on the first job route)."""
     for method, path, endpoint in JOB_ROUTES:
         app.router.add_route(path, endpoint, methods=[method])
@@ -161,7 +161,7 @@ def with_jobs(lifespan: Any) -> Any:
     Jobs end before the models they drive are closed."""
 
     @contextlib.asynccontextmanager
-    async def both(app: FastAPI) -> AsyncIterator[None]:
+    async def both(app: Starlette) -> AsyncIterator[None]:
         async with lifespan(app):
             try:
                 yield

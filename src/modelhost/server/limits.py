@@ -6,7 +6,7 @@ undeclared (chunked) body is read up to the cap and refused as soon as it passes
 buffered beyond it. A body that looks like JSON is then scanned, without parsing it, for how
 deep it nests and how many containers and strings it holds: a nesting bomb never reaches a
 recursive parser and a body of a million empty arrays never becomes a million Python lists.
-Refusals answer in the calling protocol's error shape (`routing.error_format_for`).
+Refusals answer in the calling protocol's error shape (`surfaces.Surfaces.errors_for`).
 
 Media parts are capped after parsing (`media.check_media_sizes`, from `http.read_json_object`).
 """
@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import contextlib
 import re
+from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from modelhost.inference.contracts import RequestError
-from modelhost.server.http import replay_body
-from modelhost.server.routing import error_format_for
+from modelhost.server.http import ErrorShape, replay_body
+
+if TYPE_CHECKING:
+    from modelhost.server.surfaces import Surfaces
 
 MiB = 1024 * 1024
 DEFAULT_MAX_BODY_BYTES = 32 * MiB
@@ -72,12 +75,14 @@ class BodyLimits:
     def __init__(
         self,
         app: ASGIApp,
+        surfaces: Surfaces,
         *,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
         max_json_values: int = DEFAULT_MAX_JSON_VALUES,
     ) -> None:
         self.app = app
+        self.surfaces = surfaces
         self.max_body_bytes = max_body_bytes
         self.max_json_depth = max_json_depth
         self.max_json_values = max_json_values
@@ -86,9 +91,10 @@ class BodyLimits:
         if scope["type"] != "http" or scope["method"] not in BODY_METHODS:
             await self.app(scope, receive, send)
             return
+        errors = self.surfaces.errors_for(scope["path"])
         declared = _content_length(scope)
         if declared is not None and declared > self.max_body_bytes:
-            await _refuse(scope, send, too_large(self.max_body_bytes))
+            await _refuse(scope, send, errors, too_large(self.max_body_bytes))
             return
         chunks: list[bytes] = []
         size = 0
@@ -99,7 +105,7 @@ class BodyLimits:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body_bytes:
-                await _refuse(scope, send, too_large(self.max_body_bytes))
+                await _refuse(scope, send, errors, too_large(self.max_body_bytes))
                 return
             chunks.append(chunk)
             if not message.get("more_body"):
@@ -111,7 +117,7 @@ class BodyLimits:
         if problem is not None:
             refusal = RequestError(400, problem)
             refusal.body.update(type="invalid_request_error", code="json_too_complex")
-            await _refuse(scope, send, refusal)
+            await _refuse(scope, send, errors, refusal)
             return
         await self.app(scope, replay_body(body, receive), send)
 
@@ -126,8 +132,8 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
-async def _refuse(scope: Scope, send: Send, error: RequestError) -> None:
-    response = error_format_for(scope["path"])(error.status, error.body)
+async def _refuse(scope: Scope, send: Send, errors: ErrorShape, error: RequestError) -> None:
+    response = errors.response(error.status, error.body)
 
     async def nothing_more() -> Message:
         return {"type": "http.disconnect"}

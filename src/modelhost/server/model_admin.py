@@ -15,9 +15,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from modelhost.inference.contracts import RequestError
-from modelhost.residency.router import ModelRouter, residency_status
+from modelhost.residency.router import ModelRouter
 from modelhost.residency.unit import ResidencyError
 from modelhost.server.http import read_json_object
+from modelhost.server.leasing import residency_status
 from modelhost.server.openai_wire import openai_error
 
 
@@ -74,7 +75,7 @@ async def engine(request: Request) -> Response:
     for model in router.host.resident():
         unit = router.host.peek(model.id)
         worker = getattr(unit, "worker", None)
-        row = {"id": model.id, "role": model.role, "state": model.state}
+        row: dict[str, Any] = {"id": model.id, "role": model.role, "state": model.state}
         if worker is not None:
             row.update(pid=worker.pid, worker_state=worker.state, restarts=worker.restarts)
             row["socket"] = worker.socket_path if worker.directory is not None else None

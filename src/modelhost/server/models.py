@@ -9,11 +9,11 @@ from starlette.responses import JSONResponse, Response
 
 from modelhost import __version__
 from modelhost.inference.contracts import ModelCard, StageStats
-from modelhost.residency.router import MODEL_ROUTED, ListedModel
+from modelhost.residency.router import ListedModel
 from modelhost.server.http import serving_stage
 from modelhost.server.openai_wire import openai_error
 
-ENDPOINTS = (*MODEL_ROUTED, "/v1/models", "/health", "/stats")
+DISCOVERY_ENDPOINTS = ("/v1/models", "/health", "/stats")  # listed after the routed paths
 GEN_DEFAULT_KEYS = ("temperature", "top_p", "top_k")
 
 
@@ -146,7 +146,7 @@ async def index(request: Request) -> Response:
             "name": "modelhost",
             "version": __version__,
             "model": model,
-            "endpoints": list(ENDPOINTS),
+            "endpoints": [*request.app.state.surfaces.routed_paths(), *DISCOVERY_ENDPOINTS],
         }
     )
 

@@ -27,22 +27,17 @@ from modelhost.inference.contracts import (
     InferenceResult,
     InvalidRequest,
 )
-from modelhost.inference.media import MEDIA_PARTS, media_kinds
+from modelhost.inference.stage import AdmittedRequest, InferenceStage
 from modelhost.server import openai_fields as fields
-from modelhost.server.http import (
-    RequestLog,
-    error_response,
-    read_json_object,
-    respond_json,
-    respond_stream,
-    serving_stage,
-)
+from modelhost.server.content_parts import flatten_content
+from modelhost.server.exchange import Prepared, Reply, answer_inference
+from modelhost.server.http import EventStreamResponse, RequestLog
 from modelhost.server.openai_wire import (
     DONE,
     chat_logprobs_json,
     new_id,
     openai_error,
-    openai_error_json,
+    openai_stream_error,
     sse,
     tool_calls_json,
     usage_json,
@@ -55,23 +50,24 @@ TEXT_PARTS = ("text", "input_text")
 MAX_TOP_LOGPROBS = 11
 
 
-async def create_chat_completion(request: Request) -> Response:
+async def create_chat_completion(request: Request) -> Response | EventStreamResponse:
     log = RequestLog(new_id("chatcmpl"), ROUTE)
-    try:
-        body = await read_json_object(request)
-        inference, options = parse_chat_request(body, log.request_id)
-        stage = serving_stage(request, body.get("model"))
-        admitted = await stage.admit(inference)
-    except Exception as exc:
-        return error_response(exc, log.request_id, openai_error, log)
-    log.admitted = admitted
-    meta = {"id": log.request_id, "created": int(time.time()), "model": stage.model_id}
-    if options.stream:
-        protocol = ChatStream(meta, options.include_usage, admitted.want_logprobs)
-        return respond_stream(request, admitted, protocol, log)
-    return await respond_json(
-        request, admitted, lambda result: chat_completion_json(meta, result), openai_error, log
+    return await answer_inference(
+        request, log, openai_error, lambda body: prepare_chat(body, log.request_id)
     )
+
+
+def prepare_chat(body: dict[str, Any], request_id: str) -> Prepared:
+    inference, options = parse_chat_request(body, request_id)
+
+    def reply(stage: InferenceStage, admitted: AdmittedRequest) -> Reply:
+        meta = {"id": request_id, "created": int(time.time()), "model": stage.model_id}
+        return Reply(
+            lambda result: chat_completion_json(meta, result),
+            lambda: ChatStream(meta, options.include_usage, admitted.want_logprobs),
+        )
+
+    return Prepared(inference, reply)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -99,7 +95,7 @@ def parse_chat_request(
     if thinking is None and effort is not None:
         thinking = effort != "none"
     options = fields.stream_options(body)
-    structured_output, grammar = fields.structured_output(body), fields.grammar(body)
+    grammar, structured_output = fields.structured_output(body)
     forced = fields.forced_tool(body.get("tool_choice"), tools)
     if forced is not None:  # a forced call outranks response_format: it is what the client uses
         grammar, structured_output = forced
@@ -165,6 +161,8 @@ def normalize_messages(raw: Any) -> tuple[list[dict[str, Any]], frozenset[str]]:
         if role not in ROLES:
             allowed = ", ".join(f"'{r}'" for r in ROLES)
             raise InvalidRequest(f"{where}.role must be one of {allowed}", param="messages")
+        if role != "assistant":  # an assistant's turn may be only tool calls
+            _require_content(message, where)
         out = dict(message)
         out["role"] = "system" if role == "developer" else role
         content, media = _content(message.get("content"), where)
@@ -180,33 +178,22 @@ def normalize_messages(raw: Any) -> tuple[list[dict[str, Any]], frozenset[str]]:
     return messages, has_media
 
 
+def _require_content(message: dict[str, Any], where: str) -> None:
+    """OpenAI's 400s for a message without content, naming it (`messages[0].content`)."""
+    field = f"{where}.content"
+    if "content" not in message:
+        missing = f"Missing required parameter: '{field}'."
+        raise InvalidRequest(missing, param=field, code="missing_required_parameter")
+    if message["content"] is None:
+        expected = "expected one of a string or array of objects, but got null instead"
+        raise InvalidRequest(f"Invalid type for '{field}': {expected}.", field, "invalid_type")
+
+
 def _content(content: Any, where: str) -> tuple[Any, frozenset[str]]:
-    if content is None:
-        return "", frozenset()
-    if isinstance(content, str):
-        return content, frozenset()
-    if not isinstance(content, list):
-        raise InvalidRequest(
-            f"{where}.content must be a string or a list of content parts", param="messages"
-        )
-    texts: list[str] = []
-    media: frozenset[str] = frozenset()
-    for number, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind in TEXT_PARTS:
-            text = part.get("text")
-            if not isinstance(text, str):
-                raise InvalidRequest(
-                    f"{where}.content[{number}].text must be of type str", param="messages"
-                )
-            texts.append(text)
-        elif kind in MEDIA_PARTS:
-            media = media | media_kinds(kind)
-        else:
-            raise InvalidRequest(
-                f"{where}.content[{number}] has an unsupported type {kind!r}", param="messages"
-            )
-    return (list(content), media) if media else ("\n".join(texts), media)
+    """Text parts joined into one string; with media, the parts as they are (the template
+    places them)."""
+    flat = flatten_content(content, where, param="messages", text_types=TEXT_PARTS)
+    return (list(content), flat.media) if flat.media else (flat.text, flat.media)
 
 
 def _parsed_arguments(call: Any) -> Any:
@@ -295,4 +282,4 @@ class ChatStream:
         return frames
 
     def error(self, status: int, body: Mapping[str, Any]) -> list[str]:
-        return [sse(openai_error_json(status, body))]
+        return [openai_stream_error(status, body)]

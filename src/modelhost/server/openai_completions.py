@@ -1,7 +1,10 @@
 """OpenAI text completions: `POST /v1/completions`, JSON and SSE.
 
-The prompt must be a non-empty string (token-array prompts are refused, as mlx_lm.server does)
-and is tokenized as it is, with no template. Sampling, stop and max-token fields are chat's.
+The prompt is a non-empty string, tokenized as it is with no template, or an array of token ids
+(clients that tokenize for themselves send them, as to OpenAI, vLLM and llama-server), prefilled
+as they are: an id outside the model's vocabulary is a 400. An array holding one such prompt is
+that prompt; several prompts in one request are a 501, as `n` above 1 is. Sampling, stop and
+max-token fields are chat's.
 `logprobs` is the legacy integer (0..5 alternatives; `true` means 0), answered in the legacy
 `{tokens, token_logprobs, top_logprobs, text_offset}` shape OpenAI clients read.
 `echo: true` puts the prompt in front of the text; with `logprobs` its tokens come first in
@@ -26,23 +29,20 @@ from modelhost.inference.contracts import (
     InferenceRequest,
     InferenceResult,
     InvalidRequest,
+    Prompt,
     TextPrompt,
     TokenLogprob,
+    TokenPrompt,
 )
+from modelhost.inference.stage import AdmittedRequest, InferenceStage
 from modelhost.server import openai_fields as fields
-from modelhost.server.http import (
-    RequestLog,
-    error_response,
-    read_json_object,
-    respond_json,
-    respond_stream,
-    serving_stage,
-)
+from modelhost.server.exchange import Prepared, Reply, answer_inference
+from modelhost.server.http import EventStreamResponse, RequestLog
 from modelhost.server.openai_wire import (
     DONE,
     new_id,
     openai_error,
-    openai_error_json,
+    openai_stream_error,
     sse,
     text_logprobs_json,
     usage_json,
@@ -51,49 +51,42 @@ from modelhost.server.sse_frames import TextFrames
 
 ROUTE = "POST /v1/completions"
 MAX_LOGPROBS = 5
-PROMPT_REQUIRED = (
-    "prompt (a non-empty string) is required "
-    "(token-array prompts are not accepted, matching mlx_lm.server)"
-)
+PROMPT_REQUIRED = "prompt (a non-empty string, or a non-empty array of token ids) is required"
 
 
-async def create_completion(request: Request) -> Response:
+async def create_completion(request: Request) -> Response | EventStreamResponse:
     log = RequestLog(new_id("cmpl"), ROUTE)
-    try:
-        body = await read_json_object(request)
-        inference, options = parse_completion_request(body, log.request_id)
-        stage = serving_stage(request, body.get("model"))
-        admitted = await stage.admit(inference)
-    except Exception as exc:
-        return error_response(exc, log.request_id, openai_error, log)
-    log.admitted = admitted
-    meta = {"id": log.request_id, "created": int(time.time()), "model": stage.model_id}
-    echo = body["prompt"] if body.get("echo") is True else None
-    if options.stream:
-        protocol = TextStream(meta, options.include_usage, admitted.want_logprobs, echo)
-        return respond_stream(request, admitted, protocol, log)
-    return await respond_json(
-        request,
-        admitted,
-        lambda result: text_completion_json(meta, result, echo),
-        openai_error,
-        log,
+    return await answer_inference(
+        request, log, openai_error, lambda body: prepare_completion(body, log.request_id)
     )
+
+
+def prepare_completion(body: dict[str, Any], request_id: str) -> Prepared:
+    inference, options = parse_completion_request(body, request_id)
+
+    def reply(stage: InferenceStage, admitted: AdmittedRequest) -> Reply:
+        meta = {"id": request_id, "created": int(time.time()), "model": stage.model_id}
+        echo = echo_text(inference.prompt, stage) if body.get("echo") is True else None
+        return Reply(
+            lambda result: text_completion_json(meta, result, echo),
+            lambda: TextStream(meta, options.include_usage, admitted.want_logprobs, echo),
+        )
+
+    return Prepared(inference, reply)
 
 
 def parse_completion_request(
     body: dict[str, Any], request_id: str
 ) -> tuple[InferenceRequest, fields.StreamOptions]:
-    prompt = body.get("prompt")
-    if not isinstance(prompt, str) or not prompt:
-        raise InvalidRequest(PROMPT_REQUIRED, param="prompt")
+    prompt, num_prompts = parse_prompt(body.get("prompt"))
     options = fields.stream_options(body)
+    grammar, structured_output = fields.structured_output(body)
     echo = fields.field(body, "echo", bool) is True
     logprobs = text_logprobs(body)
     inference = InferenceRequest(
         request_id=request_id,
         method="text",
-        prompt=TextPrompt(prompt),
+        prompt=prompt,
         sampling=fields.sampling(body),
         max_tokens=fields.max_tokens(body),
         stop=fields.stop(body),
@@ -102,11 +95,29 @@ def parse_completion_request(
         prompt_logprobs=echo and logprobs is not None,
         stream=options.stream,
         num_choices=fields.choices(body),
+        num_prompts=num_prompts,
         adapter=fields.adapter(body),
-        structured_output=fields.structured_output(body),
-        grammar=fields.grammar(body),
+        structured_output=structured_output,
+        grammar=grammar,
     )
     return inference, options
+
+
+def parse_prompt(value: Any) -> tuple[TextPrompt | TokenPrompt, int]:
+    """The (first) prompt, and how many the request holds: a string, an array of token ids,
+    or an array of those."""
+    prompts = value if isinstance(value, list) and value and not _is_token_ids(value) else [value]
+    field = "prompt[0]" if prompts is value else "prompt"
+    first = prompts[0]
+    if isinstance(first, str) and first:
+        return TextPrompt(first), len(prompts)
+    if _is_token_ids(first):
+        return TokenPrompt(tuple(first), field), len(prompts)
+    raise InvalidRequest(PROMPT_REQUIRED, param="prompt")
+
+
+def _is_token_ids(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(type(v) is int for v in value)
 
 
 def text_logprobs(body: dict[str, Any]) -> int | None:
@@ -122,6 +133,14 @@ def text_logprobs(body: dict[str, Any]) -> int | None:
     if value > MAX_LOGPROBS:
         raise InvalidRequest(f"logprobs must be at most {MAX_LOGPROBS}", param="logprobs")
     return value
+
+
+def echo_text(prompt: Prompt, stage: InferenceStage) -> str:
+    """The prompt as `echo` puts it in front of the text: as sent, or its ids decoded."""
+    if isinstance(prompt, TokenPrompt):
+        return stage.model.tokenizer.decode(prompt.token_ids, skip_special_tokens=False)
+    assert isinstance(prompt, TextPrompt)
+    return prompt.text
 
 
 def echo_logprobs_json(
@@ -207,4 +226,4 @@ class TextStream:
         return frames
 
     def error(self, status: int, body: Mapping[str, Any]) -> list[str]:
-        return [sse(openai_error_json(status, body))]
+        return [openai_stream_error(status, body)]

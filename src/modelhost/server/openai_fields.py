@@ -133,16 +133,18 @@ def adapter(body: dict[str, Any]) -> str | None:
     return field(body, "adapter", str)
 
 
-def structured_output(body: dict[str, Any]) -> str | None:
-    """An instruction describing the output a structured-output field asks for, or None.
+def structured_output(body: dict[str, Any]) -> tuple[GrammarSpec | None, str | None]:
+    """The grammar a structured-output field asks the stage to enforce, and the instruction that
+    describes that output (folded into a chat prompt only when the grammar cannot be enforced,
+    with a Warning); (None, None) when no such field is set.
 
     Precedence: guided_grammar > json_schema > json_object > structured_outputs >
-    guided_regex > guided_choice. The stage folds it into the prompt (chat) only when the
-    matching `grammar` cannot be enforced, and then adds a Warning.
+    guided_regex > guided_choice.
     """
-    grammar = field(body, "guided_grammar", str)
-    if grammar:
-        return f"Respond following this grammar:\n{grammar}"
+    source = field(body, "guided_grammar", str)
+    if source:
+        grammar = GrammarSpec("grammar", source, field="guided_grammar")
+        return grammar, f"Respond following this grammar:\n{source}"
     response_format = field(body, "response_format", dict)
     if response_format is not None:
         kind = response_format.get("type")
@@ -154,58 +156,38 @@ def structured_output(body: dict[str, Any]) -> str | None:
         if kind == "json_schema":
             spec = response_format.get("json_schema")
             schema = spec.get("schema", spec) if isinstance(spec, dict) else spec
-            return f"Respond only with JSON that matches this JSON schema:\n{json.dumps(schema)}"
+            text = _schema_text(schema)
+            grammar = GrammarSpec("json_schema", text, field="response_format.json_schema")
+            return grammar, json_schema_instruction(json.dumps(schema))
         if kind == "json_object":
-            return "Respond only with a single valid JSON object."
-    outputs = field(body, "structured_outputs", dict)
-    if outputs:
-        schema = outputs.get("json")
-        if schema is not None:
-            text = schema if isinstance(schema, str) else json.dumps(schema)
-            return f"Respond only with JSON that matches this JSON schema:\n{text}"
-        body = {**body, **{f"guided_{key}": value for key, value in outputs.items()}}
-    regex = field(body, "guided_regex", str)
-    if regex:
-        return f"Respond only with text that matches the regular expression {regex}"
-    choice = field(body, "guided_choice", list)
-    if choice:
-        return "Respond with exactly one of: " + ", ".join(str(item) for item in choice)
-    return None
-
-
-def grammar(body: dict[str, Any]) -> GrammarSpec | None:
-    """The grammar to enforce, with the same precedence as `structured_output` (call that first:
-    it validates the fields)."""
-    source = field(body, "guided_grammar", str)
-    if source:
-        return GrammarSpec("grammar", source, field="guided_grammar")
-    response_format = field(body, "response_format", dict)
-    if response_format is not None:
-        kind = response_format.get("type")
-        if kind == "json_schema":
-            spec = response_format.get("json_schema")
-            schema = spec.get("schema", spec) if isinstance(spec, dict) else spec
-            return GrammarSpec(
-                "json_schema", _schema_text(schema), field="response_format.json_schema"
-            )
-        if kind == "json_object":
-            return GrammarSpec("json_object", field="response_format")
+            return GrammarSpec("json_object", field="response_format"), JSON_OBJECT_INSTRUCTION
     prefix = "guided_"
     outputs = field(body, "structured_outputs", dict)
     if outputs:
         if outputs.get("json") is not None:
             text = _schema_text(outputs["json"])
-            return GrammarSpec("json_schema", text, field="structured_outputs.json")
+            grammar = GrammarSpec("json_schema", text, field="structured_outputs.json")
+            return grammar, json_schema_instruction(text)
         body = {**body, **{f"guided_{key}": value for key, value in outputs.items()}}
         prefix = "structured_outputs."
     regex = field(body, "guided_regex", str)
     if regex:
-        return GrammarSpec("regex", regex, field=f"{prefix}regex")
+        grammar = GrammarSpec("regex", regex, field=f"{prefix}regex")
+        return grammar, f"Respond only with text that matches the regular expression {regex}"
     choice = field(body, "guided_choice", list)
     if choice:
         choices = tuple(str(item) for item in choice)
-        return GrammarSpec("choice", choices=choices, field=f"{prefix}choice")
-    return None
+        grammar = GrammarSpec("choice", choices=choices, field=f"{prefix}choice")
+        return grammar, "Respond with exactly one of: " + ", ".join(choices)
+    return None, None
+
+
+def json_schema_instruction(schema_text: str) -> str:
+    """What a prompt asks for when a JSON schema cannot be enforced by a grammar."""
+    return f"Respond only with JSON that matches this JSON schema:\n{schema_text}"
+
+
+JSON_OBJECT_INSTRUCTION = "Respond only with a single valid JSON object."
 
 
 def _schema_text(schema: Any) -> str:

@@ -8,7 +8,10 @@ error after the stream opened ends it with `response.failed`.
 
 `previous_response_id` continues a stored conversation: the stored input, its output items and
 the new input, in that order (instructions fall back to the stored ones). Answers are stored
-unless `store: false`; failed ones never are.
+unless `store: false`; failed ones never are. The store is the front server's: when a worker
+process serves the model, the front names the response (`RESPONSE_ID_HEADER`), hands the
+worker the stored turn a request continues (`FORWARDED_TURN_FIELD`) and takes the answer from
+the worker's store once it is written (`responses_forwarding`).
 
 The stage splits reasoning and tool calls out of the text; here they become a `reasoning`
 item (first) and `function_call` items (last). A forced `tool_choice` and `text.format`
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,21 +32,16 @@ from starlette.responses import JSONResponse, Response
 from modelhost.inference.contracts import (
     ChatPrompt,
     CompletionEvent,
-    CompletionUsage,
     FinishReason,
     InferenceRequest,
     InferenceResult,
     InvalidRequest,
+    Usage,
 )
+from modelhost.inference.stage import AdmittedRequest, InferenceStage
 from modelhost.server import openai_fields as fields
-from modelhost.server.http import (
-    RequestLog,
-    error_response,
-    read_json_object,
-    respond_json,
-    respond_stream,
-    serving_stage,
-)
+from modelhost.server.exchange import Prepared, Reply, answer_inference
+from modelhost.server.http import EventStreamResponse, RequestLog
 from modelhost.server.response_store import ResponseStore, StoredResponse
 from modelhost.server.responses_wire import (
     ResponseNotFound,
@@ -59,40 +57,60 @@ from modelhost.server.responses_wire import (
     text_format,
     usage_json,
 )
-from modelhost.server.sse_frames import compact_json
+from modelhost.server.sse_frames import named_event
 
 ROUTE = "POST /v1/responses"
+# From the front to the worker that serves a request: the id to answer under, and the stored
+# turn that `previous_response_id` names (only a worker reads them: its socket is the front's).
+RESPONSE_ID_HEADER = "x-modelhost-response-id"
+FORWARDED_TURN_FIELD = "modelhost_previous_response"
 
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:24]}"
 
 
-async def create_response(request: Request) -> Response:
-    log = RequestLog(new_id("resp"), ROUTE)
+async def create_response(request: Request) -> Response | EventStreamResponse:
     store: ResponseStore = request.app.state.response_store
-    try:
-        body = await read_json_object(request)
-        stage = serving_stage(request, body.get("model"))
-        turn = parse_turn(body, store, log.request_id, stage.model_id)
-        admitted = await stage.admit(turn.inference)
-    except Exception as exc:
-        return error_response(exc, log.request_id, responses_error, log)
-    log.admitted = admitted
-    if turn.inference.stream:
-        return respond_stream(request, admitted, ResponseStream(turn, store), log)
+    from_front = request.app.state.settings.owner == "worker"
+    named = request.headers.get(RESPONSE_ID_HEADER) if from_front else None
+    log = RequestLog(named or new_id("resp"), ROUTE)
+
+    def prepare(body: dict[str, Any]) -> Prepared:
+        if from_front:
+            forwarded = body.get(FORWARDED_TURN_FIELD)
+            prior = StoredResponse.from_json(forwarded) if isinstance(forwarded, dict) else None
+            return prepare_turn(body, store, log.request_id, lambda _: prior)
+        return prepare_turn(body, store, log.request_id, store.get)
+
+    return await answer_inference(request, log, responses_error, prepare)
+
+
+def prepare_turn(
+    body: dict[str, Any],
+    store: ResponseStore,
+    request_id: str,
+    stored_turn: Callable[[str], StoredResponse | None],
+) -> Prepared:
+    """The turn `body` asks for (`stored_turn` finds the one it continues); its answer goes to
+    `store`."""
+    turn = parse_turn(body, stored_turn, request_id)
 
     def render(result: InferenceResult) -> dict[str, Any]:
         output = output_items(result)
         return turn.complete(store, output, result.finish_reason, result.usage, result.reasoning)
 
-    return await respond_json(request, admitted, render, responses_error, log)
+    def reply(stage: InferenceStage, admitted: AdmittedRequest) -> Reply:
+        turn.base["model"] = stage.model_id
+        return Reply(render, lambda: ResponseStream(turn, store))
+
+    return Prepared(turn.inference, reply)
 
 
 async def retrieve_response(request: Request) -> Response:
     response_id = request.path_params["response_id"]
     store: ResponseStore = request.app.state.response_store
-    stored = store.get(response_id)
+    stored = await store.get_settled(response_id)
     if stored is None:
         error = ResponseNotFound(f"response '{response_id}' not found or expired")
         return responses_error(error.status, error.body)
@@ -118,7 +136,7 @@ class Turn:
         store: ResponseStore,
         output: list[dict[str, Any]],
         finish_reason: FinishReason,
-        usage: CompletionUsage,
+        usage: Usage,
         reasoning: str = "",
     ) -> dict[str, Any]:
         """The final response object; stored when the request allowed it."""
@@ -133,7 +151,12 @@ class Turn:
         return response
 
 
-def parse_turn(body: dict[str, Any], store: ResponseStore, request_id: str, model: str) -> Turn:
+def parse_turn(
+    body: dict[str, Any],
+    stored_turn: Callable[[str], StoredResponse | None],
+    request_id: str,
+) -> Turn:
+    """The turn a body asks for; its response's `model` is set once a model admitted it."""
     raw_input = body.get("input")
     if isinstance(raw_input, str):
         new_items: list[Mapping[str, Any]] = [{"role": "user", "content": raw_input}]
@@ -145,7 +168,7 @@ def parse_turn(body: dict[str, Any], store: ResponseStore, request_id: str, mode
     previous_id = fields.field(body, "previous_response_id", str)
     items = new_items
     if previous_id is not None:
-        prior = store.get(previous_id)
+        prior = stored_turn(previous_id)
         if prior is None:
             raise ResponseNotFound(
                 f"previous_response_id '{previous_id}' not found or expired",
@@ -190,7 +213,7 @@ def parse_turn(body: dict[str, Any], store: ResponseStore, request_id: str, mode
         "incomplete_details": None,
         "instructions": instructions,
         "max_output_tokens": max_tokens,
-        "model": model,
+        "model": None,
         "output": [],
         "parallel_tool_calls": True,
         "previous_response_id": previous_id,
@@ -239,9 +262,9 @@ class ResponseStream:
         self.reasoning: list[str] = []
 
     def _event(self, kind: str, payload: Mapping[str, Any]) -> str:
-        body = {"type": kind, "sequence_number": self.sequence_number, **payload}
+        body = {"sequence_number": self.sequence_number, **payload}
         self.sequence_number += 1
-        return f"event: {kind}\ndata: {compact_json(body)}\n\n"
+        return named_event(kind, body)
 
     @property
     def _where(self) -> dict[str, Any]:

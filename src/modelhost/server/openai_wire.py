@@ -9,7 +9,8 @@ from typing import Any
 
 from starlette.responses import JSONResponse, Response
 
-from modelhost.inference.contracts import CompletionUsage, TokenLogprob
+from modelhost.inference.contracts import TokenLogprob, Usage
+from modelhost.server.http import ErrorShape
 from modelhost.server.sse_frames import compact_json
 from modelhost.text.tool_calls import ToolCall
 
@@ -25,14 +26,14 @@ def sse(payload: Mapping[str, Any]) -> str:
     return f"data: {compact_json(payload)}\n\n"
 
 
-def usage_json(usage: CompletionUsage) -> dict[str, Any]:
+def usage_json(usage: Usage) -> dict[str, Any]:
     """The terminal usage block: OpenAI's fields plus `lane` (one request is a batch of one)."""
     return {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
-        "lane": usage.lane,
+        "lane": "batched",
     }
 
 
@@ -49,6 +50,14 @@ def openai_error_json(status: int, body: Mapping[str, Any]) -> dict[str, Any]:
 
 def openai_error(status: int, body: Mapping[str, Any]) -> Response:
     return JSONResponse(openai_error_json(status, body), status_code=status)
+
+
+def openai_stream_error(status: int, body: Mapping[str, Any]) -> str:
+    """The frame that ends a broken stream: `data: {error: {...}}`."""
+    return sse(openai_error_json(status, body))
+
+
+OPENAI_ERRORS = ErrorShape(openai_error, openai_stream_error)
 
 
 def _finite(value: float) -> float:

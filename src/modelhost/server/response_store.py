@@ -1,12 +1,20 @@
 """The Responses API's memory of past answers, for `previous_response_id` and `GET`.
 
-Process-local and bounded two ways: an entry expires `ttl_s` after it was stored, and the
-store drops least-recently-used entries while its size is over `max_bytes` (an entry's size is
-the length of its JSON). Nothing survives a restart, as with the reference server.
+The front server's (a worker process keeps an answer only until the front takes it:
+`responses_forwarding`), and bounded two ways: an entry expires `ttl_s` after it was stored,
+and the store drops least-recently-used entries while its size is over `max_bytes` (an entry's
+size is the length of its JSON). Nothing survives a restart of the server, as with the
+reference server; everything survives a model's eviction or a worker's respawn.
+
+A response the front is still relaying is *expected*: a lookup of its id waits (a little) for
+it to be stored, or not, so a client that chains a turn the moment it has read the last one
+never races the front.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 from collections import OrderedDict
@@ -16,6 +24,7 @@ from typing import Any
 
 DEFAULT_TTL_S = 3600.0
 DEFAULT_MAX_BYTES = 32 * 1024 * 1024
+SETTLE_TIMEOUT_S = 10.0  # the front takes an answer from its worker in milliseconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +41,23 @@ class StoredResponse:
     def num_bytes(self) -> int:
         parts = (self.input_items, self.output_items, self.instructions, self.response)
         return sum(len(json.dumps(part, ensure_ascii=False)) for part in parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "input_items": list(self.input_items),
+            "output_items": list(self.output_items),
+            "instructions": self.instructions,
+            "response": dict(self.response),
+        }
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> StoredResponse:
+        return cls(
+            list(value["input_items"]),
+            list(value["output_items"]),
+            value["instructions"],
+            dict(value["response"]),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +81,7 @@ class ResponseStore:
         self.clock = clock
         self._entries: OrderedDict[str, tuple[float, int, StoredResponse]] = OrderedDict()
         self._num_bytes = 0
+        self._expected: dict[str, asyncio.Event] = {}
 
     def put(self, response_id: str, entry: StoredResponse) -> bool:
         """Keep `entry`; False when it alone is over the byte cap (nothing is kept then)."""
@@ -80,6 +107,32 @@ class ResponseStore:
             return None
         self._entries.move_to_end(response_id)
         return entry
+
+    def take(self, response_id: str) -> StoredResponse | None:
+        """The entry, removed from the store (a worker's answer, which the front keeps)."""
+        entry = self.get(response_id)
+        self._drop(response_id)
+        return entry
+
+    def expect(self, response_id: str) -> None:
+        """`response_id` is being answered: lookups wait until `settle` says it is stored or
+        will not be."""
+        self._expected.setdefault(response_id, asyncio.Event())
+
+    def settle(self, response_id: str) -> None:
+        expected = self._expected.pop(response_id, None)
+        if expected is not None:
+            expected.set()
+
+    async def get_settled(
+        self, response_id: str, timeout_s: float = SETTLE_TIMEOUT_S
+    ) -> StoredResponse | None:
+        """`get`, once a response still being answered under that id has been settled."""
+        expected = self._expected.get(response_id)
+        if expected is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(expected.wait(), timeout_s)
+        return self.get(response_id)
 
     def stats(self) -> ResponseStoreStats:
         return ResponseStoreStats(len(self._entries), self._num_bytes, self.max_bytes, self.ttl_s)

@@ -18,13 +18,15 @@ from typing import Any
 from starlette.responses import JSONResponse, Response
 
 from modelhost.inference.contracts import (
-    CompletionUsage,
     GrammarSpec,
     InvalidRequest,
     RequestError,
+    Usage,
 )
-from modelhost.inference.media import MEDIA_PARTS, media_kinds
 from modelhost.server import openai_fields as fields
+from modelhost.server.content_parts import flatten_content
+from modelhost.server.http import ErrorShape
+from modelhost.server.sse_frames import named_event
 from modelhost.text.tool_calls import ToolCall
 
 ROLES = ("user", "assistant", "system", "developer")
@@ -51,6 +53,16 @@ def responses_error_json(status: int, body: Mapping[str, Any]) -> dict[str, Any]
 
 def responses_error(status: int, body: Mapping[str, Any]) -> Response:
     return JSONResponse(responses_error_json(status, body), status_code=status)
+
+
+def responses_stream_error(status: int, body: Mapping[str, Any]) -> str:
+    """The `error` event the front ends a broken stream with (the stream's own `response.failed`
+    needs what the stream sent so far, which only its writer knows)."""
+    error = responses_error_json(status, body)["error"]
+    return named_event("error", {**error, "type": "error", "param": error.get("param")})
+
+
+RESPONSES_ERRORS = ErrorShape(responses_error, responses_stream_error)
 
 
 def function_tools(body: dict[str, Any]) -> tuple[tuple[dict[str, Any], ...] | None, Any]:
@@ -121,30 +133,14 @@ def template_messages(
 
 
 def _content(content: Any, where: str) -> tuple[str, frozenset[str]]:
-    if content is None or isinstance(content, str):
-        return content or "", frozenset()
-    if not isinstance(content, list):
-        raise InvalidRequest(
-            f"{where}.content must be a string or a list of content parts", param="input"
-        )
-    texts: list[str] = []
-    has_media: frozenset[str] = frozenset()
-    for number, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind in TEXT_PARTS:
-            text = part.get("text")
-            if not isinstance(text, str):
-                raise InvalidRequest(f"{where}.content[{number}].text must be of type str", "input")
-            texts.append(text)
-        elif kind == "refusal":
-            texts.append(str(part.get("refusal") or ""))
-        elif kind in MEDIA_PARTS:
-            has_media = has_media | media_kinds(kind)
-        else:
-            raise InvalidRequest(
-                f"{where}.content[{number}] has an unsupported type {kind!r}", param="input"
-            )
-    return "\n".join(texts), has_media
+    flat = flatten_content(
+        content, where, param="input", text_types=TEXT_PARTS, others={"refusal": _refusal}
+    )
+    return flat.text, flat.media
+
+
+def _refusal(part: Mapping[str, Any], where: str) -> str:
+    return str(part.get("refusal") or "")
 
 
 def _function_call(item: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -168,13 +164,11 @@ def text_format(body: dict[str, Any]) -> tuple[dict[str, Any], GrammarSpec | Non
     if kind == "text":
         return echo, None, None
     if kind == "json_object":
-        instruction = "Respond only with a single valid JSON object."
-        return echo, GrammarSpec("json_object", field="text.format"), instruction
+        return echo, GrammarSpec("json_object", field="text.format"), fields.JSON_OBJECT_INSTRUCTION
     if kind == "json_schema" and isinstance(spec.get("schema"), dict):
         schema = json.dumps(spec["schema"], ensure_ascii=False)
-        instruction = f"Respond only with JSON that matches this JSON schema:\n{schema}"
         enforced = GrammarSpec("json_schema", schema, field="text.format.schema")
-        return echo, enforced, instruction
+        return echo, enforced, fields.json_schema_instruction(schema)
     raise InvalidRequest(
         "text.format must be {type: 'text'}, {type: 'json_object'} or "
         "{type: 'json_schema', schema: {...}}",
@@ -182,7 +176,7 @@ def text_format(body: dict[str, Any]) -> tuple[dict[str, Any], GrammarSpec | Non
     )
 
 
-def usage_json(usage: CompletionUsage, reasoning: str = "") -> dict[str, Any]:
+def usage_json(usage: Usage, reasoning: str = "") -> dict[str, Any]:
     # The reference counts reasoning tokens as the reasoning's words (at least one when any).
     reasoning_tokens = max(len(reasoning.split()), 1) if reasoning else 0
     return {

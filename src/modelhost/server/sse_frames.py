@@ -9,7 +9,7 @@ have flushed the caches, on the event loop that shares the cores with those kern
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from json.encoder import encode_basestring  # what json.dumps(..., ensure_ascii=False) uses
 from typing import Any
 
@@ -20,6 +20,12 @@ _SLOT = "\ufdd0text\ufdd0"  # noncharacters: a placeholder no renderer writes on
 def compact_json(value: Any) -> str:
     """`value` as JSON without spaces, non-ASCII text kept as it is (the wire's JSON)."""
     return _COMPACT.encode(value)
+
+
+def named_event(name: str, payload: Mapping[str, Any]) -> str:
+    """An SSE event named `name` whose data is `{type: name, ...payload}` (Anthropic's and the
+    Responses API's frames)."""
+    return f"event: {name}\ndata: {compact_json({'type': name, **payload})}\n\n"
 
 
 class TextFrames:

@@ -10,6 +10,8 @@
 - `POST /admin/memory/complete {call, snapshot?, requests: [{stage?, input: {system?, user},
   maxTokens}]}` → `{outputs: [...]}` in input order: completions for a memory module that sits
   in the parent (reference §4.10), run on this worker's engine without an HTTP surface each.
+- `POST /admin/responses/take {id}`: the stored Responses answer `id`, removed from this
+  worker's store (404 when there is none): the front keeps the stored answers.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from modelhost.inference.contracts import (
 from modelhost.inference.stage import InferenceStage
 from modelhost.server.http import read_json_object
 from modelhost.server.openai_wire import new_id, openai_error
+from modelhost.server.response_store import ResponseStore
 
 DEFAULT_DRAIN_MS = 120_000
 EVENTS_INTERVAL_S = 1.0
@@ -92,6 +95,18 @@ async def memory_complete(request: Request) -> Response:
     return JSONResponse({"outputs": [result.text for result in results]})
 
 
+async def take_response(request: Request) -> Response:
+    try:
+        body = await read_json_object(request)
+    except RequestError as error:
+        return openai_error(error.status, error.body)
+    store: ResponseStore = request.app.state.response_store
+    taken = store.take(str(body.get("id")))
+    if taken is None:
+        return openai_error(404, {"message": "no such stored response", "code": "not_found"})
+    return JSONResponse(taken.to_json())
+
+
 def _memory_requests(body: dict[str, Any]) -> list[InferenceRequest]:
     if body.get("call") not in ("complete", "completeBatch"):
         raise InvalidRequest("call must be 'complete' or 'completeBatch'", param="call")
@@ -133,4 +148,5 @@ WORKER_ROUTES = (
     ("POST", "/admin/drain", drain),
     ("GET", "/admin/events", events),
     ("POST", "/admin/memory/complete", memory_complete),
+    ("POST", "/admin/responses/take", take_response),
 )

@@ -1,10 +1,10 @@
-"""Model routing as pure ASGI middleware: read the body's `model`, lease that model, and hold the
+"""Model leasing as pure ASGI middleware: read the body's `model`, lease that model, and hold the
 lease until the response body has ended, been cancelled or failed (never longer).
 
-Every POST under /v1/ goes through here: the inference endpoints route by the body's `model`,
-the rest lease the active model (when one is resident) so a change never runs on an engine
-being drained. The body is
-read once and replayed to the handler; the handler finds its stage in the scope
+Every POST under /v1/ goes through here: the surfaces' model-routed paths route by the body's
+`model`, the rest lease the active model (when one is resident) so a change never runs on an
+engine being drained. The body is read once and replayed to the handler (or proxied to the
+worker process that serves the model); the handler finds its stage in the scope
 (`http.serving_stage`). A model that cannot be leased answers in the calling protocol's error
 shape: 502 `model_load_failed`, 503 `server_closing`, 400 otherwise; a client that leaves while
 its model loads gets 499 and leaves no lease behind.
@@ -14,63 +14,46 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from modelhost.inference.contracts import RequestCancelled
-from modelhost.residency.router import (
-    MODEL_ROUTED,
-    ModelRouter,
-    model_field,
-    operation_for,
-    residency_status,
-)
+from modelhost.residency.router import ModelRouter
 from modelhost.residency.unit import ResidencyError
-from modelhost.server.anthropic_wire import anthropic_error
-from modelhost.server.http import STAGE_KEY, ErrorFormatter, replay_body, wait_for_disconnect
-from modelhost.server.openai_wire import openai_error
-from modelhost.server.responses_wire import responses_error
+from modelhost.residency.worker_unit import WorkerUnit
+from modelhost.server.http import STAGE_KEY, ErrorShape, replay_body, wait_for_disconnect
+from modelhost.server.worker_proxy import Forwarded, proxy
 
-RESPONSES = "/v1/responses/"  # GET /v1/responses/{id}: a worker's store may hold it
-
-
-def error_format_for(path: str) -> ErrorFormatter:
-    if path.startswith("/v1/messages"):
-        return anthropic_error
-    if path.startswith("/v1/responses"):
-        return responses_error
-    return openai_error
+if TYPE_CHECKING:
+    from modelhost.server.surfaces import Surfaces
 
 
-class ModelRouting:
-    def __init__(self, app: ASGIApp, router: ModelRouter[Any]) -> None:
+class ModelLeasing:
+    def __init__(self, app: ASGIApp, router: ModelRouter[Any], surfaces: Surfaces) -> None:
         self.app = app
         self.router = router
+        self.surfaces = surfaces
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
-        if scope["type"] == "http" and scope["method"] == "GET" and path.startswith(RESPONSES):
-            stored = await self.router.stored_response(path)
-            if stored is not None:
-                await JSONResponse(stored)(scope, receive, send)
-                return
         if scope["type"] != "http" or scope["method"] != "POST" or not path.startswith("/v1/"):
             await self.app(scope, receive, send)
             return
         body = await _read_body(receive)
         if body is None:
             return  # the client left before it finished sending
-        if path in MODEL_ROUTED:
+        errors = self.surfaces.errors_for(path)
+        operation = self.surfaces.operation(path)
+        if operation is not None:
             try:
                 named = model_field(body) or form_model_field(scope, body)
-                model_id = self.router.route(named, operation_for(path))
+                model_id = self.router.route(named, operation)
             except ResidencyError as error:
-                status, error_body = residency_status(error)
-                await _send_error(scope, receive, send, status, error_body)
+                await _refuse(scope, receive, send, errors, *residency_status(error))
                 return
         else:
             # Anything else model-scoped is the active model's, and never loads one: with
@@ -89,7 +72,7 @@ class ModelRouting:
                 lease = await acquiring
                 lease.release()
             cancelled = RequestCancelled()
-            await _send_error(scope, receive, send, cancelled.status, cancelled.body)
+            await _refuse(scope, receive, send, errors, cancelled.status, cancelled.body)
             return
         gone.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -97,8 +80,7 @@ class ModelRouting:
         try:
             lease = acquiring.result()
         except ResidencyError as error:
-            status, error_body = residency_status(error)
-            await _send_error(scope, receive, send, status, error_body)
+            await _refuse(scope, receive, send, errors, *residency_status(error))
             return
 
         async def send_then_release(message: Message) -> None:
@@ -109,14 +91,42 @@ class ModelRouting:
                     lease.release()  # the body has ended
 
         try:
-            proxy = getattr(lease.unit, "proxy", None)
-            if proxy is not None:  # a worker process serves this model
-                await proxy(scope, body, receive, send_then_release, error_format_for(path))
+            forward = self.surfaces.forward(path)
+            if isinstance(lease.unit, WorkerUnit) and forward is not None:
+                # The lease holds until the front has settled what it keeps of the answer.
+                forwarded = await forward(scope, body)
+                try:
+                    await proxy(
+                        lease.unit, _with(scope, forwarded), forwarded.body, receive, send, errors
+                    )
+                finally:
+                    await forwarded.settle(lease.unit)
+                return
+            if isinstance(lease.unit, WorkerUnit):  # a worker process serves this model
+                await proxy(lease.unit, scope, body, receive, send_then_release, errors)
                 return
             scope = {**scope, STAGE_KEY: lease.unit.stage}
             await self.app(scope, replay_body(body, receive), send_then_release)
         finally:
             lease.release()  # cancelled or failed before its body ended
+
+
+def model_field(body: bytes) -> str | None:
+    """The routing key of a buffered body: a JSON object's string `model`, else None (the
+    current model answers, and its own parser refuses a malformed body)."""
+    try:
+        value = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    model = value.get("model") if isinstance(value, dict) else None
+    return model if isinstance(model, str) else None
+
+
+def _with(scope: Scope, forwarded: Forwarded) -> Scope:
+    """`scope` with the forwarded request's headers in place of the client's of those names."""
+    names = {name for name, _ in forwarded.headers}
+    kept = [(k, v) for k, v in scope.get("headers", []) if k.lower() not in names]
+    return {**scope, "headers": [*kept, *forwarded.headers]}
 
 
 _FORM_MODEL = re.compile(rb'name="model"\r\n(?:[^\r\n]*\r\n)*?\r\n([^\r\n]{1,256})\r\n')
@@ -142,9 +152,28 @@ async def _read_body(receive: Receive) -> bytes | None:
             return b"".join(chunks)
 
 
-async def _send_error(
-    scope: Scope, receive: Receive, send: Send, status: int, body: Mapping[str, Any]
+async def _refuse(
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    errors: ErrorShape,
+    status: int,
+    body: Mapping[str, Any],
 ) -> None:
-    response = error_format_for(scope["path"])(status, body)
+    response = errors.response(status, body)
     with contextlib.suppress(OSError):
         await response(scope, receive, send)
+
+
+def residency_status(error: ResidencyError) -> tuple[int, dict[str, Any]]:
+    """(status, neutral body) of a model that could not be leased."""
+    if error.code == "load-failed":
+        status, kind = 502, "model_load_failed"
+    elif error.code == "closed":
+        status, kind = 503, "server_closing"
+    else:
+        status, kind = 400, "invalid_request_error"
+    body = {"message": error.message, "type": kind, "code": error.code}
+    if error.code == "wrong-operation":
+        body["param"] = "model"
+    return status, body

@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from modelhost.residency.stream_handoff import (
+from modelhost.cli_worker import bind_private_socket
+from modelhost.server.stream_handoff import (
     HANDOFF_HEADER,
     READY,
     SocketReceiver,
     StreamHandoff,
     pass_socket,
 )
-from modelhost.residency.worker import bind_private_socket
 
 TOKEN = b"0123456789abcdef0123456789abcdef"
 FRAMES = [b"data: one\n\n", b"data: two\n\n"]

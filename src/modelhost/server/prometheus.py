@@ -1,12 +1,4 @@
-"""Observability: request ids, the one log line per request, and `GET /metrics` (Prometheus).
-
-`ObservedRequests` is the outermost layer of every app. It gives each request an id (the
-client's own `x-request-id` when it is sane, else a new one), carries it on the response's
-`x-request-id` header (errors and SSE streams included) and into the scope's headers (so a
-worker process that serves the request logs the same id), and counts the request by route and
-status when it ends. The protocol handlers' `RequestLog` finds the request's `RequestContext`
-(a context variable the layer sets) and reports tokens and timings to it; a request no handler
-logged (discovery, /health, refusals at the edge) gets its line from the layer itself.
+"""`GET /metrics`: the Prometheus registry of an app, its instruments and its collectors.
 
 Each app owns a `Metrics` (its own `CollectorRegistry`: tests build many apps). Request figures
 are observed as requests end; what describes engines, residency and jobs is read when scraped:
@@ -33,20 +25,23 @@ are observed as requests end; what describes engines, residency and jobs is read
 
 The inter-token latency is each request's mean gap between tokens after the first; the queue
 time runs from arrival to the engine taking the row (waiting for a model to load included).
+
+A request served by a worker process is observed there. The workers write their request series
+(time to first token, inter-token, end to end, queue, tokens) to files in the front's
+`WorkerSamples` directory (prometheus-client's multiprocess mode), and the front's scrape adds
+them to its own: every request counts whichever process served it, and a worker's requests
+still count after it was evicted or respawned (its files stay).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import logging
-import re
-import time
-import uuid
-from collections.abc import Iterator, Mapping
-from contextvars import ContextVar
-from dataclasses import dataclass
+import glob
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import (
@@ -58,81 +53,24 @@ from prometheus_client import (
 )
 from prometheus_client import generate_latest as exposition
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.samples import Sample
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Match
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-logger = logging.getLogger("modelhost.server")
+from modelhost.server.request_context import RequestOutcome
+
 disable_created_metrics()  # no `_created` twin for every counter and histogram
-
-REQUEST_ID_HEADER = "x-request-id"
-_SANE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/+=@-]{0,127}")
-QUIET_PATHS = frozenset({"/health", "/metrics"})  # probes and scrapes log at DEBUG
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
 TOKEN_GAP_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5)
 LOAD_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
-# ---------------------------------------------------------------------------------------------
-# The request context
-
-
-@dataclass(slots=True)
-class RequestContext:
-    """One request as the edge sees it; the handler's RequestLog reports into it."""
-
-    request_id: str
-    method: str
-    path: str
-    arrived_at: float  # time.monotonic() when the request reached the app
-    metrics: Metrics | None
-    status: int | None = None  # what the request log decided (499: the client left mid-stream)
-    logged: bool = False
-
-
-_CURRENT: ContextVar[RequestContext | None] = ContextVar("modelhost_request", default=None)
-
-
-def current_request() -> RequestContext | None:
-    """The context of the request being served in this task (None outside the edge layer)."""
-    return _CURRENT.get()
-
-
-def request_id_from(scope: Scope) -> str:
-    """The client's `x-request-id` when it is sane (short, printable, no spaces), else a new id."""
-    for key, value in scope.get("headers", []):
-        if key.lower() == REQUEST_ID_HEADER.encode():
-            candidate = value.decode("latin-1")
-            if _SANE_ID.fullmatch(candidate):
-                return candidate
-            break
-    return uuid.uuid4().hex
-
-
-@dataclass(frozen=True, slots=True)
-class RequestOutcome:
-    """What a protocol handler's request log knows when its request ends."""
-
-    route: str  # "POST /v1/chat/completions"
-    status: int
-    prompt_tokens: int | None
-    completion_tokens: int | None
-    ttft_s: float | None
-    token_gap_s: float | None
-    queue_s: float | None
-    total_s: float
-
-
-# ---------------------------------------------------------------------------------------------
-# Metrics
-
-
 class Metrics:
     """The app's Prometheus registry: request instruments, plus `ServingCollector` over `state`."""
 
-    def __init__(self, state: Any) -> None:
+    def __init__(self, state: Any, worker_samples: WorkerSamples | None = None) -> None:
         self.registry = registry = CollectorRegistry(auto_describe=False)
         self.requests = Counter(
             "modelhost_http_requests",
@@ -140,40 +78,44 @@ class Metrics:
             ["method", "route", "status"],
             registry=registry,
         )
+        # The request series: registered through RequestSeries, which adds the workers' samples.
         self.ttft = Histogram(
             "modelhost_time_to_first_token_seconds",
             "Seconds from arrival to the first generated token",
             ["route"],
             buckets=LATENCY_BUCKETS,
-            registry=registry,
+            registry=None,
         )
         self.token_gap = Histogram(
             "modelhost_inter_token_latency_seconds",
             "Each request's mean seconds between generated tokens after the first",
             ["route"],
             buckets=TOKEN_GAP_BUCKETS,
-            registry=registry,
+            registry=None,
         )
         self.e2e = Histogram(
             "modelhost_e2e_request_latency_seconds",
             "Seconds from arrival to the end of the response, for inference requests",
             ["route"],
             buckets=LATENCY_BUCKETS,
-            registry=registry,
+            registry=None,
         )
         self.queue = Histogram(
             "modelhost_request_queue_seconds",
             "Seconds from arrival until the engine took the row (model load waits included)",
             ["route"],
             buckets=LATENCY_BUCKETS,
-            registry=registry,
+            registry=None,
         )
         self.prompt_tokens = Counter(
-            "modelhost_prompt_tokens", "Prompt tokens admitted", ["route"], registry=registry
+            "modelhost_prompt_tokens", "Prompt tokens admitted", ["route"], registry=None
         )
         self.generation_tokens = Counter(
-            "modelhost_generation_tokens", "Tokens generated", ["route"], registry=registry
+            "modelhost_generation_tokens", "Tokens generated", ["route"], registry=None
         )
+        series: list[Counter | Histogram] = [self.ttft, self.token_gap, self.e2e, self.queue]
+        series += [self.prompt_tokens, self.generation_tokens]
+        registry.register(RequestSeries(series, worker_samples))
         self.model_loads = Counter(
             "modelhost_model_loads", "Models loaded into residency", ["model"], registry=registry
         )
@@ -233,6 +175,66 @@ class Metrics:
         host.subscribe(self.residency_event)
 
 
+class WorkerSamples:
+    """The directory where worker processes write their request series, and its reading.
+
+    A worker finds it in its environment (`env()`, given when it is spawned); prometheus-client
+    then keeps each of its counters and histograms in a file there, by process id."""
+
+    def __init__(self) -> None:
+        self.directory = tempfile.mkdtemp(prefix="modelhost-metrics-")
+
+    def env(self) -> dict[str, str]:
+        return {"PROMETHEUS_MULTIPROC_DIR": self.directory}
+
+    def families(self) -> dict[str, Metric]:
+        """Every worker's series, summed over the workers, by family name."""
+        files = glob.glob(os.path.join(self.directory, "*.db"))
+        return {family.name: family for family in MultiProcessCollector.merge(files)}
+
+    def close(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class RequestSeries:
+    """The front's own request instruments, each with the workers' samples of it added."""
+
+    def __init__(
+        self, instruments: Sequence[Counter | Histogram], worker_samples: WorkerSamples | None
+    ) -> None:
+        self.instruments = instruments
+        self.worker_samples = worker_samples
+
+    def collect(self) -> Iterator[Metric]:
+        theirs = self.worker_samples.families() if self.worker_samples is not None else {}
+        for instrument in self.instruments:
+            for family in instrument.collect():
+                added = theirs.get(family.name)
+                if added is not None:
+                    family.samples = _summed([*family.samples, *added.samples])
+                yield family
+
+
+def _summed(samples: list[Sample]) -> list[Sample]:
+    """One sample per name and labels, the values added, in exposition order (each label set's
+    buckets by bound, then its count and sum)."""
+    values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for sample in samples:
+        key = (sample.name, tuple(sorted(sample.labels.items())))
+        values[key] = values.get(key, 0.0) + sample.value
+
+    def order(key: tuple[str, tuple[tuple[str, str], ...]]) -> tuple[Any, ...]:
+        name, labels = key
+        series = tuple(item for item in labels if item[0] != "le")
+        bound = float(dict(labels).get("le", "0"))
+        return series, name.endswith("_sum"), name.endswith("_count"), bound
+
+    return [
+        Sample(name, dict(labels), values[name, labels])
+        for name, labels in sorted(values, key=order)
+    ]
+
+
 class ServingCollector:
     """Gauges read at scrape time from the app's state: engines, residency, workers and jobs.
 
@@ -268,7 +270,7 @@ class ServingCollector:
         }
 
     def collect(self) -> Iterator[Metric]:
-        families = {
+        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
             "running": GaugeMetricFamily(
                 "modelhost_running_rows", "Rows decoding now", labels=["model"]
             ),
@@ -394,107 +396,3 @@ async def metrics_endpoint(request: Request) -> Response:
     metrics: Metrics = request.app.state.metrics
     await metrics.serving.refresh()
     return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
-
-
-# ---------------------------------------------------------------------------------------------
-# The edge layer
-
-
-class ObservedRequests:
-    """Request ids, `x-request-id` on every response, request counts and the fallback log line."""
-
-    def __init__(self, app: ASGIApp, metrics: Metrics | None) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        request_id = request_id_from(scope)
-        header = (REQUEST_ID_HEADER.encode(), request_id.encode())
-        headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != header[0]]
-        scope = {**scope, "headers": [*headers, header]}  # a worker that serves it logs this id
-        context = RequestContext(
-            request_id, scope["method"], scope["path"], time.monotonic(), self.metrics
-        )
-        status: int | None = None
-
-        async def send_with_id(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                out = [(k, v) for k, v in message.get("headers", []) if k.lower() != header[0]]
-                message = {**message, "headers": [*out, header]}
-            await send(message)
-
-        token = _CURRENT.set(context)
-        try:
-            await self.app(scope, receive, send_with_id)
-        except BaseException:
-            status = status or 500
-            raise
-        finally:
-            _CURRENT.reset(token)
-            self._finish(scope, context, status)
-
-    def _finish(self, scope: Scope, context: RequestContext, sent: int | None) -> None:
-        status = context.status or sent or 499  # nothing sent: the client left first
-        if self.metrics is not None:
-            route = route_label(scope)
-            self.metrics.requests.labels(context.method, route, str(status)).inc()
-        if not context.logged:
-            total_ms = (time.monotonic() - context.arrived_at) * 1000
-            level = logging.DEBUG if context.path in QUIET_PATHS else logging.INFO
-            fields = {"method": context.method, "path": context.path, "status": status}
-            logger.log(
-                level,
-                "- %s %s %d total_ms=%.1f request_id=%s",
-                context.method,
-                context.path,
-                status,
-                total_ms,
-                context.request_id,
-                extra={"request": {"request_id": context.request_id, **fields,
-                                   "total_ms": round(total_ms, 1)}},
-            )  # fmt: skip
-
-
-def route_label(scope: Scope) -> str:
-    """The matched route's path template (bounded label values); `unmatched` otherwise."""
-    app = scope.get("app")
-    for route in getattr(getattr(app, "router", None), "routes", ()):
-        match, _ = route.matches(scope)
-        if match is not Match.NONE:
-            return str(getattr(route, "path", scope["path"]))
-    return "unmatched"
-
-
-# ---------------------------------------------------------------------------------------------
-# JSON logs
-
-
-class JsonLogFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, then a request's fields or the message."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        line: dict[str, Any] = {
-            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-        }
-        fields = getattr(record, "request", None)
-        if isinstance(fields, dict):
-            line.update(fields)
-        else:
-            line["message"] = record.getMessage()
-        if record.exc_info:
-            line["exc"] = self.formatException(record.exc_info)
-        return json.dumps(line, ensure_ascii=False, default=str)
-
-
-def use_json_logs(root: logging.Logger | None = None) -> None:
-    """`--log-format json`: every handler on the root logger writes JSON lines."""
-    for handler in (root or logging.getLogger()).handlers:
-        if not isinstance(handler.formatter, JsonLogFormatter):
-            handler.setFormatter(JsonLogFormatter())

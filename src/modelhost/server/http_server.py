@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import uvicorn
-from fastapi import FastAPI
+from starlette.applications import Starlette
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 DRAIN_AT = 0.8  # of the shutdown timeout: when in-flight requests are ended for good
@@ -34,11 +34,11 @@ TRANSPORT_EXTENSION = "modelhost.transport"
 class ConnectionInScope(HttpToolsProtocol):
     """uvicorn's HTTP/1.1 protocol that also puts the connection's transport in each request's
     scope, under `extensions[TRANSPORT_EXTENSION]["transport"]`: a worker's stream is written
-    straight to the client's socket, which the front passes to it (`residency/stream_handoff`)."""
+    straight to the client's socket, which the front passes to it (`stream_handoff`)."""
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        extensions = self.scope.setdefault("extensions", {})  # type: ignore[typeddict-item]
+        extensions = self.scope.setdefault("extensions", {})
         extensions[TRANSPORT_EXTENSION] = {"transport": self.transport}
 
 
@@ -97,7 +97,7 @@ class Server(uvicorn.Server):
 
 
 def server_for(
-    app: FastAPI,
+    app: Starlette,
     *,
     host: str,
     port: int,
@@ -131,7 +131,7 @@ def _connect_host(host: str) -> str:
 
 
 def serve(
-    app: FastAPI,
+    app: Starlette,
     *,
     host: str = "127.0.0.1",
     port: int = 8080,

@@ -6,15 +6,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
 from scripted_engine import ScriptedEngine, scripted_model
+from starlette.applications import Starlette
 
 from modelhost.inference.stage import InferenceStage
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.inprocess import InProcessUnit
 from modelhost.residency.registry import ModelEntry
 from modelhost.residency.router import ModelRouter
-from modelhost.server.app import ServeSettings, create_routed_app
+from modelhost.server.app import create_routed_app
+from modelhost.server.settings import ServeSettings
 
 MB = 1_000_000
 
@@ -72,7 +73,7 @@ class RoutedWorld:
             publish=lambda name, payload: self.events.append((name, payload)),
         )
         self.router = ModelRouter(self.host, self.registry, self.current)
-        self.app: FastAPI = create_routed_app(self.router, ServeSettings(heartbeat_s=15.0))
+        self.app: Starlette = create_routed_app(self.router, ServeSettings(heartbeat_s=15.0))
 
     async def load(self, entry: Any) -> ScriptedUnit:
         gate = self.gates.get(entry.id)

@@ -1,4 +1,4 @@
-"""The parent's side of a worker: the relay of its stream (a worker that dies after the stream
+"""The front's side of a worker: the relay of its stream (a worker that dies after the stream
 opened leaves the client one error frame in the calling protocol's own SSE shape, then a clean
 end), when it hands a stream's client socket to the worker, and what the parent tells a worker
 when it starts."""
@@ -17,13 +17,17 @@ from typing import Any
 import httpx
 import pytest
 
-from modelhost.residency.stream_handoff import HANDOFF_HEADER, handoff_socket_path
+from modelhost.cli_worker import bind_private_socket
 from modelhost.residency.supervisor import WorkerProcess
-from modelhost.residency.worker import bind_private_socket, worker_config
 from modelhost.residency.worker_unit import WorkerUnit
-from modelhost.server.app import ServeSettings
-from modelhost.server.metrics import Metrics, ObservedRequests
-from modelhost.server.runner import TRANSPORT_EXTENSION
+from modelhost.serve_config import WorkerConfig
+from modelhost.server.http_server import TRANSPORT_EXTENSION
+from modelhost.server.prometheus import Metrics
+from modelhost.server.request_context import ObservedRequests
+from modelhost.server.settings import ServeSettings
+from modelhost.server.stream_handoff import HANDOFF_HEADER, handoff_socket_path
+from modelhost.server.surfaces import SURFACES
+from modelhost.server.worker_proxy import relay
 
 
 class DyingStream(httpx.AsyncByteStream):
@@ -59,7 +63,7 @@ async def relayed(
         return {"type": "http.disconnect"}
 
     scope = {"type": "http", "method": "POST", "path": path}
-    await unit._relay(upstream, scope, receive, send)
+    await relay(unit, upstream, scope, receive, send, SURFACES.errors_for(scope["path"]))
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     return sent, body
 
@@ -120,8 +124,8 @@ async def test_a_client_that_leaves_a_relayed_stream_is_logged_and_counted_as_49
     )
     sent: list[dict[str, Any]] = []
 
-    async def relay(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        await unit._relay(upstream, scope, receive, send)
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await relay(unit, upstream, scope, receive, send, SURFACES.errors_for(scope["path"]))
 
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
@@ -133,7 +137,7 @@ async def test_a_client_that_leaves_a_relayed_stream_is_logged_and_counted_as_49
 
     scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []}
     metrics = Metrics(SimpleNamespace())
-    await ObservedRequests(relay, metrics)(scope, receive, send)
+    await ObservedRequests(app, metrics)(scope, receive, send)
     assert "POST /v1/chat/completions 499 " in caplog.text
     assert 'status="499"' in metrics.render().decode()
 
@@ -145,7 +149,7 @@ async def test_a_json_answer_cut_short_gets_no_sse_frame(path):
 
 
 def test_a_worker_is_never_given_the_api_key_on_its_command_line():
-    config = worker_config(ServeSettings(api_key="s3cret-key"), batch=2, max_queue=4)
+    config = WorkerConfig(ServeSettings(api_key="s3cret-key"), batch=2, max_queue=4).to_json()
     assert "s3cret-key" not in config
     assert json.loads(config)["batch"] == 2
 
@@ -194,7 +198,7 @@ async def test_a_ready_worker_gets_the_clients_socket_only_once_the_head_has_lef
     scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions",
              "http_version": "1.1", "extensions": exposed}  # fmt: skip
     with listener, served, own:
-        await unit._relay(upstream, scope, receive, send, token)
+        await relay(unit, upstream, scope, receive, send, SURFACES.errors_for(scope["path"]), token)
         channel, _ = listener.accept()
         with channel:
             told, fds, _, _ = socket.recv_fds(channel, 64, 1)

@@ -1,0 +1,176 @@
+"""A worker process: one model, the inference routes, served on a private Unix socket.
+
+The parent (`modelhost serve`) starts one per resident model through `worker_loader`, which runs
+
+    python -m modelhost.cli_worker --model PATH --id ID --operations OPS --config JSON --socket PATH
+
+`main` loads the model, builds the same app an in-process model serves (`create_app` over its
+stage) and serves it with uvicorn on the socket. The parent made the socket's directory (0700);
+the socket itself is bound here under a 0177 umask and set to 0600 before anything listens; so
+is the socket beside it on which the parent hands over a client's connection for a stream
+(`server/stream_handoff`). SIGTERM ends the server the way `modelhost serve` ends (in-flight
+requests get their shutdown timeout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import socket
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from modelhost.residency.supervisor import MAX_RESTARTS, WorkerFailed, WorkerProcess
+from modelhost.residency.worker_unit import WorkerUnit
+from modelhost.serve_config import WorkerConfig
+
+if TYPE_CHECKING:
+    from modelhost.residency.registry import ModelEntry
+    from modelhost.server.settings import ServeSettings
+
+WORKER_COMMAND = (sys.executable, "-m", "modelhost.cli_worker")
+
+
+# ---------------------------------------------------------------------------------------------
+# The parent's side
+
+
+def worker_loader(
+    settings: ServeSettings,
+    *,
+    batch: int = 8,
+    max_queue: int = 64,
+    log_level: str = "warning",
+    start_timeout_s: float = 120.0,
+    max_restarts: int = MAX_RESTARTS,
+    env: Mapping[str, str] | None = None,
+) -> Callable[[ModelEntry], Awaitable[WorkerUnit]]:
+    """The host's `load`: spawn a worker for the entry (`env` added to its environment) and
+    wait until it answers."""
+    import torch
+
+    threads = torch.get_num_threads()  # `--threads` reaches the workers too
+    config = WorkerConfig(settings, batch=batch, max_queue=max_queue, threads=threads).to_json()
+
+    async def load(entry: ModelEntry) -> WorkerUnit:
+        started = time.perf_counter()
+        command = [*WORKER_COMMAND, "--model", str(entry.path), "--id", entry.id]
+        command += ["--operations", ",".join(entry.operations), "--config", config]
+        worker = WorkerProcess(
+            [*command, "--log-level", log_level],
+            start_timeout_s=start_timeout_s,
+            max_restarts=max_restarts,
+            env=env,
+        )
+        try:
+            await worker.start()
+        except WorkerFailed as exc:
+            raise RuntimeError(str(exc)) from None
+        except BaseException:
+            await worker.stop()
+            raise
+        unit = WorkerUnit(entry.id, entry.weights_bytes, worker)
+        unit.load_ms = (time.perf_counter() - started) * 1000
+        listed = await unit.get_json("/v1/models")
+        rows = listed.get("data") if listed is not None else None
+        if isinstance(rows, list) and rows and isinstance(rows[0], dict):
+            unit.card_row = rows[0]  # what /v1/models lists for it (fixed for its lifetime)
+        return unit
+
+    return load
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker's side
+
+
+def bind_private_socket(path: str) -> socket.socket:
+    """A listening Unix socket at `path` that only this user can connect to (0600)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    previous = os.umask(0o177)
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(previous)
+    os.chmod(path, 0o600)
+    sock.listen(128)
+    sock.set_inheritable(False)
+    return sock
+
+
+def exit_with_parent(socket_path: str, interval_s: float = 1.0) -> None:
+    """End this worker (and its socket's directory) when the serving process is gone."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval_s)
+        shutil.rmtree(os.path.dirname(socket_path), ignore_errors=True)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="modelhost-worker")
+    parser.add_argument("--socket", required=True)
+    parser.add_argument("--model", required=True, help="the model's file or directory")
+    parser.add_argument("--id", required=True, help="the registry's stable id")
+    parser.add_argument("--operations", default="generate", help="comma-separated, as listed")
+    parser.add_argument("--config", default="{}")
+    parser.add_argument("--log-level", default="warning")
+    args = parser.parse_args(argv)
+    exit_with_parent(args.socket)
+    logging.basicConfig(  # its request lines join the parent's log (they share stderr)
+        level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
+        format=f"%(asctime)s %(levelname)s %(name)s[worker {args.id}]: %(message)s",
+    )
+
+    import uvicorn
+
+    from modelhost.cli_serve import build_stage
+    from modelhost.engine.engine import share_the_gil_with_the_engine
+    from modelhost.models.loader import load_model
+    from modelhost.residency.companions import open_stage
+    from modelhost.server.app import create_app
+    from modelhost.server.http_server import Server
+    from modelhost.server.stream_handoff import SocketReceiver, StreamHandoff, handoff_socket_path
+
+    config = WorkerConfig.from_json(args.config)
+    if config.threads:
+        import torch
+
+        torch.set_num_threads(config.threads)
+    settings = config.settings
+    operations = args.operations.split(",")
+    if "generate" in operations:
+        share_the_gil_with_the_engine()
+    stage = open_stage(
+        Path(args.model),
+        args.id,
+        operations,
+        load_model,
+        lambda model: build_stage(model, settings, batch=config.batch, max_queue=config.max_queue),
+    )
+    app = create_app(stage, settings)
+    sock = bind_private_socket(args.socket)
+    handoff = SocketReceiver(bind_private_socket(handoff_socket_path(args.socket)))
+    uv_config = uvicorn.Config(
+        StreamHandoff(app, handoff),
+        log_level=args.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=5,
+        lifespan="on",
+    )
+    Server(uv_config, drain=app.state.drain).run(sockets=[sock])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

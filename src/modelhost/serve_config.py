@@ -1,0 +1,110 @@
+"""Serve settings, read once: from `modelhost serve`'s arguments, and by a worker process from
+the `--config` its parent gives it.
+
+A worker gets its parent's settings less the API key (its socket is its parent's alone, and a
+key on its command line would show in `ps` for every user of the machine), the engine's shape
+and the parent's `--threads`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from modelhost.inference.admission import BYTES_PER_GB
+from modelhost.residency.registry import ServingShape
+from modelhost.server.limits import DEFAULT_MAX_BODY_BYTES, MiB
+from modelhost.server.settings import ServeSettings
+
+SETTING_FIELDS = frozenset(ServeSettings.__dataclass_fields__)
+
+
+def settings_from_args(args: argparse.Namespace) -> ServeSettings:
+    return ServeSettings(
+        heartbeat_s=args.heartbeat,
+        memory_budget_gb=args.memory_budget,
+        context_length=args.context_length,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        host=args.host,
+        api_key=api_key_from(args),
+        cors_origins=tuple(args.cors_origin),
+        max_body_bytes=(
+            DEFAULT_MAX_BODY_BYTES if args.max_body_mb is None else int(args.max_body_mb * MiB)
+        ),
+        log_format=args.log_format,
+        prompt_threads=args.prompt_threads,
+    )
+
+
+def api_key_from(args: argparse.Namespace) -> str | None:
+    """--api-key, else the first line of --api-key-file, else $MODELHOST_API_KEY, else None."""
+    if args.api_key:
+        return str(args.api_key)
+    if args.api_key_file:
+        try:
+            key = Path(args.api_key_file).read_text().strip()
+        except OSError as exc:
+            raise SystemExit(f"modelhost serve: cannot read --api-key-file: {exc}") from None
+        if not key:
+            raise SystemExit(f"modelhost serve: --api-key-file {args.api_key_file} is empty")
+        return key
+    return os.environ.get("MODELHOST_API_KEY") or None
+
+
+def default_budget_bytes() -> int:
+    """70% of GPU memory on CUDA, else of physical RAM."""
+    import torch
+
+    if torch.cuda.is_available():
+        total = torch.cuda.get_device_properties(0).total_memory
+    else:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return int(total * 0.7)
+
+
+def serving_shape(args: argparse.Namespace, settings: ServeSettings) -> ServingShape:
+    import torch
+
+    budget = settings.memory_budget_gb
+    return ServingShape(
+        dtype_bytes=2 if torch.cuda.is_available() else 4,
+        batch=args.batch,
+        chunk_tokens=settings.chunk_tokens,
+        context_length=settings.context_length,
+        memory_budget_bytes=int(budget * BYTES_PER_GB) if budget is not None else None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """What a worker process is told: the serving settings and the engine's shape."""
+
+    settings: ServeSettings
+    batch: int = 8
+    max_queue: int = 64
+    threads: int | None = None  # the parent's intra-op threads (`--threads`)
+
+    def to_json(self) -> str:
+        shared = {k: v for k, v in asdict(self.settings).items() if k != "api_key"}
+        body = {"settings": shared, "batch": self.batch, "max_queue": self.max_queue}
+        return json.dumps({**body, "threads": self.threads})
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerConfig:
+        config: dict[str, Any] = json.loads(text)
+        raw = {k: v for k, v in config.get("settings", {}).items() if k in SETTING_FIELDS}
+        settings = ServeSettings(**{**raw, "owner": "worker"})
+        threads = config.get("threads")
+        return cls(
+            settings,
+            batch=int(config.get("batch", 8)),
+            max_queue=int(config.get("max_queue", 64)),
+            threads=int(threads) if threads else None,
+        )

@@ -1,0 +1,54 @@
+"""What `modelhost serve` tells the app: HTTP, admission and sampling defaults, the edge.
+
+The command line reads them (`modelhost.serve_config`); a worker process gets the same ones
+from its parent, less the API key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from modelhost.inference.defaults import ServingDefaults
+from modelhost.inference.media import DEFAULT_MAX_AUDIO_BYTES, DEFAULT_MAX_IMAGE_BYTES
+from modelhost.server.limits import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_JSON_DEPTH,
+    DEFAULT_MAX_JSON_VALUES,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ServeSettings:
+    """What `modelhost serve` decides about HTTP, admission and defaults."""
+
+    heartbeat_s: float = 15.0
+    memory_budget_gb: float | None = None
+    context_length: int | None = None  # --context-length: a ceiling below the model's window
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    chunk_tokens: int = 512  # the engine's max_num_batched_tokens (sizes working memory)
+    prompt_threads: int | None = None  # --prompt-threads: the engine's prompt-heavy steps
+    owner: str = "serve"
+    close_engine_on_shutdown: bool = True
+    # The edge (server/access.py): the bind address the Host guard accepts, the API key
+    # (None: open), browser origins allowed through CORS and the guard, and request limits.
+    host: str = "127.0.0.1"
+    api_key: str | None = field(default=None, repr=False)
+    cors_origins: tuple[str, ...] = ()
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
+    max_json_values: int = DEFAULT_MAX_JSON_VALUES
+    max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
+    max_audio_bytes: int = DEFAULT_MAX_AUDIO_BYTES
+    log_format: str = "text"  # or "json": one JSON object per log line
+
+    @property
+    def defaults(self) -> ServingDefaults:
+        return ServingDefaults(
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+        )

@@ -1,0 +1,174 @@
+"""The protocol surfaces this server speaks, each in one entry: its routes (which of them the
+body's `model` routes, and for what the model must do), its JSON error shape and the frame that
+ends its broken streams.
+
+Everything else reads them from here: the app's route table, the leasing middleware's routed
+paths, `GET /v1`'s endpoint list, and every refusal written outside a handler (the API key, the
+body limits, a model that cannot be leased, a worker that died). Adding a protocol is one module
+(its handlers and wire format) and one entry in `SURFACES`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Scope
+
+from modelhost.server import (
+    anthropic_messages,
+    audio,
+    decisions,
+    embeddings,
+    models,
+    openai_chat,
+    openai_completions,
+    openai_responses,
+)
+from modelhost.server.anthropic_wire import ANTHROPIC_ERRORS
+from modelhost.server.http import ErrorShape, EventStreamResponse
+from modelhost.server.openai_wire import OPENAI_ERRORS
+from modelhost.server.responses_forwarding import forward_turn
+from modelhost.server.responses_wire import RESPONSES_ERRORS
+from modelhost.server.worker_proxy import Forwarded
+
+Endpoint = Callable[[Request], Awaitable[Response | EventStreamResponse]]
+Forward = Callable[[Scope, bytes], Awaitable[Forwarded]]
+Operation = Literal["generate", "embed", "transcribe"]
+GENERATE: Operation = "generate"
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    method: str
+    path: str  # a Starlette path template
+    endpoint: Endpoint
+    # What the model a body's `model` names must do; None: the route is not model-routed.
+    operation: Operation | None = None
+    # For a surface that keeps state in the front: how a request a worker serves is forwarded.
+    forward: Forward | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Surface:
+    name: str
+    routes: tuple[Route, ...]
+    errors: ErrorShape = OPENAI_ERRORS
+
+
+class Surfaces:
+    """The registry: lookups by path over a sequence of surfaces (the first one's routes first)."""
+
+    def __init__(self, surfaces: Sequence[Surface], default_errors: ErrorShape = OPENAI_ERRORS):
+        self.surfaces = tuple(surfaces)
+        self.default_errors = default_errors
+        self._operations = {
+            route.path: route.operation
+            for route in self.routes()
+            if route.operation is not None and route.method == "POST"
+        }
+        self._forwards = {
+            route.path: route.forward
+            for route in self.routes()
+            if route.forward is not None and route.method == "POST"
+        }
+        # A path's errors are those of the surface whose route it extends the most: what
+        # precedes a route's first parameter, the longest such prefix first.
+        prefixes = {
+            route.path.partition("{")[0]: surface.errors
+            for surface in self.surfaces
+            for route in surface.routes
+        }
+        self._error_prefixes = sorted(prefixes.items(), key=lambda item: -len(item[0]))
+
+    def routes(self) -> Iterator[Route]:
+        for surface in self.surfaces:
+            yield from surface.routes
+
+    def operation(self, path: str) -> Operation | None:
+        """What the model must do for a POST to `path`; None when `path` is not model-routed."""
+        return self._operations.get(path)
+
+    def forward(self, path: str) -> Forward | None:
+        """How a POST to `path` is forwarded to a worker, when its surface says (else as it is)."""
+        return self._forwards.get(path)
+
+    def routed_paths(self) -> tuple[str, ...]:
+        """The model-routed paths, in registry order (what `GET /v1` lists)."""
+        return tuple(self._operations)
+
+    def errors_for(self, path: str) -> ErrorShape:
+        """The error shape of the surface `path` belongs to (OpenAI's when it belongs to none)."""
+        for prefix, errors in self._error_prefixes:
+            if path.startswith(prefix):
+                return errors
+        return self.default_errors
+
+
+SURFACES = Surfaces(
+    (
+        Surface(
+            "openai-chat",
+            (Route("POST", "/v1/chat/completions", openai_chat.create_chat_completion, GENERATE),),
+        ),
+        Surface(
+            "openai-completions",
+            (Route("POST", "/v1/completions", openai_completions.create_completion, GENERATE),),
+        ),
+        Surface(
+            "anthropic-messages",
+            (
+                Route("POST", "/v1/messages", anthropic_messages.create_message, GENERATE),
+                Route(
+                    "POST", "/v1/messages/count_tokens", anthropic_messages.count_tokens, GENERATE
+                ),
+            ),
+            ANTHROPIC_ERRORS,
+        ),
+        Surface(
+            "openai-responses",
+            (
+                Route(
+                    "POST",
+                    "/v1/responses",
+                    openai_responses.create_response,
+                    GENERATE,
+                    forward=forward_turn,
+                ),
+                Route("GET", "/v1/responses/{response_id}", openai_responses.retrieve_response),
+            ),
+            RESPONSES_ERRORS,
+        ),
+        Surface(
+            "openai-embeddings",
+            (Route("POST", "/v1/embeddings", embeddings.create_embeddings, "embed"),),
+        ),
+        Surface(
+            "decisions",
+            (
+                Route("POST", "/v1/decisions", decisions.create_decision, GENERATE),
+                Route("POST", "/v1/systemone", decisions.create_systemone, GENERATE),
+            ),
+        ),
+        Surface(
+            "openai-audio",
+            (
+                Route("POST", "/v1/audio/transcriptions", audio.create_transcription, "transcribe"),
+                Route("POST", "/v1/audio/translations", audio.create_translation, "transcribe"),
+            ),
+        ),
+        Surface(
+            "discovery",
+            (
+                Route("GET", "/v1/models", models.list_models),
+                Route("GET", "/v1/models/{model_id:path}", models.retrieve_model),
+                Route("GET", "/v1", models.index),
+                Route("GET", "/health", models.health),
+                Route("GET", "/stats", models.stats),
+            ),
+        ),
+    )
+)
