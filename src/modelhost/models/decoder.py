@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import cast
 
 import torch
 from torch import nn
@@ -10,38 +11,71 @@ from torch import nn
 from modelhost.models.batch import ForwardBatch, KVCache
 from modelhost.models.config import ModelConfig
 from modelhost.models.fused_decode import FusedDecode
-from modelhost.models.layers import RMSNorm, Rotary
+from modelhost.models.layers import Attention, GatedMLP, RMSNorm, Rotary
 
-_UNBUILT = object()
+
+class DecoderBlock(nn.Module):
+    """What every architecture's layer offers: attention, a gated MLP, and its norms in the
+    order models/fused_decode.py reads them."""
+
+    self_attn: Attention
+    mlp: GatedMLP
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        batch: ForwardBatch,
+        kv: KVCache,
+    ) -> torch.Tensor:
+        raise NotImplementedError
+
+    def native_norms(self) -> tuple[RMSNorm | None, ...]:
+        """Norms at (input, attention output, MLP input, MLP output); None where none."""
+        raise NotImplementedError
+
+
+class DecoderBody(nn.Module):
+    """`model.*` of a checkpoint: the embedding, the layers and the final norm."""
+
+    def __init__(self, config: ModelConfig, layers: Sequence[DecoderBlock]) -> None:
+        super().__init__()
+        self.embed_tokens: nn.Module = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def blocks(self) -> list[DecoderBlock]:
+        return [cast(DecoderBlock, layer) for layer in self.layers]
 
 
 class DecoderLM(nn.Module):
     """Parameter names follow Hugging Face's (`model.layers.N...`, `lm_head`), so safetensors
     checkpoints load without a mapping; GGUF names are mapped by the GGUF loader."""
 
-    def __init__(self, config: ModelConfig, layers: list[nn.Module], embed_scale: float = 1.0):
+    def __init__(
+        self, config: ModelConfig, layers: Sequence[DecoderBlock], embed_scale: float = 1.0
+    ) -> None:
         super().__init__()
         self.config = config
-        self.model = nn.Module()
-        self.model.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.model.layers = nn.ModuleList(layers)
-        self.model.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.model = DecoderBody(config, layers)
+        head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+            head.weight = cast(nn.Embedding, self.model.embed_tokens).weight
+        self.lm_head: nn.Module = head
         self.embed_scale = embed_scale
         self.rotary_global = Rotary(config.head_dim, config.rope_theta, config.rope_scaling_factor)
         self.rotary_local = Rotary(config.head_dim, config.rope_local_theta)
         self.fuse_decode = True  # tests compare against the module-by-module path
-        self._fused: FusedDecode | None | object = _UNBUILT
+        self._fused: FusedDecode | None = None
+        self._fused_described = False
 
     def fused_decode(self) -> FusedDecode | None:
-        """The one-call decode path, described on first use (after `prepare_for_inference`);
+        """The one-call decode path, described on first use (once the weights are in);
         None where some layer cannot take it."""
         if not self.fuse_decode:
             return None
-        if self._fused is _UNBUILT:
-            self._fused = FusedDecode.for_network(self)
+        if not self._fused_described:
+            self._fused, self._fused_described = FusedDecode.for_network(self), True
         return self._fused
 
     def rope_for(self, layer: int) -> str:
@@ -69,7 +103,7 @@ class DecoderLM(nn.Module):
         else:
             if before_layers is not None:
                 before_layers()
-            for index, layer in enumerate(self.model.layers):
+            for index, layer in enumerate(self.model.blocks()):
                 hidden = layer(hidden, ropes[self.rope_for(index)], batch, kv)
         hidden = self.model.norm(hidden[batch.logits_index])
         logits = self.lm_head(hidden)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -21,6 +22,9 @@ from torch import nn
 from modelhost.models import native
 from modelhost.models.batch import ForwardBatch, KVCache
 from modelhost.models.packed import QuantLinear
+
+if TYPE_CHECKING:
+    from modelhost.models.decoder import DecoderBlock, DecoderLM
 
 _i64, _ptr, _f32, _i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int32
 
@@ -85,15 +89,16 @@ class FusedDecode:
         self._pools: tuple[KVCache, ctypes.Array] | None = None
 
     @classmethod
-    def for_network(cls, network: nn.Module) -> FusedDecode | None:
+    def for_network(cls, network: DecoderLM) -> FusedDecode | None:
         """None unless every layer can run natively (see the module's docstring)."""
         kernels = native.kernels()
         if kernels is None:
             return None
-        specs = [_layer(block) for block in network.model.layers]
-        if any(spec is None for spec in specs):
+        specs = [_layer(block) for block in network.model.blocks()]
+        described = [spec for spec in specs if spec is not None]
+        if len(described) != len(specs):
             return None
-        layers = (NativeLayer * len(specs))(*specs)
+        layers = (NativeLayer * len(described))(*described)
         return cls(kernels, layers, network.config.hidden_size)
 
     def can_run(self, batch: ForwardBatch, kv: KVCache) -> bool:
@@ -171,24 +176,24 @@ def _fp32(tensor: torch.Tensor | None) -> int | None:
     return tensor.data_ptr()
 
 
-def _layer(block: nn.Module) -> NativeLayer | None:
-    norms = getattr(block, "native_norms", None)
+def _layer(block: DecoderBlock) -> NativeLayer | None:
     attn, mlp = block.self_attn, block.mlp
     linears = [_linear(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
-    if norms is None or any(spec is None for spec in linears) or mlp.native_act is None:
+    if any(spec is None for spec in linears) or mlp.native_act is None:
         return None
     if not attn.native_ready():
         return None
-    modules = norms()  # input, attention-out, MLP-in, MLP-out (models/llama.py)
-    eps = modules[0].eps
-    if any(n is not None and n.eps != eps for n in modules):
+    modules = block.native_norms()  # input, attention-out, MLP-in, MLP-out
+    first = modules[0]
+    if first is None or any(n is not None and n.eps != first.eps for n in modules):
         return None
+    eps = first.eps
     try:
         pointers = [_fp32(n.weight if n is not None else None) for n in modules]
         qk_norm = _fp32(attn.qk_norm_weight)
     except ValueError:
         return None
-    qkv, o, gate_up, down = linears
+    qkv, o, gate_up, down = cast(list[NativeLinear], linears)
     return NativeLayer(
         qkv=qkv,
         o=o,

@@ -5,15 +5,14 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
 
 from modelhost.models.batch import ForwardBatch, KVCache
 from modelhost.models.config import ModelConfig
-from modelhost.models.decoder import DecoderLM
+from modelhost.models.decoder import DecoderBlock, DecoderLM
 from modelhost.models.layers import Attention, GatedMLP, RMSNorm, gelu_tanh
 
 
-class Gemma3Block(nn.Module):
+class Gemma3Block(DecoderBlock):
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
         scalar = config.query_pre_attn_scalar or config.head_dim
@@ -48,7 +47,6 @@ class Gemma3Block(nn.Module):
         return x + self.post_feedforward_layernorm(mlp)
 
     def native_norms(self) -> tuple[RMSNorm | None, ...]:
-        """Norms at (input, attention output, MLP input, MLP output) for models/fused_decode.py."""
         return (
             self.input_layernorm,
             self.post_attention_layernorm,

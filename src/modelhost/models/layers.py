@@ -58,7 +58,9 @@ class Rotary:
         sin = freqs.sin()
         return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    def cos_sin(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and a signed sin, [T, 1, head_dim] each: see `apply_rotary_`."""
         table = self._table_for(positions) if positions.numel() else None
         if table is None:
@@ -91,10 +93,12 @@ def apply_rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
 class GatedMLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int, act: Callable[[torch.Tensor], torch.Tensor]):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
-        self.gate_up_proj: nn.Module | None = None  # gate and up fused (models/quant.py)
+        # The checkpoint's own modules; a loaded network replaces gate and up by one fused
+        # linear (models/weights.py).
+        self.gate_proj: nn.Module | None = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj: nn.Module | None = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj: nn.Module = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_up_proj: nn.Module | None = None
         self.intermediate = intermediate
         self.act = act
         self.native_act = native.ACTIVATIONS.get(act.__name__)
@@ -107,6 +111,7 @@ class GatedMLP(nn.Module):
                 return self.down_proj(kernels.gated_activation(gate_up, self.native_act))
             gate, up = gate_up.split(self.intermediate, dim=-1)
             return self.down_proj(self.act(gate).mul_(up))
+        assert self.gate_proj is not None and self.up_proj is not None
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -137,15 +142,17 @@ class Attention(nn.Module):
         self.head_dim = head_dim
         self.scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
         self.window = window  # sliding-window attention over this many positions (Gemma 3)
-        self.q_proj = nn.Linear(hidden, num_heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(hidden, num_kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(hidden, num_kv_heads * head_dim, bias=bias)
-        self.o_proj = nn.Linear(num_heads * head_dim, hidden, bias=False)
+        # The checkpoint's own modules; a loaded network replaces q, k and v by one fused
+        # linear (models/weights.py).
+        self.q_proj: nn.Module | None = nn.Linear(hidden, num_heads * head_dim, bias=bias)
+        self.k_proj: nn.Module | None = nn.Linear(hidden, num_kv_heads * head_dim, bias=bias)
+        self.v_proj: nn.Module | None = nn.Linear(hidden, num_kv_heads * head_dim, bias=bias)
+        self.o_proj: nn.Module = nn.Linear(num_heads * head_dim, hidden, bias=False)
         self.q_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
         self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
-        self.qkv_proj: nn.Module | None = None  # q, k and v fused (models/quant.py)
+        self.qkv_proj: nn.Module | None = None
         # q_norm and k_norm weights expanded per head, [num_heads + num_kv_heads, head_dim]:
-        # one norm call for q and k together (set by models/quant.py).
+        # one norm call for q and k together (set by models/weights.py).
         self.qk_norm_weight: torch.Tensor | None = None
 
     def forward(
@@ -161,6 +168,7 @@ class Attention(nn.Module):
         if self.qkv_proj is not None:
             qkv = self.qkv_proj(x)
         else:
+            assert self.q_proj is not None and self.k_proj is not None and self.v_proj is not None
             qkv = torch.cat((self.q_proj(x), self.k_proj(x), self.v_proj(x)), dim=-1)
         # The pool's dtype (PyTorch's quantized kernels return bf16), except over an fp16 CPU
         # pool, which only the native kernels write and read: they compute in fp32. A fresh
@@ -183,7 +191,7 @@ class Attention(nn.Module):
                 qkv.contiguous(),
                 heads,
                 kv_heads,
-                None if self.q_norm is None else (self.qk_norm_weight, self.q_norm.eps),
+                self._native_qk_norm(),
                 rope,
                 pool,
                 batch.slot_mapping,
@@ -228,6 +236,12 @@ class Attention(nn.Module):
         )
         out = out.transpose(1, 2).reshape(rows * max_q, q_size)
         return self.o_proj(out if batch.dense else out[batch.output_index])
+
+    def _native_qk_norm(self) -> tuple[torch.Tensor, float] | None:
+        if self.q_norm is None:
+            return None
+        assert self.qk_norm_weight is not None  # native_ready() said so
+        return self.qk_norm_weight, self.q_norm.eps
 
     def native_ready(self) -> bool:
         """Whether the native attention can run this layer (over an fp32 or fp16 CPU pool):

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from modelhost.models.batch import ForwardBatch, KVCache
 from modelhost.models.config import ModelConfig
-from modelhost.models.decoder import DecoderLM
+from modelhost.models.decoder import DecoderBlock, DecoderLM
 from modelhost.models.layers import Attention, GatedMLP, RMSNorm
 
 
-class LlamaBlock(nn.Module):
+class LlamaBlock(DecoderBlock):
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
         self.self_attn = Attention(
@@ -39,7 +38,6 @@ class LlamaBlock(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
     def native_norms(self) -> tuple[RMSNorm | None, ...]:
-        """Norms at (input, attention output, MLP input, MLP output) for models/fused_decode.py."""
         return self.input_layernorm, None, self.post_attention_layernorm, None
 
 

@@ -135,7 +135,9 @@ def read_header(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
                 item, count = struct.unpack_from("<IQ", data, at)
                 at += 12
                 if item in _ARRAYS:
-                    array = np.frombuffer(data, dtype=_ARRAYS[item], count=count, offset=at)
+                    array: np.ndarray = np.frombuffer(
+                        data, dtype=_ARRAYS[item], count=count, offset=at
+                    )
                     at += array.nbytes
                     return array.tolist()
                 return [value(item) for _ in range(count)]
@@ -226,7 +228,7 @@ class GGUFTensor:
     def dense(self) -> torch.Tensor:
         rows = math.prod(self.shape[:-1])
         with self.reader.bytes(self.offset, self.nbytes) as raw:
-            array = dequantize(
+            array: np.ndarray = dequantize(
                 raw.reshape(*self.shape[:-1], self.nbytes // rows),
                 gguf.GGMLQuantizationType(self.type),
             )

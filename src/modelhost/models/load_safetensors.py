@@ -81,7 +81,7 @@ class SafetensorsTensor:
             self.shape = tuple(tensor_slice.get_shape())
             dtype = tensor_slice.get_dtype()
         self.type = _TYPES.get(dtype, packed.F32)
-        self.order = None
+        self.order: torch.Tensor | None = None
         self.nbytes = math.prod(self.shape) * _SIZES.get(dtype, 4)
 
     def _read(self) -> torch.Tensor:

@@ -130,7 +130,7 @@ class Kernels:
         out: int,
         width: int,
         order: torch.Tensor | None,
-        arrays: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        arrays: tuple[torch.Tensor, ...],
     ) -> None:
         """Repacks a row-major [out, width] tensor of GGUF blocks at address `source` into
         `arrays` (sized by packed_sizes); output row r is the source's row order[r]."""

@@ -132,6 +132,7 @@ class QuantLinear(nn.Module):
         for index, part in enumerate(parts):
             for name, tensor in zip(("data", "params", "supers"), part.tensors(), strict=True):
                 self.register_buffer(f"part{index}_{name}", tensor, persistent=False)
+        self.bias: torch.Tensor | None
         self.register_buffer("bias", bias, persistent=False)
         self.in_features = parts[0].width
         self.out_features = sum(part.out for part in parts)

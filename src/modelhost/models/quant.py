@@ -39,6 +39,8 @@ class DenseLinear(nn.Module):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
+        self.weight_t: torch.Tensor
+        self.bias: torch.Tensor | None
         self.register_buffer("weight_t", weight.t().contiguous())
         self.register_buffer("bias", bias)
         self.out_features, self.in_features = weight.shape

@@ -128,7 +128,7 @@ class _Filler:
         if refusal is not None:
             raise UnsupportedTensor(refusal)
         network, config = self.network, self.network.config
-        for index, layer in enumerate(network.model.layers):
+        for index, layer in enumerate(network.model.blocks()):
             prefix = f"model.layers.{index}."
             attn = layer.self_attn
             names = [f"{prefix}self_attn.{p}_proj" for p in ("q", "k", "v")]
@@ -237,6 +237,6 @@ class _Filler:
             weight = table if tied else head.dense().to(self.plan.device, self.plan.dtype)
             network.lm_head = DenseLinear(weight, None)
             return
-        table = self.packed(source)
-        network.model.embed_tokens = PackedEmbedding(table)
-        network.lm_head = QuantLinear([table if tied else self.packed(head)], None)
+        packed_table = self.packed(source)
+        network.model.embed_tokens = PackedEmbedding(packed_table)
+        network.lm_head = QuantLinear([packed_table if tied else self.packed(head)], None)
