@@ -28,7 +28,7 @@ from modelhost.engine.engine import Engine, EngineConfig, share_the_gil_with_the
 from modelhost.engine.sampling_params import SamplingParams
 from modelhost.models.loaded import LoadedModel
 from modelhost.models.loader import load_model
-from modelhost.models.quant import MODES
+from modelhost.models.modes import MODES
 
 FILLER = "The quick brown fox jumps over the lazy dog while the sun sets slowly in the west. "
 

@@ -26,7 +26,8 @@ from modelhost.engine.scheduler import ScheduledRow, SchedulerOutput
 from modelhost.engine.sequence import Sequence
 from modelhost.models.loaded import LoadedModel
 from modelhost.models.loader import load_model
-from modelhost.models.quant import MODES, describe
+from modelhost.models.modes import MODES
+from modelhost.models.quant import describe
 
 TEXT = """\
 It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of

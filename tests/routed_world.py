@@ -14,6 +14,7 @@ from modelhost.residency.host import ResidencyHost
 from modelhost.residency.inprocess import InProcessUnit
 from modelhost.residency.registry import ModelEntry
 from modelhost.residency.router import ModelRouter
+from modelhost.residency.unit import LoadProgress
 from modelhost.server.app import create_routed_app
 from modelhost.server.settings import ServeSettings
 
@@ -51,6 +52,8 @@ class RoutedWorld:
     engines: dict[str, ScriptedEngine] = field(default_factory=dict)
     loads: list[str] = field(default_factory=list)
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    progress: dict[str, float] = field(default_factory=dict)  # reported before a gate
+    refusals: dict[str, str] = field(default_factory=dict)  # entries the registry refuses
 
     def __post_init__(self) -> None:
         entries = {
@@ -62,6 +65,7 @@ class RoutedWorld:
                 size * MB,
                 size * MB,
                 size * MB,
+                refusal=self.refusals.get(model_id),
             )  # fmt: skip
             for model_id, size in self.sizes_mb.items()
         }
@@ -75,7 +79,9 @@ class RoutedWorld:
         self.router = ModelRouter(self.host, self.registry, self.current)
         self.app: Starlette = create_routed_app(self.router, ServeSettings(heartbeat_s=15.0))
 
-    async def load(self, entry: Any) -> ScriptedUnit:
+    async def load(self, entry: Any, progress: LoadProgress) -> ScriptedUnit:
+        if entry.id in self.progress:
+            progress.report(self.progress[entry.id])
         gate = self.gates.get(entry.id)
         if gate is not None:
             await gate.wait()

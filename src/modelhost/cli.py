@@ -12,6 +12,8 @@ from modelhost.cli_bench import add_bench_parser, run_bench_command
 from modelhost.cli_jobs import add_jobs_parser, run_jobs
 from modelhost.cli_ls import add_ls_parser, run_ls
 from modelhost.cli_serve_args import add_serve_parser
+from modelhost.models.modes import HELP as QUANTIZE_HELP
+from modelhost.models.modes import MODES
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,17 +67,21 @@ def _add_generate_parser(subparsers: argparse._SubParsersAction) -> argparse.Arg
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--temperature", "--temp", type=float, default=None)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--quantize", choices=MODES, default=None, help=QUANTIZE_HELP)
     return parser
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    from modelhost.cli_progress import load_reporter
     from modelhost.engine.engine import Engine, EngineConfig, share_the_gil_with_the_engine
     from modelhost.engine.sampling_params import SamplingParams
     from modelhost.models.loader import ModelNotFound, load_model
+    from modelhost.models.weights import UnsupportedTensor
 
     try:
-        model = load_model(args.model)
-    except ModelNotFound as exc:
+        label = args.model or "the default model"
+        model = load_model(args.model, quantize=args.quantize, progress=load_reporter(label))
+    except (ModelNotFound, UnsupportedTensor) as exc:
         print(f"modelhost generate: {exc}", file=sys.stderr)
         return 2
     tokenizer = model.tokenizer

@@ -1,6 +1,10 @@
-"""`modelhost ls`: the local models, their estimates against the budget, and which are resident.
+"""`modelhost ls`: the local models, what they will hold against the budget, and which are
+resident.
 
-Residency is asked of a running server (`--url`); with none listening, the column says `-`.
+WEIGHTS is what the loader keeps of the file (in `--quantize`'s mode), ESTIMATE that plus the
+KV pool and one step's working memory. A model that cannot be served (a tensor type the kernels
+lack) says so under the table. Residency is asked of a running server (`--url`); with none
+listening, the column says `-`.
 """
 
 from __future__ import annotations
@@ -8,6 +12,8 @@ from __future__ import annotations
 import argparse
 
 from modelhost.inference.admission import BYTES_PER_GB
+from modelhost.models.modes import HELP as QUANTIZE_HELP
+from modelhost.models.modes import MODES
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 
@@ -16,6 +22,7 @@ def add_ls_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
     parser = subparsers.add_parser("ls", help="list local models")
     parser.add_argument("paths", nargs="*", metavar="PATH", help="more places to look")
     parser.add_argument("--model-budget", type=float, default=None, metavar="GB")
+    parser.add_argument("--quantize", choices=MODES, default=None, help=QUANTIZE_HELP)
     parser.add_argument(
         "--url", default=DEFAULT_URL, help="a running server to ask what is resident"
     )
@@ -24,24 +31,27 @@ def add_ls_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
 
 def run_ls(args: argparse.Namespace) -> int:
     from modelhost.residency.registry import ModelRegistry, ServingShape
-    from modelhost.serve_config import default_budget_bytes
+    from modelhost.serve_config import default_budget_bytes, quantize_mode
 
     budget = int(args.model_budget * BYTES_PER_GB) if args.model_budget else default_budget_bytes()
     import torch
 
-    shape = ServingShape(dtype_bytes=2 if torch.cuda.is_available() else 4)
+    cuda = torch.cuda.is_available()
+    shape = ServingShape(dtype_bytes=2 if cuda else 4, quantize=quantize_mode(args))
     entries = ModelRegistry(args.paths, shape=shape).entries()
     resident = _resident_ids(args.url)
-    rows = [("ID", "FORMAT", "ARCH", "SIZE", "ESTIMATE", "FITS", "RESIDENT")]
+    rows = [("ID", "FORMAT", "ARCH", "SIZE", "WEIGHTS", "ESTIMATE", "FITS", "RESIDENT")]
     for entry in entries:
+        fits = "yes" if entry.estimate_bytes <= budget else "alone"  # served alone, if it fits
         rows.append(
             (
                 entry.id,
                 entry.format,
                 entry.architecture or "?",
                 _gb(entry.size_bytes),
+                _gb(entry.weights_bytes),
                 _gb(entry.estimate_bytes),
-                "yes" if entry.estimate_bytes <= budget else "no",
+                "refused" if entry.refusal is not None else fits,
                 "-" if resident is None else ("yes" if entry.id in resident else "no"),
             )
         )
@@ -50,6 +60,9 @@ def run_ls(args: argparse.Namespace) -> int:
         print(
             "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
         )
+    for entry in entries:
+        if entry.refusal is not None:
+            print(f"\n{entry.id} cannot be served: {entry.refusal}", end="")
     print(f"\nmodel budget {_gb(budget)}", end="")
     print("" if resident is not None else f"; no server answered at {args.url}")
     return 0

@@ -8,12 +8,15 @@ The CLI wires `add_serve_parser(subparsers)` (modelhost.cli_serve_args) and call
 from __future__ import annotations
 
 import argparse
+import asyncio
+import functools
 import logging
 import sqlite3
 import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from modelhost.cli_progress import ProgressBar, load_reporter
 from modelhost.inference.admission import BYTES_PER_GB, BudgetTooSmall
 from modelhost.inference.stage import InferenceStage
 from modelhost.models.embedded import DEFAULT_MODEL
@@ -21,8 +24,14 @@ from modelhost.residency.host import ResidencyHost
 from modelhost.residency.inprocess import InProcessUnit, in_process_loader
 from modelhost.residency.registry import ModelEntry, ModelRegistry
 from modelhost.residency.router import ModelRouter
-from modelhost.residency.unit import ResidencyError
-from modelhost.serve_config import default_budget_bytes, serving_shape, settings_from_args
+from modelhost.residency.unit import LoadProgress, ResidencyError
+from modelhost.serve_config import (
+    available_memory_bytes,
+    default_budget_bytes,
+    quantize_mode,
+    serving_shape,
+    settings_from_args,
+)
 from modelhost.server.app import admission_policy, create_app, create_routed_app
 from modelhost.server.http_server import serve
 from modelhost.server.prometheus import WorkerSamples
@@ -87,9 +96,16 @@ def run_serve(args: argparse.Namespace) -> int:
             return 2
     startup = entries[0]
     assert startup is not None
+    if startup.refusal is not None:
+        print(f"modelhost serve: {startup.id} cannot be served: {startup.refusal}", file=sys.stderr)
+        return 2
     if getattr(args, "workers", False):
         return _run_workers(args, settings, registry, startup)
-    model = loader.load_model(str(startup.path))  # before listening: a bad model ends here
+    quantize = quantize_mode(args)
+    # Before listening: a bad model ends the server here.
+    model = loader.load_model(
+        str(startup.path), quantize=quantize, progress=load_reporter(startup.id)
+    )
     model.id = startup.id
     share_the_gil_with_the_engine()  # engines run in this process
 
@@ -105,7 +121,7 @@ def run_serve(args: argparse.Namespace) -> int:
     async def adopt_startup_model(host: ResidencyHost[InProcessUnit]) -> None:
         host.adopt(startup, unit, load_ms=unit.load_ms)
 
-    load = in_process_loader(lambda path: loader.load_model(path), stage_for)
+    load = in_process_loader(functools.partial(loader.load_model, quantize=quantize), stage_for)
     return _serve_routed(args, settings, registry, startup, load, adopt_startup_model, "")
 
 
@@ -117,12 +133,15 @@ def _run_workers(
     from modelhost.residency.worker_unit import WorkerUnit
 
     async def load_startup_model(host: ResidencyHost[WorkerUnit]) -> None:
+        shown = asyncio.create_task(show_load(host, startup.id))
         try:
             async with await host.acquire(startup.id):
                 pass
         except ResidencyError as exc:  # before listening: a bad model ends the server here
             print(f"modelhost serve: {exc.message}", file=sys.stderr)
             raise
+        finally:
+            shown.cancel()
 
     samples = WorkerSamples()  # the workers' request series, for the front's /metrics
     load = worker_loader(
@@ -131,10 +150,33 @@ def _run_workers(
         max_queue=args.max_queue,
         log_level=args.log_level,
         env=samples.env(),
+        quantize=quantize_mode(args),
     )
     return _serve_routed(
         args, settings, registry, startup, load, load_startup_model, ", worker processes", samples
     )
+
+
+async def show_load(host: ResidencyHost[Any], model_id: str) -> None:
+    """Draws the startup model's load as a bar on a terminal (a worker reports its progress
+    to the host); elsewhere the host's own lines for each tenth say it."""
+    report = load_reporter(model_id)
+    if not isinstance(report, ProgressBar):
+        return
+    models_log = logging.getLogger("modelhost.models")
+    models_log.addFilter(_without_progress_lines)
+    try:
+        while True:
+            for model in host.resident():
+                if model.id == model_id and model.progress is not None:
+                    report(model.progress)
+            await asyncio.sleep(0.2)
+    finally:
+        models_log.removeFilter(_without_progress_lines)
+
+
+def _without_progress_lines(record: logging.LogRecord) -> bool:
+    return record.msg != LoadProgress.LOG_MESSAGE
 
 
 async def pin_companion(router: ModelRouter[Any], need: str) -> None:
@@ -161,6 +203,7 @@ def _serve_routed(
         source=registry.get,
         load=load,
         hold_s=args.hold,
+        available=available_memory_bytes,
     )
     router = ModelRouter(host, registry, current=startup.id)
 

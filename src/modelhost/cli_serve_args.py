@@ -6,6 +6,9 @@ from __future__ import annotations
 import argparse
 import os
 
+from modelhost.models.modes import HELP as QUANTIZE_HELP
+from modelhost.models.modes import MODES
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 
@@ -52,6 +55,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         help="decimal GB for weights + KV + working memory; caps the safe context",
     )  # fmt: skip
     parser.add_argument("--context-length", type=int, default=None, metavar="N")
+    parser.add_argument("--quantize", choices=MODES, default=None, help=QUANTIZE_HELP)
     parser.add_argument("--max-tokens", type=int, default=None, metavar="N")
     parser.add_argument("--temperature", "--temp", type=float, default=None)
     parser.add_argument("--top-p", type=float, default=None)

@@ -15,6 +15,7 @@ requests get their shutdown timeout).
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import shutil
@@ -26,11 +27,19 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from modelhost.residency.supervisor import MAX_RESTARTS, WorkerFailed, WorkerProcess
+from modelhost.residency.supervisor import (
+    MAX_RESTARTS,
+    PROGRESS_FILE,
+    WorkerFailed,
+    WorkerProcess,
+    write_load_progress,
+)
+from modelhost.residency.unit import LoadProgress
 from modelhost.residency.worker_unit import WorkerUnit
 from modelhost.serve_config import WorkerConfig
 
 if TYPE_CHECKING:
+    from modelhost.models.loaded import LoadedModel
     from modelhost.residency.registry import ModelEntry
     from modelhost.server.settings import ServeSettings
 
@@ -50,15 +59,18 @@ def worker_loader(
     start_timeout_s: float = 120.0,
     max_restarts: int = MAX_RESTARTS,
     env: Mapping[str, str] | None = None,
-) -> Callable[[ModelEntry], Awaitable[WorkerUnit]]:
+    quantize: str | None = None,
+) -> Callable[[ModelEntry, LoadProgress], Awaitable[WorkerUnit]]:
     """The host's `load`: spawn a worker for the entry (`env` added to its environment) and
-    wait until it answers."""
+    wait until it answers; `quantize` is the worker's `load_model(quantize=...)`."""
     import torch
 
     threads = torch.get_num_threads()  # `--threads` reaches the workers too
-    config = WorkerConfig(settings, batch=batch, max_queue=max_queue, threads=threads).to_json()
+    config = WorkerConfig(
+        settings, batch=batch, max_queue=max_queue, threads=threads, quantize=quantize
+    ).to_json()
 
-    async def load(entry: ModelEntry) -> WorkerUnit:
+    async def load(entry: ModelEntry, progress: LoadProgress) -> WorkerUnit:
         started = time.perf_counter()
         command = [*WORKER_COMMAND, "--model", str(entry.path), "--id", entry.id]
         command += ["--operations", ",".join(entry.operations), "--config", config]
@@ -67,6 +79,7 @@ def worker_loader(
             start_timeout_s=start_timeout_s,
             max_restarts=max_restarts,
             env=env,
+            progress=progress,
         )
         try:
             await worker.start()
@@ -151,11 +164,17 @@ def main(argv: list[str] | None = None) -> int:
     operations = args.operations.split(",")
     if "generate" in operations:
         share_the_gil_with_the_engine()
+    progress_file = Path(args.socket).with_name(PROGRESS_FILE)  # the parent reads it
+
+    def load(path: str) -> LoadedModel:
+        report = functools.partial(write_load_progress, progress_file)
+        return load_model(path, quantize=config.quantize, progress=report)
+
     stage = open_stage(
         Path(args.model),
         args.id,
         operations,
-        load_model,
+        load,
         lambda model: build_stage(model, settings, batch=config.batch, max_queue=config.max_queue),
     )
     app = create_app(stage, settings)

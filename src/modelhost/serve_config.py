@@ -69,6 +69,23 @@ def default_budget_bytes() -> int:
     return int(total * 0.7)
 
 
+def available_memory_bytes() -> int | None:
+    """What this machine can still give a new model: MemAvailable on Linux; None elsewhere, and
+    on CUDA, where a model's bytes are the GPU's."""
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def serving_shape(args: argparse.Namespace, settings: ServeSettings) -> ServingShape:
     import torch
 
@@ -79,7 +96,15 @@ def serving_shape(args: argparse.Namespace, settings: ServeSettings) -> ServingS
         chunk_tokens=settings.chunk_tokens,
         context_length=settings.context_length,
         memory_budget_bytes=int(budget * BYTES_PER_GB) if budget is not None else None,
+        quantize=quantize_mode(args),
     )
+
+
+def quantize_mode(args: argparse.Namespace) -> str:
+    """`--quantize`, else MODELHOST_QUANTIZE, else the loader's default (models/quant.py)."""
+    from modelhost.models.loader import default_quantize
+
+    return getattr(args, "quantize", None) or default_quantize()
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,11 +115,12 @@ class WorkerConfig:
     batch: int = 8
     max_queue: int = 64
     threads: int | None = None  # the parent's intra-op threads (`--threads`)
+    quantize: str | None = None  # `--quantize` (None: MODELHOST_QUANTIZE, else auto)
 
     def to_json(self) -> str:
         shared = {k: v for k, v in asdict(self.settings).items() if k != "api_key"}
         body = {"settings": shared, "batch": self.batch, "max_queue": self.max_queue}
-        return json.dumps({**body, "threads": self.threads})
+        return json.dumps({**body, "threads": self.threads, "quantize": self.quantize})
 
     @classmethod
     def from_json(cls, text: str) -> WorkerConfig:
@@ -107,4 +133,5 @@ class WorkerConfig:
             batch=int(config.get("batch", 8)),
             max_queue=int(config.get("max_queue", 64)),
             threads=int(threads) if threads else None,
+            quantize=config.get("quantize"),
         )

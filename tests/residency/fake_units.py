@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from modelhost.residency.host import ResidencyHost
+from modelhost.residency.unit import LoadProgress
 
 GB = 1_000_000_000
 
@@ -73,6 +74,7 @@ class World:
     weights_gb: dict[str, float] = field(default_factory=dict)  # default: the whole estimate
     now: float = 0.0
     num_loads: int = 0
+    progress_steps: dict[str, list[float]] = field(default_factory=dict)  # reported before a gate
 
     def entry(self, model_id: str) -> FakeEntry | None:
         if model_id not in self.sizes_gb:
@@ -82,8 +84,10 @@ class World:
         ops = self.operations.get(model_id, ("generate",))
         return FakeEntry(model_id, estimate_bytes=size, weights_bytes=weights, operations=ops)
 
-    async def load(self, entry: Any) -> FakeUnit:
+    async def load(self, entry: Any, progress: LoadProgress) -> FakeUnit:
         self.num_loads += 1
+        for fraction in self.progress_steps.get(entry.id, []):
+            progress.report(fraction)
         gate = self.gates.get(entry.id)
         if gate is not None:
             await gate.wait()

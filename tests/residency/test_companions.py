@@ -22,7 +22,7 @@ from modelhost.residency.host import ResidencyHost
 from modelhost.residency.inprocess import InProcessUnit, in_process_loader
 from modelhost.residency.registry import ModelEntry, ModelRegistry, ServingShape
 from modelhost.residency.router import ModelRouter
-from modelhost.residency.unit import ResidencyError
+from modelhost.residency.unit import LoadProgress, ResidencyError
 from modelhost.server.app import create_routed_app
 from modelhost.server.settings import ServeSettings
 
@@ -37,7 +37,7 @@ def entry(model_id: str, *operations: str) -> ModelEntry:
 def router_over(*entries: ModelEntry, current: str = "chat") -> ModelRouter:
     registry = FakeRegistry({e.id: e for e in entries})
 
-    async def never(entry: ModelEntry) -> None:
+    async def never(entry: ModelEntry, progress: LoadProgress) -> None:
         raise AssertionError("routing loads nothing")
 
     host: ResidencyHost = ResidencyHost(budget_bytes=10, source=registry.get, load=never)

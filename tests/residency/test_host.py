@@ -176,6 +176,45 @@ async def test_a_model_bigger_than_the_budget_is_served_alone_after_everything_u
         host.check_invariants()
 
 
+async def test_a_model_the_machine_cannot_hold_is_refused_before_anything_loads():
+    world = World({"a": 1, "b": 1, "huge": 10})
+    host = world.host(4, available=lambda: 5 * GB)  # the machine, not the budget
+    async with await host.acquire("a"):
+        pass
+    host.pin("b")
+    async with await host.acquire("b"):
+        pass
+    with pytest.raises(ResidencyError, match="'huge' needs 10.00 GB") as refused:
+        await host.acquire("huge")
+    assert refused.value.code == "does-not-fit"
+    assert world.loaded() == ["a", "b"]  # nothing was evicted for it either
+    host.check_invariants()
+
+
+async def test_a_model_bigger_than_the_budget_that_the_machine_holds_once_others_leave_loads():
+    world = World({"a": 1, "huge": 5})
+    host = world.host(4, available=lambda: 4 * GB)  # with a's 1 GB back, 5 GB
+    async with await host.acquire("a"):
+        pass
+    async with await host.acquire("huge"):
+        assert [m.id for m in host.resident()] == ["huge"]
+
+
+async def test_a_loading_model_shows_how_far_its_load_has_got():
+    world = World({"a": 1})
+    world.progress_steps["a"] = [0.25, 0.5]
+    world.gates["a"] = asyncio.Event()
+    host = world.host(4)
+    waiting = asyncio.create_task(host.acquire("a"))
+    await settle()
+    [loading] = host.resident()
+    assert (loading.state, loading.progress) == ("loading", 0.5)
+    world.gates["a"].set()
+    async with await waiting:
+        [ready] = host.resident()
+        assert (ready.state, ready.progress) == ("ready", None)
+
+
 async def test_measured_memory_floors_the_estimates_so_a_full_process_still_evicts():
     world = World({"a": 1, "b": 2})
     process_bytes = [0]

@@ -169,6 +169,39 @@ async def test_v1_models_lists_every_local_model_with_residency_current_first(cl
     assert (await client.get("/v1/models/nope")).status_code == 404
 
 
+async def test_a_loading_model_is_listed_as_loading_with_how_far_it_has_got(clients):
+    world = RoutedWorld({"a": 1, "b": 1}, budget_mb=10, progress={"b": 0.4})
+    world.gates["b"] = asyncio.Event()
+    client = clients(world)
+    asking = asyncio.create_task(client.post("/v1/chat/completions", json=chat("b")))
+    await wait_until(lambda: world.leases() == {"b": 1})
+    rows = {row["id"]: row for row in (await client.get("/v1/models")).json()["data"]}
+    assert (rows["b"]["state"], rows["b"]["progress"], rows["b"]["resident"]) == (
+        "loading", 0.4, False
+    )  # fmt: skip
+    assert rows["a"]["state"] == "available" and "progress" not in rows["a"]
+    [loading] = (await client.get("/stats")).json()["models"]["resident"]
+    assert (loading["id"], loading["state"], loading["progress"]) == ("b", "loading", 0.4)
+    world.gates["b"].set()
+    assert text_of(await asking) == "[b]"
+    row = (await client.get("/v1/models/b")).json()
+    assert (row["state"], row["resident"]) == ("ready", True) and "progress" not in row
+
+
+async def test_a_model_the_registry_refuses_is_listed_with_why_and_a_request_gets_a_400(clients):
+    refusal = "tensor blk.0.ffn_down.weight is IQ2_XS, which modelhost does not run"
+    world = RoutedWorld({"a": 1, "iq": 1}, budget_mb=10, refusals={"iq": refusal})
+    client = clients(world)
+    refused = await client.post("/v1/chat/completions", json=chat("iq"))
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert (error["code"], error["param"]) == ("unsupported-model", "model")
+    assert refusal in error["message"]
+    assert world.loads == []
+    row = (await client.get("/v1/models/iq")).json()
+    assert row["refusal"] == refusal
+
+
 async def test_stats_reports_the_hosts_residency(clients):
     world = RoutedWorld({"a": 2, "b": 3}, budget_mb=10)
     client = clients(world)

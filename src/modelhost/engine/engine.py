@@ -46,6 +46,7 @@ from modelhost.models.loaded import LoadedModel
 log = logging.getLogger(__name__)
 
 _DEFAULT_KV_BYTES = 1 << 30
+MIN_POOL_CONTEXT = 8192  # tokens a default pool holds at least, where the window allows
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 
@@ -80,13 +81,20 @@ class EngineConfig:
 
     def num_blocks(self, model: LoadedModel, context_length: int) -> int:
         token_bytes = model.config.kv_bytes_per_token(model.cache_dtype.itemsize)
-        block_bytes = self.block_size * token_bytes
         budget = self.kv_cache_bytes
         if budget is None:
-            # 1 GiB, but at least one full context and at most a full context for every row.
-            one_context = (context_length + self.block_size) * token_bytes
-            budget = min(max(_DEFAULT_KV_BYTES, one_context), self.batch * one_context)
-        return max(2, budget // block_bytes)
+            budget = default_kv_bytes(token_bytes, context_length, self.block_size, self.batch)
+        return max(2, budget // (self.block_size * token_bytes))
+
+
+def default_kv_bytes(token_bytes: int, context_length: int, block_size: int, batch: int) -> int:
+    """The KV pool when nothing sizes it: 1 GiB, but at least one context of up to
+    MIN_POOL_CONTEXT tokens, and at most a full context for every row. (A 128k-token window
+    alone would otherwise ask for gigabytes no request may use; a longer prompt than the pool
+    holds is refused as too long.)"""
+    one_context = (context_length + block_size) * token_bytes
+    floor = (min(context_length, MIN_POOL_CONTEXT) + block_size) * token_bytes
+    return min(max(_DEFAULT_KV_BYTES, floor), batch * one_context)
 
 
 class _RowEvents:

@@ -38,10 +38,10 @@ class ModelRunner:
         self.threads_every_step = kernels is None
         self.block_size = block_size
         config = model.config
-        # One extra block, zeroed, pads every row's block table. Unwritten pool memory may hold
-        # NaNs, and a masked NaN still poisons SDPA's weighted sum (0 * NaN); attention gathers
-        # whole blocks, masked tails included, so each block is zeroed before its first use
-        # (stale values a freed block keeps are finite and masked).
+        # One extra block pads every row's block table. The pool starts zeroed (KVCache.allocate):
+        # attention gathers whole blocks, masked tails included, and a masked NaN from unwritten
+        # memory would still poison SDPA's weighted sum (0 * NaN); stale values a freed block
+        # keeps are finite and masked.
         self.pad_block = num_blocks
         self.kv = KVCache.allocate(
             num_layers=config.num_layers,
@@ -52,15 +52,7 @@ class ModelRunner:
             device=model.device,
             block_size=block_size,
         )
-        self._zeroed: set[int] = set()
-        self._zero_blocks([self.pad_block])
         self.sliding_window = config.sliding_window
-
-    def _zero_blocks(self, blocks: list[int]) -> None:
-        index = torch.tensor(blocks, dtype=torch.long, device=self.model.device)
-        for layer in range(len(self.kv.pools)):
-            self.kv.blocks(layer).index_fill_(0, index, 0.0)
-        self._zeroed.update(blocks)
 
     def execute(
         self, out: SchedulerOutput, before_layers: Callable[[], None] | None = None
@@ -94,15 +86,11 @@ class ModelRunner:
         return self._mixed_batch(rows)
 
     def _block_tables(self, rows: list[ScheduledRow], max_blocks: int) -> list[list[int]]:
-        """Each row's first `max_blocks` blocks, padded with the zeroed block; blocks used for
-        the first time are zeroed."""
+        """Each row's first `max_blocks` blocks, padded with the pad block."""
         padded: list[list[int]] = []
         for row in rows:
             table = row.seq.block_table[:max_blocks]
             padded.append(table + [self.pad_block] * (max_blocks - len(table)))
-        fresh = {block for table in padded for block in table} - self._zeroed
-        if fresh:
-            self._zero_blocks(sorted(fresh))
         return padded
 
     def _decode_batch(self, rows: list[ScheduledRow]) -> ForwardBatch:

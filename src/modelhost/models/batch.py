@@ -52,9 +52,10 @@ class KVCache:
         device: torch.device,
         block_size: int,
     ) -> KVCache:
-        # torch.empty: pages are committed only as blocks are first written.
+        # Zeroed, so every page is committed now: the pool's bytes are resident from the start,
+        # as the residency budget counts them, and never grow the process later.
         shape = (num_slots, 2, num_kv_heads, head_dim)
-        pools = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        pools = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         return cls(pools, block_size)
 
     def blocks(self, layer: int) -> torch.Tensor:

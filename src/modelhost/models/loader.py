@@ -33,7 +33,8 @@ from modelhost.models.llama import build_llama
 from modelhost.models.load_gguf import FileReader, GGUFFile, gguf_tensors
 from modelhost.models.load_safetensors import config_from_hf, read_json, safetensors_tensors
 from modelhost.models.loaded import LoadedModel
-from modelhost.models.quant import MODES, describe
+from modelhost.models.modes import DEFAULT_MODE, MODES
+from modelhost.models.quant import describe
 from modelhost.models.weights import (
     Progress,
     TensorSource,
@@ -47,8 +48,6 @@ from modelhost.text.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 _GEN_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty")
-# CPU linears: see models/quant.py and benchmarks/README.md for the measured choice.
-DEFAULT_QUANTIZE = "auto"
 _CACHE_VERSION = 2  # meta.json's layout
 
 
@@ -86,7 +85,7 @@ def default_device() -> torch.device:
 
 def default_quantize() -> str:
     """`MODELHOST_QUANTIZE` (none, int8, auto, int4; see models/quant.py), else the default."""
-    return os.environ.get("MODELHOST_QUANTIZE") or DEFAULT_QUANTIZE
+    return os.environ.get("MODELHOST_QUANTIZE") or DEFAULT_MODE
 
 
 def load_model(

@@ -26,9 +26,9 @@ import torch
 from torch import nn
 
 from modelhost.models import packed
+from modelhost.models.modes import MODES as MODES
 from modelhost.models.packed import PackedWeight, QuantLinear
 
-MODES = ("none", "int8", "auto", "int4")
 _AT_MOST_4_BITS = (packed.Q2_K, packed.Q3_K, packed.Q4_0, packed.Q4_1, packed.Q4_K)
 _CHUNK_ROWS = 4096  # rows quantized at once: bounds the fp32 temporaries of a big matrix
 

@@ -18,12 +18,19 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from modelhost.residency.lease import Lease
 from modelhost.residency.policy import Decision, Plan, choose_victims
-from modelhost.residency.unit import Pause, ResidencyError, ResidentModel, Servable, Unit
+from modelhost.residency.unit import (
+    LoadProgress,
+    Pause,
+    ResidencyError,
+    ResidentModel,
+    Servable,
+    Unit,
+)
 
 log = logging.getLogger("modelhost.models")
 
@@ -42,6 +49,10 @@ class _Slot(Generic[U]):
     last_used_at: float = 0.0
     uses: int = 0
     drained: asyncio.Task[bool] | None = None
+    progress: LoadProgress = field(default_factory=LoadProgress)
+
+    def __post_init__(self) -> None:
+        self.progress.model_id = self.entry.id
 
 
 def _no_event(name: str, payload: dict[str, Any]) -> None:
@@ -54,13 +65,14 @@ class ResidencyHost(Generic[U]):
         *,
         budget_bytes: int,
         source: Callable[[str], Servable | None],
-        load: Callable[[Servable], Awaitable[U]],
+        load: Callable[[Servable, LoadProgress], Awaitable[U]],
         measure: Callable[[], int | None] = lambda: None,
         external: Callable[[], int] = lambda: 0,
         publish: Callable[[str, dict[str, Any]], None] = _no_event,
         switch: Callable[[str], Awaitable[None]] | None = None,
         clock: Callable[[], float] = time.time,
         hold_s: float = 0.0,
+        available: Callable[[], int | None] = lambda: None,
     ) -> None:
         if budget_bytes <= 0:
             raise ValueError("the residency budget must be positive")
@@ -68,6 +80,7 @@ class ResidencyHost(Generic[U]):
         self.hold_s = hold_s
         self._source, self._load, self._measure = source, load, measure
         self._external, self._switch, self._clock = external, switch, clock
+        self._available = available  # memory the machine can still give (None: unknown)
         self._listeners: list[Callable[[str, dict[str, Any]], None]] = [publish]
         self._slots: dict[str, _Slot[U]] = {}
         self._changed = asyncio.Event()
@@ -105,6 +118,7 @@ class ResidencyHost(Generic[U]):
             await self._refresh()
             if model_id in self._slots or self._closed:
                 continue  # the world changed while we read the units
+            self._refuse_beyond_the_machine(entry)
             waited_s = self._clock() - waiting_since
             decision = self._decide(entry.estimate_bytes, model_id, waited_s=waited_s)
             if decision.wait:
@@ -155,7 +169,7 @@ class ResidencyHost(Generic[U]):
         started = time.perf_counter()
         self._publish("model.load", {"id": entry.id, "phase": "started"})
         try:
-            unit = await self._load(entry)
+            unit = await self._load(entry, slot.progress)
         except Exception as exc:
             self._slots.pop(entry.id, None)
             self._publish("model.load", {"id": entry.id, "phase": "failed", "error": str(exc)})
@@ -293,6 +307,23 @@ class ResidencyHost(Generic[U]):
         used = self.used_bytes(except_id)
         return choose_victims(self.budget_bytes, used, need_bytes, candidates, others_busy=busy)
 
+    def _refuse_beyond_the_machine(self, entry: Servable) -> None:
+        """A model the machine cannot hold even once every other unpinned model is gone is
+        refused now, not left to the kernel's OOM killer halfway through its load."""
+        room = self._available()
+        if room is None:
+            return
+        freeable = sum(
+            self._held(s) for s in self._slots.values() if s.state == "ready" and not s.pinned
+        )
+        if entry.estimate_bytes > room + freeable:
+            need_gb, room_gb = entry.estimate_bytes / 1e9, (room + freeable) / 1e9
+            message = (
+                f"model '{entry.id}' needs {need_gb:.2f} GB (weights, KV pool and working "
+                f"memory) and this machine has {room_gb:.2f} GB to give it"
+            )
+            raise ResidencyError("does-not-fit", message)
+
     def plan(self, model_id: str) -> Plan:
         """What loading `model_id` would take now, victims least recently used first."""
         if model_id in self._slots:
@@ -380,6 +411,7 @@ class ResidencyHost(Generic[U]):
                 last_used_at=slot.last_used_at,
                 operations=tuple(slot.entry.operations),
                 role="primary" if "generate" in slot.entry.operations else "companion",
+                progress=slot.progress.fraction if slot.state == "loading" else None,
             )
             for model_id, slot in self._slots.items()
         ]

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
 from modelhost.residency.companions import open_stage
+from modelhost.residency.unit import LoadProgress
 
 if TYPE_CHECKING:
     from modelhost.inference.stage import InferenceStage
@@ -82,18 +83,22 @@ def _release_memory() -> None:
 
 
 def in_process_loader(
-    load_model: Callable[[str], LoadedModel],
+    load_model: Callable[..., LoadedModel],
     build_stage: Callable[[LoadedModel], InferenceStage],
-) -> Callable[[ModelEntry], Awaitable[InProcessUnit]]:
+) -> Callable[[ModelEntry, LoadProgress], Awaitable[InProcessUnit]]:
     """The host's `load`: read the entry's files and start an engine (or open a companion),
-    off the event loop."""
+    off the event loop. `load_model(path, progress=...)` reports the fraction it has read."""
 
-    def load_sync(entry: ModelEntry) -> InProcessUnit:
+    def load_sync(entry: ModelEntry, progress: LoadProgress) -> InProcessUnit:
         started = time.perf_counter()
-        stage = open_stage(entry.path, entry.id, entry.operations, load_model, build_stage)
+
+        def load(path: str) -> LoadedModel:
+            return load_model(path, progress=progress.report)
+
+        stage = open_stage(entry.path, entry.id, entry.operations, load, build_stage)
         return InProcessUnit(stage, (time.perf_counter() - started) * 1000)
 
-    async def load(entry: ModelEntry) -> InProcessUnit:
-        return await asyncio.to_thread(load_sync, entry)
+    async def load(entry: ModelEntry, progress: LoadProgress) -> InProcessUnit:
+        return await asyncio.to_thread(load_sync, entry, progress)
 
     return load

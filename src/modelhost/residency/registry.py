@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from modelhost.engine.engine import default_kv_bytes
 from modelhost.inference.admission import working_bytes
 from modelhost.models import packed
 from modelhost.models.config import ModelConfig
@@ -48,7 +49,6 @@ from modelhost.paths import modelhost_home
 log = logging.getLogger(__name__)
 
 _RESCAN_S = 5.0  # an unknown id rescans the disk at most this often (clients send aliases)
-_DEFAULT_KV_BYTES = 1 << 30  # the engine's default KV pool (EngineConfig.num_blocks)
 _BLOCK_TOKENS = 16
 # A companion's working memory beyond its weights: padded encoder batches; Whisper's int8 copy
 # of its weights, beam state and audio features (~400 MB resident for base's 145 MB file).
@@ -315,8 +315,7 @@ def estimate_bytes(config: ModelConfig, weights: int, shape: ServingShape) -> in
     if shape.context_length is not None:
         context = min(context, shape.context_length)
     token_bytes = config.kv_bytes_per_token(shape.kv_dtype_bytes)
-    one_context = (context + _BLOCK_TOKENS) * token_bytes
-    kv = min(max(_DEFAULT_KV_BYTES, one_context), shape.batch * one_context)
+    kv = default_kv_bytes(token_bytes, context, _BLOCK_TOKENS, shape.batch)
     work = working_bytes(
         config, shape.dtype_bytes, context, chunk_tokens=shape.chunk_tokens, rows=shape.batch
     )

@@ -42,6 +42,8 @@ class ListedModel:
     unit: Any  # the resident unit, or None
     resident: bool
     current: bool
+    state: str = "available"  # or what the host says: loading, ready, draining
+    progress: float | None = None  # while loading: the fraction of its weights read
 
 
 class ModelRouter(Generic[U]):
@@ -60,6 +62,9 @@ class ModelRouter(Generic[U]):
         if entry is not None:
             if need not in entry.operations:
                 raise ResidencyError("wrong-operation", cannot_message(entry, need))
+            if entry.refusal is not None:
+                message = f"model '{entry.id}' cannot be served: {entry.refusal}"
+                raise ResidencyError("unsupported-model", message)
             return entry.id
         if need == "generate":
             return self.current
@@ -107,13 +112,14 @@ class ModelRouter(Generic[U]):
 
     def listing(self) -> list[ListedModel]:
         """Every local model: the current one first, then the other resident ones, then the rest."""
-        ready = {m.id for m in self.host.resident() if m.state == "ready"}
-        rows = [
-            ListedModel(
-                entry, self.host.peek(entry.id), entry.id in ready, entry.id == self.current
-            )
-            for entry in self.registry.entries()
-        ]
+        held = {m.id: m for m in self.host.resident()}
+        rows = []
+        for entry in self.registry.entries():
+            model = held.get(entry.id)
+            state = model.state if model is not None else "available"
+            progress = model.progress if model is not None else None
+            unit, current = self.host.peek(entry.id), entry.id == self.current
+            rows.append(ListedModel(entry, unit, state == "ready", current, state, progress))
         return sorted(rows, key=lambda row: (not row.current, not row.resident))
 
     def residency(self) -> dict[str, Any]:
@@ -131,6 +137,7 @@ class ModelRouter(Generic[U]):
                     "pinned": m.pinned,
                     "leases": m.leases,
                     "last_used_at": m.last_used_at,
+                    **({"progress": round(m.progress, 4)} if m.progress is not None else {}),
                 }
                 for m in models
             ],

@@ -23,10 +23,14 @@ from pathlib import Path
 
 import httpx
 
+from modelhost.residency.unit import LoadProgress
+
 MAX_RESTARTS = 3
 RESTART_WINDOW_S = 60.0
-START_TIMEOUT_S = 120.0
+START_TIMEOUT_S = 120.0  # without news: a load that reports progress may take longer
 STOP_TIMEOUT_S = 5.0
+# Beside the socket, the worker writes the fraction of its weights loaded (write_load_progress).
+PROGRESS_FILE = "load-progress"
 
 
 class WorkerFailed(RuntimeError):
@@ -54,9 +58,11 @@ class WorkerProcess:
         max_restarts: int = MAX_RESTARTS,
         restart_window_s: float = RESTART_WINDOW_S,
         env: Mapping[str, str] | None = None,
+        progress: LoadProgress | None = None,
     ) -> None:
         self.command = list(command)  # `--socket PATH` follows
         self.env = dict(env or {})  # added to this process's environment
+        self.progress = progress  # told how far the first load has got
         self.start_timeout_s = start_timeout_s
         self.max_restarts = max_restarts
         self.restart_window_s = restart_window_s
@@ -127,7 +133,11 @@ class WorkerProcess:
         self.state = "ready"
 
     async def _wait_healthy(self) -> None:
+        """Until the worker answers /health: it fails if the worker exits, or if
+        `start_timeout_s` pass with neither an answer nor progress in its load."""
         deadline = time.monotonic() + self.start_timeout_s
+        progress_file = Path(self.socket_path).with_name(PROGRESS_FILE)
+        seen: float | None = None
         transport = httpx.AsyncHTTPTransport(uds=self.socket_path)
         async with httpx.AsyncClient(transport=transport, base_url="http://worker") as client:
             while True:
@@ -135,6 +145,12 @@ class WorkerProcess:
                 code = self.process.poll()
                 if code is not None:
                     raise WorkerFailed(f"the worker exited with status {code} while loading")
+                # Read before asking: a worker that answers has written its last fraction.
+                fraction = read_load_progress(progress_file)
+                if fraction is not None and fraction != seen:
+                    seen, deadline = fraction, time.monotonic() + self.start_timeout_s
+                    if self.progress is not None:
+                        self.progress.report(fraction)
                 if os.path.exists(self.socket_path):
                     with contextlib.suppress(httpx.TransportError):
                         response = await client.get("/health", timeout=5.0)
@@ -183,3 +199,16 @@ class WorkerProcess:
                 os.killpg(process.pid, signal.SIGKILL)  # anything the worker left in its group
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def write_load_progress(path: Path, fraction: float) -> None:
+    """The worker's side: `fraction` into `path`, replaced whole (the parent never reads half)."""
+    partial = path.with_suffix(".partial")
+    partial.write_text(f"{fraction:.4f}")
+    partial.replace(path)
+
+
+def read_load_progress(path: Path) -> float | None:
+    with contextlib.suppress(OSError, ValueError):
+        return float(path.read_text())
+    return None

@@ -2,19 +2,46 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+log = logging.getLogger("modelhost.models")
+
 
 class ResidencyError(Exception):
     """A model that cannot be leased. `code`: does-not-fit, load-failed, closed, in-use,
-    not-switchable, already-resident, wrong-operation."""
+    not-switchable, already-resident, wrong-operation, unsupported-model."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+class LoadProgress:
+    """How far a model's load has got: the loader reports the fraction of its weights read (from
+    any thread); the host shows it while the model is loading, and logs it when a load takes
+    more than a moment."""
+
+    LOG_AFTER_S = 2.0
+    LOG_MESSAGE = "[models] %s loading: %d%%"
+
+    def __init__(self, model_id: str = "", clock: Callable[[], float] = time.monotonic) -> None:
+        self.model_id = model_id
+        self.fraction: float | None = None
+        self._clock = clock
+        self._started = clock()
+        self._logged_tenths = 0
+
+    def report(self, fraction: float) -> None:
+        self.fraction = min(1.0, max(0.0, fraction))
+        tenths = int(self.fraction * 10)
+        if tenths > self._logged_tenths and self._clock() - self._started >= self.LOG_AFTER_S:
+            self._logged_tenths = tenths
+            log.info(self.LOG_MESSAGE, self.model_id, 10 * tenths)
 
 
 class Servable(Protocol):
@@ -53,6 +80,7 @@ class ResidentModel:
     last_used_at: float
     operations: tuple[str, ...] = field(default=())
     role: str = "primary"
+    progress: float | None = None  # while loading: the fraction of its weights read
 
 
 class Pause:

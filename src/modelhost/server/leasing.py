@@ -174,6 +174,6 @@ def residency_status(error: ResidencyError) -> tuple[int, dict[str, Any]]:
     else:
         status, kind = 400, "invalid_request_error"
     body = {"message": error.message, "type": kind, "code": error.code}
-    if error.code == "wrong-operation":
+    if error.code in ("wrong-operation", "unsupported-model"):
         body["param"] = "model"
     return status, body

@@ -103,10 +103,17 @@ def listed_row(listed: ListedModel) -> dict[str, Any]:
         row = {**resident_row(listed.unit), "id": entry.id}
     else:
         row = {"id": entry.id, "object": "model", "created": 0, "owned_by": "modelhost"}
+    extra: dict[str, Any] = {}
+    if listed.progress is not None:
+        extra["progress"] = round(listed.progress, 4)
+    if entry.refusal is not None:
+        extra["refusal"] = entry.refusal
     return {
         **row,
         "resident": listed.resident,
         "current": listed.current,
+        "state": listed.state,
+        **extra,
         "format": entry.format,
         "architecture": entry.architecture,
         "size_bytes": entry.size_bytes,

@@ -1,0 +1,10 @@
+"""The names of the ways CPU linears can hold their weights (models/quant.py says what each
+does); kept apart so the command line can offer them without importing PyTorch."""
+
+MODES = ("auto", "int8", "int4", "none")
+DEFAULT_MODE = "auto"
+HELP = (
+    "how CPU linears hold weights: auto (each tensor in its file's own quantization; the "
+    "default), int8 or int4 (float weights quantized; int4 also squeezes wider types), none "
+    "(fp32, the reference maths)"
+)
