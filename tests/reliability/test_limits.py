@@ -17,6 +17,7 @@ from modelhost.residency.host import ResidencyHost
 from modelhost.residency.inprocess import InProcessUnit
 from modelhost.residency.registry import ModelEntry, ModelRegistry
 from modelhost.residency.router import ModelRouter
+from modelhost.residency.unit import LoadProgress
 from modelhost.server.app import create_routed_app
 from modelhost.server.limits import BodyLimits, json_shape_problem
 from modelhost.server.settings import ServeSettings
@@ -212,7 +213,7 @@ def escaping_world(tmp_path: Path) -> dict[str, Any]:
     registry = RegistryWithCurrent(disk, current)
     loads: list[str] = []
 
-    async def load(entry: Any) -> InProcessUnit:
+    async def load(entry: Any, progress: LoadProgress) -> InProcessUnit:
         loads.append(entry.id)
         return InProcessUnit(InferenceStage(ScriptedEngine(), scripted_model(entry.id)))
 

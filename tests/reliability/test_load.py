@@ -27,6 +27,7 @@ from modelhost.residency.inprocess import InProcessUnit
 from modelhost.residency.registry import ModelEntry, ModelRegistry, ServingShape
 from modelhost.residency.router import ModelRouter
 from modelhost.residency.supervisor import rss_bytes
+from modelhost.residency.unit import LoadProgress
 from modelhost.residency.worker_unit import WorkerUnit
 from modelhost.server.app import create_routed_app
 from modelhost.server.settings import ServeSettings
@@ -57,7 +58,7 @@ class World:
             for name in ("a", "b")
         }
 
-        async def load(entry: Any) -> InProcessUnit:
+        async def load(entry: Any, progress: LoadProgress) -> InProcessUnit:
             engine = ScriptedEngine(SCRIPT, step_s=0.004, batch=4, max_queue=8)
             self.engines.append(engine)
             return InProcessUnit(InferenceStage(engine, scripted_model(entry.id)))

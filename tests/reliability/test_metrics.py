@@ -17,6 +17,7 @@ from modelhost.residency.host import ResidencyHost
 from modelhost.residency.inprocess import InProcessUnit
 from modelhost.residency.registry import ModelEntry
 from modelhost.residency.router import ModelRouter
+from modelhost.residency.unit import LoadProgress
 from modelhost.server.app import create_routed_app
 from modelhost.server.settings import ServeSettings
 
@@ -163,7 +164,7 @@ def routed_app(tmp_path: Path) -> tuple[Any, ResidencyHost[Any]]:
         for name in ("a", "b")
     }
 
-    async def load(entry: Any) -> InProcessUnit:
+    async def load(entry: Any, progress: LoadProgress) -> InProcessUnit:
         return InProcessUnit(InferenceStage(ScriptedEngine(), scripted_model(entry.id)))
 
     class Registry:

@@ -16,6 +16,7 @@ from modelhost.residency.host import ResidencyHost
 from modelhost.residency.registry import ModelEntry
 from modelhost.residency.router import ModelRouter
 from modelhost.residency.supervisor import WorkerProcess
+from modelhost.residency.unit import LoadProgress
 from modelhost.residency.worker_unit import WorkerUnit
 from modelhost.server.app import create_routed_app
 from modelhost.server.json_logs import JsonLogFormatter, use_json_logs
@@ -186,7 +187,7 @@ async def test_a_request_proxied_to_a_worker_carries_the_same_id_to_it(
 
     entry = ModelEntry("w", tmp_path / "w", "safetensors", "llama", 1, 1, 1)
 
-    async def load(_: Any) -> ProxyUnit:
+    async def load(_: Any, progress: LoadProgress) -> ProxyUnit:
         return ProxyUnit()
 
     host: ResidencyHost[Any] = ResidencyHost(budget_bytes=10, source={"w": entry}.get, load=load)

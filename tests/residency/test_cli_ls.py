@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from gguf import GGMLQuantizationType
+from synthetic_files import retype_tensor, write_tiny
 from tiny_models import make_tiny_checkpoint
 
 from modelhost.cli import main
@@ -15,9 +17,24 @@ def test_ls_prints_each_local_model_with_its_estimate_and_whether_it_fits(
     argv = ["ls", str(tmp_path / "tiny-a"), "--model-budget", "0.5", "--url", "http://127.0.0.1:9"]
     assert main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["ID", "FORMAT", "ARCH", "SIZE", "ESTIMATE", "FITS", "RESIDENT"]
+    header = ["ID", "FORMAT", "ARCH", "SIZE", "WEIGHTS", "ESTIMATE", "FITS", "RESIDENT"]
+    assert lines[0].split() == header
     rows = {line.split()[0]: line.split() for line in lines[1:] if line.strip()}
     assert rows["tiny-a"][1:3] == ["safetensors", "llama"]
     assert rows["tiny-a"][-2:] == ["yes", "-"]  # no server answered: residency unknown
-    assert rows["smollm2-135m-instruct"][-2:] == ["no", "-"]  # 1.8 GB estimate, 0.5 GB budget
+    # 1.3 GB estimate against a 0.5 GB budget: served alone, when it comes to that
+    assert rows["smollm2-135m-instruct"][-2:] == ["alone", "-"]
     assert "no server answered" in lines[-1]
+
+
+def test_ls_lists_a_model_it_cannot_serve_as_refused_and_says_why(
+    tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_tiny(tmp_path / "tiny-iq.gguf", "Q4_0")
+    retype_tensor(path, "blk.1.ffn_up.weight", GGMLQuantizationType.IQ4_NL)
+    assert main(["ls", str(path), "--url", "http://127.0.0.1:9"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    table = lines[1 : lines.index("")]
+    rows = {line.split()[0]: line.split() for line in table}
+    assert rows["tiny-iq"][-2] == "refused"
+    assert "tiny-iq cannot be served: tensor blk.1.ffn_up.weight is IQ4_NL" in "\n".join(lines)

@@ -79,7 +79,7 @@ def test_serve_in_process_refuses_a_memory_budget_below_the_weights_before_it_li
 ) -> None:
     from modelhost.models import loader
 
-    monkeypatch.setattr(loader, "load_model", lambda name=None: scripted_model())
+    monkeypatch.setattr(loader, "load_model", lambda name=None, **options: scripted_model())
     monkeypatch.setattr(cli_serve, "serve", lambda *a, **k: pytest.fail("must not serve"))
     assert cli_serve.run_serve(parse("--in-process", "--memory-budget", "0.001")) == 2
     assert "cannot hold the weights" in capsys.readouterr().err
