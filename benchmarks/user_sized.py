@@ -14,7 +14,8 @@ For each file, each server is started twice, alone on the machine, and measured 
 - memory of the server's process tree (children included), polled from /proc every 50 ms: the
   peak of each start (a conversion's peak shows in the cold one), RSS and PSS settled a few
   seconds after the first token, the peak over the whole warm run and RSS at its end (KV
-  pages touched by the benchmark included); on the cold start, the bytes it left in the home.
+  pages touched by the benchmark included); on the cold start, the bytes it cached (home/cache,
+  less the native kernels).
 - prefill: a ~512-token text completion, max_tokens 1, timed by the client (median of 3,
   fresh words each, so no prefix cache helps); llama-server's own `timings` are kept beside.
 - TTFT and decode at each stream count, with modelhost's load generator (`modelhost.bench`):
@@ -265,8 +266,11 @@ def measure_starts(
         with ServerTree(server_argv(name, path, port, args), env, log) as tree:
             result[start] = measure_start(tree, url, args)
             if start == "cold" and home is not None:
+                # What loading this file cached: not the native kernels (built once per
+                # machine) nor home/models, where a first start joins the embedded Whisper
+                # and Gemma files whatever model it serves.
                 native = home / "cache" / "native"
-                result["cold"]["home_bytes"] = dir_bytes(home, skip=native)
+                result["cold"]["home_bytes"] = dir_bytes(home / "cache", skip=native)
             if start == "warm":
                 tree.reset_peak()
                 result["prefill"] = prefill(

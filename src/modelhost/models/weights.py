@@ -152,6 +152,8 @@ class _Filler:
         if missing:
             raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
         network.eval()
+        if self.progress is not None:
+            self.progress(1.0)  # whatever the checkpoint held that this network does not use
 
     def take(self, name: str) -> TensorSource:
         source = self.sources.get(name)
