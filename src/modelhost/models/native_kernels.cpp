@@ -1,22 +1,13 @@
-// Int4 and int8 weights times a few rows of fp32 activations, on AVX-512 VNNI (or on AVX2,
-// built with MH_AVX2: native_avx2.h); a decode step's attention over the paged KV cache (fp32
-// or fp16), the keys' norm, rotary and store for prompt steps too, RMSNorm and gated
-// activations; a whole decode step through the decoder layers (mh_decode_layers); and for the
-// LM head and sampler, a grouped-int4 ranking of the vocabulary (VNNI), its top candidates,
-// their exact logits and each row's token.
+// The native CPU kernels, on AVX-512 VNNI (or on AVX2, built with MH_AVX2: native_avx2.h):
+// linears over weights packed in their file's own quantization (native_qlinear.h, repacked by
+// native_repack.h), a step's attention over the paged KV cache (fp32 or fp16) with the keys'
+// norm, rotary and store, RMSNorm and gated activations, a whole decode step through the
+// decoder layers (mh_decode_layers), and the sampler's choice of each row's token.
 //
-// Built and loaded by models/native.py (g++, ctypes); the torch kernels stay the fallback.
-// A weight byte is read from memory once for up to 8 rows, and the outputs are split among
-// threads. Each row is computed with the same instructions in the same order whatever the
-// other rows and the thread count are: outputs do not depend on the batch.
-//
-// Layouts (packed by models/native.py, the input padded to a multiple of 64 with zeros):
-//   int4: by blocks of 16 outputs (the last padded with zeros) and groups of 32 inputs,
-//         nibbles [blocks, groups, 4, 64]: in run j, byte 4o + k holds output 16b + o's input
-//         32g + 8j + k (low nibble) and 32g + 8j + 4 + k (high); params [blocks, groups, 2, 16]:
-//         fp16 scales, then mins, of the block's 16 outputs: w = q * scale + min.
-//   int8: by blocks of 16 outputs, [blocks, in/4, 64] uint8: byte 4o + k of quad q holds
-//         output 16b + o's input 4q + k, a symmetric int8 level + 128; an fp32 scale per output.
+// Built and loaded by models/native.py (g++, ctypes). A weight byte is read from memory once
+// for up to 8 rows, and the outputs are split among threads. Each row is computed with the same
+// instructions in the same order whatever the other rows and the thread count are: outputs do
+// not depend on the batch.
 
 #include <immintrin.h>
 
@@ -51,9 +42,9 @@ using mh_avx2::dpbusd_nibble_pair;
 
 namespace {
 
-// acc + u . s + v . t in each int32 lane (4 byte products each), for unsigned bytes below 16
-// (int4 nibbles) times signed ones: two VNNI instructions (AVX2 sums both in int16 first:
-// native_avx2.h's).
+// acc + u . s + v . t in each int32 lane (4 byte products each), for unsigned bytes (weight
+// levels) times signed ones: two VNNI instructions (AVX2 sums both in int16 first, which holds
+// levels below 64: native_avx2.h's).
 inline __m512i dpbusd_nibble_pair(__m512i acc, __m512i u, __m512i s, __m512i v, __m512i t) {
     return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc, u, s), v, t);
 }
@@ -63,10 +54,9 @@ inline __m512i dpbusd_nibble_pair(__m512i acc, __m512i u, __m512i s, __m512i v, 
 
 namespace {
 
-constexpr int64_t kGroup = 32;  // inputs sharing an int4 scale and min
+constexpr int64_t kGroup = 32;  // inputs of a packed tile (native_qlinear.h)
 constexpr int kTile = 8;        // rows computed together per weight read
-// Weights are prefetched ~2 KB ahead, kAhead int4 groups of a block (256 bytes each), 4 kAhead
-// int8 quads (64 bytes) or kAhead ranking outputs: the hardware's prefetchers alone left the
+// Weights are prefetched kAhead tiles ahead (~2-4 KB): the hardware's prefetchers alone left the
 // kernels well short of memory's bandwidth. A prefetch past the weights' end never faults.
 constexpr int64_t kAhead = 8;
 // Row-wise kernels (key storing, RMSNorm, gated activations) split a prompt step's rows (hundreds)
@@ -122,8 +112,8 @@ inline __m512 sums_of_16(const __m512* v) {
 // row's largest. One int8 alone (llama.cpp's Q8 activations, a scale per 32) cost the embedded
 // models perplexity and greedy agreement with fp32; these keep both (benchmarks/perplexity.py).
 // A product of 4 weights and 4 inputs is high's VNNI product times 256 plus low's.
-// Per row: high and low in the inputs' order; its scale (/ 256); and each 16 inputs' exact fp32
-// sum over the scale, which the weights' group minimums multiply.
+// Per row: high and low in the inputs' order; its scale (/ 256); and each 16 rounded inputs'
+// sum (high * 256 + low), which the weights' group minimums multiply.
 struct RoundedRows {
     int64_t groups, padded;
     const int8_t* high;    // [rows, padded]
@@ -164,7 +154,11 @@ RoundedRows round_rows(const float* x, int64_t rows, int64_t padded) {
                              _mm512_cvtepi32_epi8(h));
             _mm_storeu_si128(reinterpret_cast<__m128i*>(low + r * padded + i),
                              _mm512_cvtepi32_epi8(l));
-            sums[r * sixteens + i / 16] = _mm512_reduce_add_ps(v) * (inverse * 256.0f);
+            // The rounded inputs' sum (in units of the row's scale): the weights' minimums
+            // multiply it, so a minimum that only offsets the levels (Q8_0's -128 x scale)
+            // cancels exactly instead of multiplying the rounding error.
+            sums[r * sixteens + i / 16] = static_cast<float>(
+                _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(h, 8), l)));
         }
     }
     return RoundedRows{padded / kGroup, padded, high, low, scales, sums};
