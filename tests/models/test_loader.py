@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
+from synthetic_files import write_tiny
 from tiny_models import make_tiny_checkpoint
 
 from modelhost.models import loader
@@ -68,3 +71,24 @@ def test_loader_takes_sampling_defaults_from_generation_config(tmp_path, smollm2
     model = load_model(str(tmp_path))
     assert model.gen_defaults == {"temperature": 0.6, "top_p": 0.95, "top_k": 20.0}
     assert model.id == tmp_path.name
+
+
+def test_loading_leaves_no_threads_behind_to_compete_with_the_engines_own(tmp_path):
+    # An OpenMP team started by the loading thread would stay parked beside the engine
+    # thread's team; with more OpenMP threads than cores libgomp stops spinning between
+    # parallel regions, and every decode step then waits on sleeping threads.
+    path = write_tiny(tmp_path / "tiny-q4_k_m.gguf", "Q4_K_M")
+    script = (
+        "import os, sys\n"
+        "from modelhost.models import native\n"
+        "from modelhost.models.loader import load_model\n"
+        "native.kernels()\n"
+        "before = len(os.listdir('/proc/self/task'))\n"
+        "load_model(sys.argv[1])\n"
+        "print(before, len(os.listdir('/proc/self/task')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=300
+    )
+    before, after = done.stdout.split()
+    assert after == before

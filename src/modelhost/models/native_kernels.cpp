@@ -12,10 +12,12 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <thread>
 #include <utility>
 #include <type_traits>
 #include <vector>

@@ -335,8 +335,12 @@ extern "C" int mh_repack(int32_t format, const uint8_t* src, int64_t out, int64_
     const bool super = is_super_format(format);
     const int64_t pbytes = format_param_bytes(format), tile = tile_bytes(bits);
     const int64_t subs = padded / (format == kQ4_K || format == kQ5_K ? 32 : 16);
-#pragma omp parallel num_threads(threads) if (threads > 1 && blocks > 1)
-    {
+    // Plain threads, not OpenMP: an OpenMP team started here, on the loading thread, would
+    // outlive the load beside the engine thread's own, and with more OpenMP threads than cores
+    // libgomp stops spinning between parallel regions, which made a small model's decode steps
+    // several times slower (each of a step's ~150 regions waiting for a sleeping thread).
+    std::atomic<int64_t> next{0};
+    auto work = [&]() {
         std::vector<DecodedRow> rows(16);
         for (auto& row : rows) {
             row.levels.assign(padded, 0);
@@ -349,8 +353,7 @@ extern "C" int mh_repack(int32_t format, const uint8_t* src, int64_t out, int64_
         }
         alignas(64) static const uint8_t zeros[32] = {};
         const uint8_t* tile_rows[16];
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t b = 0; b < blocks; ++b) {
+        for (int64_t b = next++; b < blocks; b = next++) {
             if (is_float_format(format)) {  // 32 inputs by 16 outputs, as stored
                 const int64_t size = format == kF32 ? 4 : 2, tile = float_tile_bytes(format);
                 uint8_t* tiles = data + b * groups * tile;
@@ -417,6 +420,10 @@ extern "C" int mh_repack(int32_t format, const uint8_t* src, int64_t out, int64_
                 }
             }
         }
-    }
+    };
+    std::vector<std::thread> helpers;
+    for (int t = 1; t < std::min<int64_t>(threads, blocks); ++t) helpers.emplace_back(work);
+    work();
+    for (auto& helper : helpers) helper.join();
     return 0;
 }
