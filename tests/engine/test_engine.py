@@ -266,10 +266,12 @@ async def test_engine_hands_out_a_steps_token_before_the_next_steps_layers_run(
 
 def test_engine_default_pool_holds_one_full_context_and_an_explicit_budget_is_kept(smollm2):
     token_bytes = smollm2.config.kv_bytes_per_token(smollm2.cache_dtype.itemsize)
+    block = EngineConfig().block_size
     default = EngineConfig(batch=8).num_blocks(smollm2, 8192)
-    assert default * 16 >= 8192 + 1
-    assert default * 16 * token_bytes <= 8 * (8192 + 16) * token_bytes
-    assert EngineConfig(kv_cache_bytes=64 * 16 * token_bytes).num_blocks(smollm2, 8192) == 64
+    assert default * block >= 8192 + 1
+    assert default * block * token_bytes <= 8 * (8192 + block) * token_bytes
+    budget = 64 * block * token_bytes
+    assert EngineConfig(kv_cache_bytes=budget).num_blocks(smollm2, 8192) == 64
 
 
 @pytest.mark.parametrize("window", [None, 8])  # 8: Gemma 3's sliding mask too

@@ -71,7 +71,7 @@ class EngineConfig:
     batch: int = 8  # running rows
     max_queue: int = 64  # waiting rows beyond the free running slots
     kv_cache_bytes: int | None = None  # the KV pool; None: 1 GiB, at least one full context
-    block_size: int = 16
+    block_size: int = 8
     max_num_batched_tokens: int = 512  # tokens per step: the prefill chunk size
     context_length: int | None = None  # None: the model's own window
     # Intra-op threads for steps that compute at least PROMPT_THREADS_MIN_TOKENS prompt tokens

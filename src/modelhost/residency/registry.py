@@ -49,7 +49,7 @@ from modelhost.paths import modelhost_home
 log = logging.getLogger(__name__)
 
 _RESCAN_S = 5.0  # an unknown id rescans the disk at most this often (clients send aliases)
-_BLOCK_TOKENS = 16
+_BLOCK_TOKENS = 8
 # A companion's working memory beyond its weights: padded encoder batches; Whisper's int8 copy
 # of its weights, beam state and audio features (~400 MB resident for base's 145 MB file).
 _ENCODER_WORK_BYTES = 128 << 20
