@@ -17,6 +17,7 @@ from typing import Any
 
 from modelhost.inference.admission import BYTES_PER_GB
 from modelhost.residency.registry import ServingShape
+from modelhost.residency.supervisor import proc_bytes
 from modelhost.server.limits import DEFAULT_MAX_BODY_BYTES, MiB
 from modelhost.server.settings import ServeSettings
 
@@ -76,14 +77,7 @@ def available_memory_bytes() -> int | None:
 
     if torch.cuda.is_available():
         return None
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+    return proc_bytes("/proc/meminfo", "MemAvailable:")
 
 
 def serving_shape(args: argparse.Namespace, settings: ServeSettings) -> ServingShape:

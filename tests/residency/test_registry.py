@@ -85,7 +85,7 @@ def test_the_estimate_is_weights_plus_kv_and_working_memory_or_the_memory_budget
     hub_layout(tmp_path / "hub", "acme", "tiny-llama", tiny)
     [entry] = registry(tmp_path).entries()
     kv_per_token = 2 * 3 * 2 * 16 * 2  # layers × kv heads × head dim × fp16, keys and values
-    kv_pool = 8 * (512 + 16) * kv_per_token  # a full context for every row of the batch
+    kv_pool = 8 * (512 + 8) * kv_per_token  # a full context and a block for every row
     config = config_from_hf(json.loads((tiny / "config.json").read_text()))
     work = working_bytes(config, 4, 512, chunk_tokens=512, rows=8)
     assert entry.estimate_bytes == entry.weights_bytes + kv_pool + work

@@ -16,19 +16,10 @@ from modelhost.models.layers import Attention, GatedMLP, RMSNorm, Rotary
 
 class DecoderBlock(nn.Module):
     """What every architecture's layer offers: attention, a gated MLP, and its norms in the
-    order models/fused_decode.py reads them."""
+    order models/fused_decode.py reads them; its forward takes (x, rope, batch, kv)."""
 
     self_attn: Attention
     mlp: GatedMLP
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        batch: ForwardBatch,
-        kv: KVCache,
-    ) -> torch.Tensor:
-        raise NotImplementedError
 
     def native_norms(self) -> tuple[RMSNorm | None, ...]:
         """Norms at (input, attention output, MLP input, MLP output); None where none."""

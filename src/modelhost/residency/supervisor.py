@@ -39,10 +39,15 @@ class WorkerFailed(RuntimeError):
 
 def rss_bytes(pid: int) -> int | None:
     """The process's resident set (VmRSS in /proc/<pid>/status), or None when it is gone."""
+    return proc_bytes(f"/proc/{pid}/status", "VmRSS:")
+
+
+def proc_bytes(path: str, field: str) -> int | None:
+    """A `field: N kB` line of a /proc file, in bytes (None: no such file or line)."""
     try:
-        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
+        with open(path, encoding="ascii", errors="replace") as lines:
+            for line in lines:
+                if line.startswith(field):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         return None
