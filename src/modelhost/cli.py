@@ -45,18 +45,11 @@ def main(argv: list[str] | None = None) -> int:
         return run_bench_command(args)
     if args.command == "jobs":
         return run_jobs(args)
-    _set_threads(args.threads)
     if args.command == "serve":
-        from modelhost.cli_serve import run_serve  # PyTorch and the server: only to serve
+        from modelhost.cli_serve import run_serve  # the server: only to serve
 
         return run_serve(args)
     return run_generate(args)
-
-
-def _set_threads(threads: int) -> None:
-    import torch
-
-    torch.set_num_threads(max(1, threads))
 
 
 def _add_generate_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -73,11 +66,17 @@ def _add_generate_parser(subparsers: argparse._SubParsersAction) -> argparse.Arg
 
 def run_generate(args: argparse.Namespace) -> int:
     from modelhost.cli_progress import load_reporter
-    from modelhost.engine.engine import Engine, EngineConfig, share_the_gil_with_the_engine
+    from modelhost.engine.engine import (
+        Engine,
+        EngineConfig,
+        set_threads,
+        share_the_gil_with_the_engine,
+    )
     from modelhost.engine.sampling_params import SamplingParams
     from modelhost.models.loader import ModelNotFound, load_model
     from modelhost.models.weights import UnsupportedTensor
 
+    set_threads(args.threads)
     try:
         label = args.model or "the default model"
         model = load_model(args.model, quantize=args.quantize, progress=load_reporter(label))

@@ -31,13 +31,10 @@ def add_ls_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
 
 def run_ls(args: argparse.Namespace) -> int:
     from modelhost.residency.registry import ModelRegistry, ServingShape
-    from modelhost.serve_config import default_budget_bytes, quantize_mode
+    from modelhost.serve_config import cuda_available, default_budget_bytes, quantize_mode
 
     budget = int(args.model_budget * BYTES_PER_GB) if args.model_budget else default_budget_bytes()
-    import torch
-
-    cuda = torch.cuda.is_available()
-    shape = ServingShape(dtype_bytes=2 if cuda else 4, quantize=quantize_mode(args))
+    shape = ServingShape(dtype_bytes=2 if cuda_available() else 4, quantize=quantize_mode(args))
     entries = ModelRegistry(args.paths, shape=shape).entries()
     resident = _resident_ids(args.url)
     rows = [("ID", "FORMAT", "ARCH", "SIZE", "WEIGHTS", "ESTIMATE", "FITS", "RESIDENT")]

@@ -18,10 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from modelhost.cli_progress import ProgressBar, load_reporter
 from modelhost.inference.admission import BYTES_PER_GB, BudgetTooSmall
-from modelhost.inference.stage import InferenceStage
 from modelhost.models.embedded import DEFAULT_MODEL
 from modelhost.residency.host import ResidencyHost
-from modelhost.residency.inprocess import InProcessUnit, in_process_loader
 from modelhost.residency.registry import ModelEntry, ModelRegistry
 from modelhost.residency.router import ModelRouter
 from modelhost.residency.unit import LoadProgress, ResidencyError
@@ -40,6 +38,7 @@ from modelhost.server.settings import ServeSettings
 if TYPE_CHECKING:
     from starlette.applications import Starlette
 
+    from modelhost.inference.stage import InferenceStage
     from modelhost.models.loaded import LoadedModel
 
 
@@ -51,6 +50,7 @@ def build_stage(
     Raises BudgetTooSmall when --memory-budget cannot hold the weights and any context.
     """
     from modelhost.engine.engine import Engine, EngineConfig
+    from modelhost.inference.stage import InferenceStage
 
     policy = admission_policy(model, settings, rows=batch)
     config = EngineConfig(
@@ -77,9 +77,6 @@ def build_serving(
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from modelhost.engine.engine import share_the_gil_with_the_engine
-    from modelhost.models import loader
-
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -101,6 +98,12 @@ def run_serve(args: argparse.Namespace) -> int:
         return 2
     if getattr(args, "workers", False):
         return _run_workers(args, settings, registry, startup)
+    # In-process: the engines run here (a worker-mode front never imports PyTorch).
+    from modelhost.engine.engine import set_threads, share_the_gil_with_the_engine
+    from modelhost.models import loader
+    from modelhost.residency.inprocess import InProcessUnit, in_process_loader
+
+    set_threads(getattr(args, "threads", None))
     quantize = quantize_mode(args)
     # Before listening: a bad model ends the server here.
     model = loader.load_model(
@@ -151,6 +154,7 @@ def _run_workers(
         log_level=args.log_level,
         env=samples.env(),
         quantize=quantize_mode(args),
+        threads=getattr(args, "threads", None),
     )
     return _serve_routed(
         args, settings, registry, startup, load, load_startup_model, ", worker processes", samples

@@ -60,12 +60,11 @@ def worker_loader(
     max_restarts: int = MAX_RESTARTS,
     env: Mapping[str, str] | None = None,
     quantize: str | None = None,
+    threads: int | None = None,
 ) -> Callable[[ModelEntry, LoadProgress], Awaitable[WorkerUnit]]:
     """The host's `load`: spawn a worker for the entry (`env` added to its environment) and
-    wait until it answers; `quantize` is the worker's `load_model(quantize=...)`."""
-    import torch
-
-    threads = torch.get_num_threads()  # `--threads` reaches the workers too
+    wait until it answers; `quantize` is the worker's `load_model(quantize=...)`, `threads`
+    its intra-op threads (`--threads`; None: PyTorch's default)."""
     config = WorkerConfig(
         settings, batch=batch, max_queue=max_queue, threads=threads, quantize=quantize
     ).to_json()
@@ -148,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from modelhost.cli_serve import build_stage
-    from modelhost.engine.engine import share_the_gil_with_the_engine
+    from modelhost.engine.engine import set_threads, share_the_gil_with_the_engine
     from modelhost.models.loader import load_model
     from modelhost.residency.companions import open_stage
     from modelhost.server.app import create_app
@@ -156,10 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     from modelhost.server.stream_handoff import SocketReceiver, StreamHandoff, handoff_socket_path
 
     config = WorkerConfig.from_json(args.config)
-    if config.threads:
-        import torch
-
-        torch.set_num_threads(config.threads)
+    set_threads(config.threads)
     settings = config.settings
     operations = args.operations.split(",")
     if "generate" in operations:

@@ -11,11 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from modelhost.inference.admission import BYTES_PER_GB
+from modelhost.models.modes import default_mode
 from modelhost.residency.registry import ServingShape
 from modelhost.residency.supervisor import proc_bytes
 from modelhost.server.limits import DEFAULT_MAX_BODY_BYTES, MiB
@@ -59,11 +61,23 @@ def api_key_from(args: argparse.Namespace) -> str | None:
     return os.environ.get("MODELHOST_API_KEY") or None
 
 
-def default_budget_bytes() -> int:
-    """70% of GPU memory on CUDA, else of physical RAM."""
+def cuda_available() -> bool:
+    """Whether models run on CUDA here. PyTorch is asked only where an NVIDIA driver is
+    present: importing it costs ~200 MB of resident memory, which the front process of a
+    worker-mode server otherwise never pays."""
+    nvidia = ("/dev/nvidiactl", "/proc/driver/nvidia/version")
+    if sys.platform == "linux" and not any(os.path.exists(path) for path in nvidia):
+        return False
     import torch
 
-    if torch.cuda.is_available():
+    return bool(torch.cuda.is_available())
+
+
+def default_budget_bytes() -> int:
+    """70% of GPU memory on CUDA, else of physical RAM."""
+    if cuda_available():
+        import torch
+
         total = torch.cuda.get_device_properties(0).total_memory
     else:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -73,19 +87,15 @@ def default_budget_bytes() -> int:
 def available_memory_bytes() -> int | None:
     """What this machine can still give a new model: MemAvailable on Linux; None elsewhere, and
     on CUDA, where a model's bytes are the GPU's."""
-    import torch
-
-    if torch.cuda.is_available():
+    if cuda_available():
         return None
     return proc_bytes("/proc/meminfo", "MemAvailable:")
 
 
 def serving_shape(args: argparse.Namespace, settings: ServeSettings) -> ServingShape:
-    import torch
-
     budget = settings.memory_budget_gb
     return ServingShape(
-        dtype_bytes=2 if torch.cuda.is_available() else 4,
+        dtype_bytes=2 if cuda_available() else 4,
         batch=args.batch,
         chunk_tokens=settings.chunk_tokens,
         context_length=settings.context_length,
@@ -95,10 +105,8 @@ def serving_shape(args: argparse.Namespace, settings: ServeSettings) -> ServingS
 
 
 def quantize_mode(args: argparse.Namespace) -> str:
-    """`--quantize`, else MODELHOST_QUANTIZE, else the loader's default (models/quant.py)."""
-    from modelhost.models.loader import default_quantize
-
-    return getattr(args, "quantize", None) or default_quantize()
+    """`--quantize`, else MODELHOST_QUANTIZE, else the default (models/quant.py says each)."""
+    return getattr(args, "quantize", None) or default_mode()
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from prompt_logits import prompt_logits
 from synthetic_files import TYPES, retype_tensor, write_tiny
 
 from modelhost.models import native
-from modelhost.models.load_gguf import read_header
+from modelhost.models.gguf_header import read_header
 from modelhost.models.loader import load_model
 from modelhost.models.weights import UnsupportedTensor
 from modelhost.residency.registry import ModelRegistry

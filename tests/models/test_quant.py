@@ -9,11 +9,12 @@ from gguf.quants import dequantize
 from gguf_blocks import T
 from prompt_logits import prompt_logits
 
-from modelhost.models import native, packed
+from modelhost.models import footprint, native
 from modelhost.models.embedded import embedded_path
+from modelhost.models.footprint import target_type
 from modelhost.models.loaded import LoadedModel
 from modelhost.models.loader import load_model
-from modelhost.models.quant import DenseLinear, describe, quantize_blocks, target_type
+from modelhost.models.quant import DenseLinear, describe, quantize_blocks
 
 needs_kernels = pytest.mark.skipif(native.kernels() is None, reason="no native kernels here")
 
@@ -36,13 +37,15 @@ def test_float_weights_quantize_to_gguf_blocks_that_gguf_reads_back(qtype, toler
 def test_auto_keeps_every_type_and_int8_turns_only_float_weights_into_q8_0():
     for qtype in (T.F16, T.BF16, T.Q4_K, T.Q6_K, T.Q8_0, T.Q2_K):
         assert target_type(int(qtype), "auto") == int(qtype)
-    assert target_type(packed.BF16, "int8") == packed.Q8_0
-    assert target_type(packed.Q6_K, "int8") == packed.Q6_K
+    assert target_type(footprint.BF16, "int8") == footprint.Q8_0
+    assert target_type(footprint.Q6_K, "int8") == footprint.Q6_K
 
 
 def test_int4_squeezes_wider_weights_into_q4_1_and_keeps_narrower_ones():
-    assert target_type(packed.Q6_K, "int4") == target_type(packed.F16, "int4") == packed.Q4_1
-    for qtype in (packed.Q4_K, packed.Q4_0, packed.Q3_K, packed.Q2_K):
+    assert (
+        target_type(footprint.Q6_K, "int4") == target_type(footprint.F16, "int4") == footprint.Q4_1
+    )
+    for qtype in (footprint.Q4_K, footprint.Q4_0, footprint.Q3_K, footprint.Q2_K):
         assert target_type(qtype, "int4") == qtype
 
 

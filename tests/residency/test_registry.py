@@ -11,7 +11,7 @@ from tiny_models import make_tiny_checkpoint
 
 from modelhost.inference.admission import working_bytes
 from modelhost.models.embedded import DEFAULT_MODEL, embedded_path
-from modelhost.models.load_safetensors import config_from_hf
+from modelhost.models.hf_config import config_from_hf
 from modelhost.models.loader import load_model
 from modelhost.residency.registry import ModelRegistry, ServingShape
 

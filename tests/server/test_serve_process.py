@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 from live_server import free_port
 
@@ -95,3 +96,38 @@ def test_serve_ends_an_endless_stream_and_exits_cleanly_within_the_shutdown_time
     log_text = log_path.read_text()
     assert "POST /v1/chat/completions 503" in log_text
     assert "500 on" not in log_text
+
+
+def mapped_libraries(pid: int) -> set[str]:
+    maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    return {Path(line.split()[-1]).name for line in maps if line.split()[-1].endswith(".so")}
+
+
+def test_the_front_process_answers_without_loading_pytorch_which_lives_in_the_models_worker(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    with (tmp_path / "serve.log").open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-c", SERVE, "--port", str(port), "--batch", "2"],
+            stdout=log,
+            stderr=log,
+        )
+    try:
+        wait_for_health(base_url, process)
+        client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+        reply = client.chat.completions.create(
+            model="smollm2-135m-instruct",
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=4,
+        )
+        assert reply.choices[0].message.content
+        assert httpx.get(f"{base_url}/v1/models").status_code == 200
+        assert httpx.get(f"{base_url}/stats").status_code == 200
+        [worker] = httpx.get(f"{base_url}/engine").json()["workers"]
+        assert "libtorch_cpu.so" in mapped_libraries(worker["pid"])
+        assert "libtorch_cpu.so" not in mapped_libraries(process.pid)
+    finally:
+        process.terminate()
+        process.wait(timeout=60)

@@ -34,6 +34,7 @@ from modelhost.engine.events import (
     PromptTooLong,
     QueueFull,
 )
+from modelhost.engine.kv_pool_size import BLOCK_TOKENS, default_kv_bytes
 from modelhost.engine.prompt_logprobs import PromptScores, prompt_spans
 from modelhost.engine.row_output import RowOutput
 from modelhost.engine.runner import ModelRunner
@@ -45,8 +46,6 @@ from modelhost.models.loaded import LoadedModel
 
 log = logging.getLogger(__name__)
 
-_DEFAULT_KV_BYTES = 1 << 30
-MIN_POOL_CONTEXT = 8192  # tokens a default pool holds at least, where the window allows
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 
@@ -62,6 +61,13 @@ def share_the_gil_with_the_engine() -> None:
     sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
 
 
+def set_threads(threads: int | None) -> None:
+    """PyTorch's intra-op threads for this process's engines (`--threads`); None leaves its
+    default (every core)."""
+    if threads:
+        torch.set_num_threads(max(1, threads))
+
+
 class EngineFailure(EngineError):
     """The step loop failed while this row was in it; the message says why."""
 
@@ -71,7 +77,7 @@ class EngineConfig:
     batch: int = 8  # running rows
     max_queue: int = 64  # waiting rows beyond the free running slots
     kv_cache_bytes: int | None = None  # the KV pool; None: 1 GiB, at least one full context
-    block_size: int = 8
+    block_size: int = BLOCK_TOKENS
     max_num_batched_tokens: int = 512  # tokens per step: the prefill chunk size
     context_length: int | None = None  # None: the model's own window
     # Intra-op threads for steps that compute at least PROMPT_THREADS_MIN_TOKENS prompt tokens
@@ -85,16 +91,6 @@ class EngineConfig:
         if budget is None:
             budget = default_kv_bytes(token_bytes, context_length, self.block_size, self.batch)
         return max(2, budget // (self.block_size * token_bytes))
-
-
-def default_kv_bytes(token_bytes: int, context_length: int, block_size: int, batch: int) -> int:
-    """The KV pool when nothing sizes it: 1 GiB, but at least one context of up to
-    MIN_POOL_CONTEXT tokens, and at most a full context for every row. (A 128k-token window
-    alone would otherwise ask for gigabytes no request may use; a longer prompt than the pool
-    holds is refused as too long.)"""
-    one_context = (context_length + block_size) * token_bytes
-    floor = (min(context_length, MIN_POOL_CONTEXT) + block_size) * token_bytes
-    return min(max(_DEFAULT_KV_BYTES, floor), batch * one_context)
 
 
 class _RowEvents:

@@ -17,28 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from modelhost.inference.contracts import InvalidRequest
+from modelhost.inference.encoder_ids import EmbeddingInput
 from modelhost.models.bert import EmbeddingModel, load_bert
-from modelhost.models.embedded import EMBEDDED_ENCODERS, encoder_path
-
-EmbeddingInput = str | list[int]
-
-
-def is_encoder(model_id: object) -> bool:
-    return isinstance(model_id, str) and model_id in EMBEDDED_ENCODERS
-
-
-def not_an_embedding_model(model_id: str) -> InvalidRequest:
-    return InvalidRequest(
-        f'served model "{model_id}" is not an embedding model; serve an embedding model '
-        "(e.g. Qwen3-Embedding) to use /v1/embeddings",
-        param="model",
-    )
-
-
-def embedding_model_only(model_id: str) -> InvalidRequest:
-    return InvalidRequest(
-        f'model "{model_id}" is an embedding model; it serves /v1/embeddings only', param="model"
-    )
+from modelhost.models.embedded import encoder_path
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from modelhost.models.config import ModelConfig
 from modelhost.models.families import Family
 from modelhost.text.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    import torch  # annotations only: the front process never imports PyTorch
 
 
 @dataclass(slots=True)

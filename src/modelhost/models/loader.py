@@ -29,11 +29,13 @@ from modelhost.models.decoder import DecoderLM
 from modelhost.models.embedded import DEFAULT_MODEL, embedded_path
 from modelhost.models.families import Family, family_for
 from modelhost.models.gemma3 import build_gemma3
+from modelhost.models.gguf_header import GGUFFile
+from modelhost.models.hf_config import config_from_hf, read_json
 from modelhost.models.llama import build_llama
-from modelhost.models.load_gguf import FileReader, GGUFFile, gguf_tensors
-from modelhost.models.load_safetensors import config_from_hf, read_json, safetensors_tensors
+from modelhost.models.load_gguf import FileReader, gguf_tensors
+from modelhost.models.load_safetensors import safetensors_tensors
 from modelhost.models.loaded import LoadedModel
-from modelhost.models.modes import DEFAULT_MODE, MODES
+from modelhost.models.modes import MODES, default_mode
 from modelhost.models.quant import describe
 from modelhost.models.weights import (
     Progress,
@@ -83,11 +85,6 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def default_quantize() -> str:
-    """`MODELHOST_QUANTIZE` (none, int8, auto, int4; see models/quant.py), else the default."""
-    return os.environ.get("MODELHOST_QUANTIZE") or DEFAULT_MODE
-
-
 def load_model(
     name: str | None = None,
     *,
@@ -102,7 +99,7 @@ def load_model(
     started = time.perf_counter()
     source = resolve(name)
     device = device or default_device()
-    mode = quantize or default_quantize()
+    mode = quantize or default_mode()
     if mode not in MODES:
         raise ValueError(f"unknown quantization mode '{mode}' (one of {', '.join(MODES)})")
     # fp32 on CPUs: dense weights there are the reference path; bf16 on CUDA.

@@ -1,5 +1,8 @@
 """The names of the ways CPU linears can hold their weights (models/quant.py says what each
-does); kept apart so the command line can offer them without importing PyTorch."""
+does); kept apart so the command line and the server's front process can name them without
+importing PyTorch."""
+
+import os
 
 MODES = ("auto", "int8", "int4", "none")
 DEFAULT_MODE = "auto"
@@ -8,3 +11,8 @@ HELP = (
     "default), int8 or int4 (float weights quantized; int4 also squeezes wider types), none "
     "(fp32, the reference maths)"
 )
+
+
+def default_mode() -> str:
+    """`MODELHOST_QUANTIZE` (one of MODES), else DEFAULT_MODE."""
+    return os.environ.get("MODELHOST_QUANTIZE") or DEFAULT_MODE

@@ -43,7 +43,6 @@ HEADERS = [
 FLAGS = ["-O3", "-shared", "-fPIC", "-std=c++17", "-fopenmp"]
 # Builds of the one source, the first whose CPU check passes loads: each is built once.
 VARIANTS = {"AVX-512 VNNI": [], "AVX2": ["-DMH_AVX2"]}
-PAD = 64  # the kernels read inputs in runs of 64
 GROUP = 32  # inputs a tile of packed weights spans
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # mh_gated_activation's `act`
 
@@ -242,10 +241,6 @@ def padded_rows(x: torch.Tensor, padded: int) -> torch.Tensor:
     if x.shape[1] == padded:
         return x
     return torch.nn.functional.pad(x, (0, padded - x.shape[1]))
-
-
-def padded_width(width: int) -> int:
-    return -(-width // PAD) * PAD
 
 
 @functools.cache

@@ -16,34 +16,7 @@ import torch
 from torch import nn
 
 from modelhost.models import native
-
-# GGUF's type ids (ggml.h), which name the packed formats too.
-F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
-Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 10, 11, 12, 13, 14, 30
-TYPE_NAMES = {
-    F32: "F32", F16: "F16", BF16: "BF16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0",
-    Q5_1: "Q5_1", Q8_0: "Q8_0", Q2_K: "Q2_K", Q3_K: "Q3_K", Q4_K: "Q4_K", Q5_K: "Q5_K",
-    Q6_K: "Q6_K",
-}  # fmt: skip
-PACKED_TYPES = frozenset(TYPE_NAMES)
-FLOAT_TYPES = frozenset((F32, F16, BF16))
-
-# Bytes of a packed tile of 16 outputs by 32 inputs, its parameters, and a K type's
-# super-block factors per 16 outputs by 256 inputs (native_qlinear.h's storage; the native
-# kernels' mh_packed_sizes is the authority, and tests hold the two together).
-_TILE_BYTES = {F32: 2048, F16: 1024, BF16: 1024, Q4_0: 256, Q4_1: 256, Q5_0: 320, Q5_1: 320,
-               Q8_0: 512, Q2_K: 128, Q3_K: 192, Q4_K: 256, Q5_K: 320, Q6_K: 384}  # fmt: skip
-_PARAM_BYTES = {Q4_0: 32, Q4_1: 64, Q5_0: 32, Q5_1: 64, Q8_0: 32, Q2_K: 64, Q3_K: 32, Q4_K: 32,
-                Q5_K: 32, Q6_K: 32}  # fmt: skip
-_SUPER_BYTES = 64
-
-
-def packed_bytes(format: int, out: int, width: int) -> int:
-    """Bytes a packed [out, width] weight of `format` holds (outputs padded to 16, inputs
-    to 64), without building it."""
-    blocks, groups = -(-out // 16), native.padded_width(width) // 32
-    supers = groups // 8 * _SUPER_BYTES if Q2_K <= format <= Q6_K else 0
-    return blocks * (groups * (_TILE_BYTES[format] + _PARAM_BYTES.get(format, 0)) + supers)
+from modelhost.models.footprint import TYPE_NAMES, padded_width
 
 
 class PackedWeight:
@@ -52,7 +25,7 @@ class PackedWeight:
     def __init__(self, format: int, out: int, width: int, arrays: tuple[torch.Tensor, ...]):
         self.format, self.out, self.width = format, out, width
         self.data, self.params, self.supers = arrays
-        self.padded = native.padded_width(width)
+        self.padded = padded_width(width)
         self.desc = native.QLinearDesc(
             format=format,
             data=self.data.data_ptr(),

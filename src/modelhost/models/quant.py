@@ -18,18 +18,13 @@ CUDA, weights load dense: fp32 on the CPU, bf16 on CUDA.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable
-
-import gguf
 import torch
 from torch import nn
 
-from modelhost.models import packed
+from modelhost.models import footprint
 from modelhost.models.modes import MODES as MODES
 from modelhost.models.packed import PackedWeight, QuantLinear
 
-_AT_MOST_4_BITS = (packed.Q2_K, packed.Q3_K, packed.Q4_0, packed.Q4_1, packed.Q4_K)
 _CHUNK_ROWS = 4096  # rows quantized at once: bounds the fp32 temporaries of a big matrix
 
 
@@ -51,42 +46,6 @@ class DenseLinear(nn.Module):
         return torch.addmm(self.bias, x, self.weight_t)
 
 
-def target_type(source_type: int, mode: str) -> int:
-    """The packed format a weight of GGUF type `source_type` takes in `mode` (not `none`)."""
-    if mode == "int8" and source_type in packed.FLOAT_TYPES:
-        return packed.Q8_0
-    if mode == "int4" and source_type not in _AT_MOST_4_BITS:
-        return packed.Q4_1
-    return source_type
-
-
-def held_bytes(tensors: Iterable[tuple[int, tuple[int, ...]]], mode: str, *, cuda: bool) -> int:
-    """Bytes the weights of a checkpoint's tensors, each (GGUF type, shape in PyTorch's order),
-    hold once loaded in `mode`: packed in their target type on CPUs, dense fp32 (`none`, 1-D
-    tensors) or bf16 on CUDA otherwise."""
-    total = 0
-    for qtype, shape in tensors:
-        if len(shape) == 2 and mode != "none" and not cuda and qtype in packed.PACKED_TYPES:
-            total += packed.packed_bytes(target_type(qtype, mode), *shape)
-        else:
-            total += math.prod(shape) * (2 if cuda else 4)
-    return total
-
-
-def unsupported_tensor(tensors: Iterable[tuple[str, int, int]]) -> str | None:
-    """Why a checkpoint cannot be run, from its tensors (name, GGUF type, dimensions): the
-    first matrix in a type the kernels do not take, else None."""
-    for name, qtype, dims in tensors:
-        if dims == 2 and qtype not in packed.PACKED_TYPES:
-            try:
-                type_name = gguf.GGMLQuantizationType(qtype).name
-            except ValueError:
-                type_name = f"GGUF type {qtype}"
-            supported = ", ".join(packed.TYPE_NAMES[t] for t in sorted(packed.PACKED_TYPES))
-            return f"tensor {name} is {type_name}, which modelhost does not run ({supported})"
-    return None
-
-
 def quantize_blocks(weight: torch.Tensor, format: int) -> torch.Tensor:
     """A float [out, width] weight as rows of GGUF blocks of `format` (Q8_0 or Q4_1), uint8
     [out, width / 32 * block bytes]: the scale (and minimum) rounded to fp16 first, levels
@@ -95,12 +54,12 @@ def quantize_blocks(weight: torch.Tensor, format: int) -> torch.Tensor:
     rows = []
     for chunk in weight.split(_CHUNK_ROWS):
         groups = chunk.float().reshape(chunk.shape[0], width // 32, 32)
-        if format == packed.Q8_0:
+        if format == footprint.Q8_0:
             scale = (groups.abs().amax(dim=-1) / 127).half()
             inverse = torch.where(scale > 0, 1 / scale.float(), torch.zeros(()))
             levels = (groups * inverse[..., None]).round_().clamp_(-127, 127).to(torch.int8)
             fields = [scale.view(torch.uint8), levels.view(torch.uint8)]
-        elif format == packed.Q4_1:
+        elif format == footprint.Q4_1:
             low = groups.amin(dim=-1)
             scale = ((groups.amax(dim=-1) - low) / 15).half()
             low = low.half()
@@ -110,7 +69,7 @@ def quantize_blocks(weight: torch.Tensor, format: int) -> torch.Tensor:
             nibbles = levels[..., :16] | (levels[..., 16:] << 4)
             fields = [scale.view(torch.uint8), low.view(torch.uint8), nibbles]
         else:
-            raise ValueError(f"no quantizer for {packed.TYPE_NAMES.get(format, format)}")
+            raise ValueError(f"no quantizer for {footprint.TYPE_NAMES.get(format, format)}")
         n = chunk.shape[0]
         blocks = [f.reshape(n, width // 32, -1) for f in fields]
         rows.append(torch.cat(blocks, dim=-1).reshape(n, -1))
@@ -124,8 +83,12 @@ def pack_float(weight: torch.Tensor, format: int) -> PackedWeight:
 
     kernels = native.kernels()
     assert kernels is not None
-    if format in packed.FLOAT_TYPES:
-        dtype = {packed.F32: torch.float32, packed.F16: torch.float16, packed.BF16: torch.bfloat16}
+    if format in footprint.FLOAT_TYPES:
+        dtype = {
+            footprint.F32: torch.float32,
+            footprint.F16: torch.float16,
+            footprint.BF16: torch.bfloat16,
+        }
         source = weight.to(dtype[format]).contiguous()
     else:
         source = quantize_blocks(weight, format)
@@ -139,7 +102,7 @@ def describe(network: nn.Module) -> dict[str, int]:
     for module in network.modules():
         if isinstance(module, QuantLinear):
             for part in module.parts:
-                name = packed.TYPE_NAMES.get(part.format, str(part.format))
+                name = footprint.TYPE_NAMES.get(part.format, str(part.format))
                 counts[name] = counts.get(name, 0) + 1
         elif isinstance(module, DenseLinear):
             counts["dense"] = counts.get("dense", 0) + 1

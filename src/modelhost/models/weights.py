@@ -17,10 +17,11 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from modelhost.models import native, packed
+from modelhost.models import footprint, native
 from modelhost.models.decoder import DecoderLM
+from modelhost.models.footprint import target_type, unsupported_tensor
 from modelhost.models.packed import PackedEmbedding, PackedWeight, QuantLinear
-from modelhost.models.quant import DenseLinear, pack_float, target_type, unsupported_tensor
+from modelhost.models.quant import DenseLinear, pack_float
 
 
 class TensorSource(Protocol):
@@ -196,7 +197,7 @@ class _Filler:
             s.type != first.type
             or s.shape[1] != first.shape[1]
             or target_type(s.type, self.plan.mode) != s.type
-            or s.type not in packed.PACKED_TYPES
+            or s.type not in footprint.PACKED_TYPES
             for s in sources
         ):
             return None

@@ -16,7 +16,7 @@ resolves outside its root (a symlink out of the models folder) is skipped.
 
 The estimate is what the model will hold once served: its weights as the loader keeps them
 (on CPUs each tensor packed in its file's own quantization, or the `--quantize` mode's; bf16
-on CUDA; models/quant.py's `held_bytes`), the engine's KV pool for the serving context, and the
+on CUDA; models/footprint.py's `held_bytes`), the engine's KV pool for the serving context, and the
 working memory of one engine step (or the whole --memory-budget, which the KV pool then
 fills). A checkpoint holding a tensor the kernels cannot run (an IQ quantization, say) is
 listed with the reason it is refused.
@@ -37,19 +37,19 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from modelhost.engine.engine import default_kv_bytes
+from modelhost.engine.kv_pool_size import BLOCK_TOKENS, default_kv_bytes
 from modelhost.inference.admission import working_bytes
-from modelhost.models import packed
+from modelhost.models import footprint
 from modelhost.models.config import ModelConfig
 from modelhost.models.embedded import EMBEDDED, EMBEDDED_ENCODERS
-from modelhost.models.load_safetensors import config_from_hf, read_json
-from modelhost.models.quant import held_bytes, unsupported_tensor
+from modelhost.models.footprint import held_bytes, unsupported_tensor
+from modelhost.models.gguf_header import GGUFFile
+from modelhost.models.hf_config import config_from_hf, read_json
 from modelhost.paths import modelhost_home
 
 log = logging.getLogger(__name__)
 
 _RESCAN_S = 5.0  # an unknown id rescans the disk at most this often (clients send aliases)
-_BLOCK_TOKENS = 8
 # A companion's working memory beyond its weights: padded encoder batches; Whisper's int8 copy
 # of its weights, beam state and audio features (~400 MB resident for base's 145 MB file).
 _ENCODER_WORK_BYTES = 128 << 20
@@ -315,7 +315,7 @@ def estimate_bytes(config: ModelConfig, weights: int, shape: ServingShape) -> in
     if shape.context_length is not None:
         context = min(context, shape.context_length)
     token_bytes = config.kv_bytes_per_token(shape.kv_dtype_bytes)
-    kv = default_kv_bytes(token_bytes, context, _BLOCK_TOKENS, shape.batch)
+    kv = default_kv_bytes(token_bytes, context, BLOCK_TOKENS, shape.batch)
     work = working_bytes(
         config, shape.dtype_bytes, context, chunk_tokens=shape.chunk_tokens, rows=shape.batch
     )
@@ -340,8 +340,6 @@ def _read_gguf(path: Path) -> tuple[ModelConfig, str, list[TensorEntry], int]:
         tensors = [(name, kind, tuple(dims)) for name, kind, dims in meta["tensors"]]
         return ModelConfig(**fields), meta["architecture"], tensors, stat.st_size
 
-    from modelhost.models.load_gguf import GGUFFile
-
     gguf_file = GGUFFile(path)
     config, architecture = gguf_file.config(), gguf_file.architecture
     tensors = [(t["name"], t["type"], tuple(reversed(t["shape"]))) for t in gguf_file.tensors]
@@ -354,7 +352,7 @@ def _read_gguf(path: Path) -> tuple[ModelConfig, str, list[TensorEntry], int]:
     return config, architecture, tensors, stat.st_size
 
 
-_SAFETENSORS_TYPES = {"F32": packed.F32, "F16": packed.F16, "BF16": packed.BF16}
+_SAFETENSORS_TYPES = {"F32": footprint.F32, "F16": footprint.F16, "BF16": footprint.BF16}
 
 
 def _safetensors_tensors(path: Path) -> list[TensorEntry]:
@@ -364,7 +362,7 @@ def _safetensors_tensors(path: Path) -> list[TensorEntry]:
         (length,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(length))
     return [
-        (name, _SAFETENSORS_TYPES.get(t["dtype"], packed.F32), tuple(t["shape"]))
+        (name, _SAFETENSORS_TYPES.get(t["dtype"], footprint.F32), tuple(t["shape"]))
         for name, t in header.items()
         if name != "__metadata__"
     ]

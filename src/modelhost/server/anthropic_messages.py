@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -32,12 +32,14 @@ from modelhost.inference.contracts import (
     Usage,
 )
 from modelhost.inference.prompt import prompt_ids_for
-from modelhost.inference.stage import AdmittedRequest, InferenceStage
 from modelhost.server import anthropic_wire as wire
 from modelhost.server import openai_fields as fields
 from modelhost.server.exchange import Prepared, Reply, answer_inference, answer_json
 from modelhost.server.http import EventStreamResponse, RequestLog, serving_stage
 from modelhost.server.sse_frames import TextFrames, named_event
+
+if TYPE_CHECKING:
+    from modelhost.inference.stage import AdmittedRequest, InferenceStage
 
 ROUTE = "POST /v1/messages"
 COUNT_ROUTE = "POST /v1/messages/count_tokens"

@@ -13,8 +13,6 @@ from starlette.responses import Response
 from starlette.types import ASGIApp
 
 from modelhost.inference.admission import BYTES_PER_GB, AdmissionPolicy, plan_memory
-from modelhost.inference.stage import InferenceStage
-from modelhost.models.loaded import LoadedModel
 from modelhost.residency.router import ModelRouter
 from modelhost.server.access import edge
 from modelhost.server.jobs import install_jobs, with_jobs
@@ -30,6 +28,8 @@ from modelhost.server.worker_admin import WORKER_ROUTES
 
 if TYPE_CHECKING:
     from modelhost.engine.engine import Engine
+    from modelhost.inference.stage import InferenceStage
+    from modelhost.models.loaded import LoadedModel
 
 
 def admission_policy(model: LoadedModel, settings: ServeSettings, *, rows: int) -> AdmissionPolicy:
@@ -59,6 +59,8 @@ def build_app(
     engine: Engine, model: LoadedModel, settings: ServeSettings | None = None
 ) -> Starlette:
     """The server for one in-process model: `engine` already built over `model`."""
+    from modelhost.inference.stage import InferenceStage
+
     settings = settings or ServeSettings()
     policy = admission_policy(model, settings, rows=engine.stats().batch)
     stage = InferenceStage(engine, model, policy=policy, defaults=settings.defaults)

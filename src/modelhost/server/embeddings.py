@@ -10,22 +10,19 @@ from __future__ import annotations
 
 import base64
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from modelhost.inference.contracts import InvalidRequest
-from modelhost.inference.embeddings import (
-    EmbeddingInput,
-    Encoders,
-    EncoderStage,
-    is_encoder,
-    not_an_embedding_model,
-)
+from modelhost.inference.encoder_ids import EmbeddingInput, is_encoder, not_an_embedding_model
 from modelhost.server.exchange import answer_json
 from modelhost.server.http import STAGE_KEY, RequestLog, serving_stage
 from modelhost.server.openai_wire import new_id, openai_error
+
+if TYPE_CHECKING:
+    from modelhost.inference.embeddings import EncoderStage
 
 ROUTE = "POST /v1/embeddings"
 MAX_INPUTS = 2048  # OpenAI's own cap on one request's inputs
@@ -57,6 +54,8 @@ async def encoder_for(request: Request, model: object) -> EncoderStage:
     """The encoder that answers: the one the leasing middleware leased, or (one model served
     without residency) an embedded encoder the body names; any other model is the 400 of the
     reference."""
+    from modelhost.inference.embeddings import Encoders, EncoderStage  # PyTorch: where it runs
+
     leased = request.scope.get(STAGE_KEY)
     served = leased or getattr(request.app.state, "stage", None)  # a worker serves one model
     if isinstance(served, EncoderStage):

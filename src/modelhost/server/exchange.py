@@ -11,13 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from modelhost.inference.contracts import InferenceRequest, InferenceResult
-from modelhost.inference.stage import AdmittedRequest, InferenceStage
 from modelhost.server.http import (
     HEARTBEAT,
     ErrorFormatter,
@@ -30,6 +29,9 @@ from modelhost.server.http import (
     respond_stream,
     serving_stage,
 )
+
+if TYPE_CHECKING:
+    from modelhost.inference.stage import AdmittedRequest, InferenceStage
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -36,10 +36,12 @@ from modelhost.inference.contracts import (
     RequestCancelled,
     RequestError,
 )
-from modelhost.inference.embeddings import embedding_model_only, is_encoder
+from modelhost.inference.encoder_ids import embedding_model_only, is_encoder
 from modelhost.inference.media import check_media_sizes
-from modelhost.inference.stage import AdmittedRequest, InferenceStage
 from modelhost.server.request_context import RequestOutcome, current_request
+
+if TYPE_CHECKING:
+    from modelhost.inference.stage import AdmittedRequest, InferenceStage
 
 logger = logging.getLogger("modelhost.server")
 

@@ -15,7 +15,7 @@ import contextlib
 import json
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -27,7 +27,6 @@ from modelhost.inference.contracts import (
     InferenceResult,
     InvalidRequest,
 )
-from modelhost.inference.stage import AdmittedRequest, InferenceStage
 from modelhost.server import openai_fields as fields
 from modelhost.server.content_parts import flatten_content
 from modelhost.server.exchange import Prepared, Reply, answer_inference
@@ -43,6 +42,9 @@ from modelhost.server.openai_wire import (
     usage_json,
 )
 from modelhost.server.sse_frames import TextFrames
+
+if TYPE_CHECKING:
+    from modelhost.inference.stage import AdmittedRequest, InferenceStage
 
 ROUTE = "POST /v1/chat/completions"
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")

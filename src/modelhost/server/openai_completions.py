@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -34,7 +34,6 @@ from modelhost.inference.contracts import (
     TokenLogprob,
     TokenPrompt,
 )
-from modelhost.inference.stage import AdmittedRequest, InferenceStage
 from modelhost.server import openai_fields as fields
 from modelhost.server.exchange import Prepared, Reply, answer_inference
 from modelhost.server.http import EventStreamResponse, RequestLog
@@ -48,6 +47,9 @@ from modelhost.server.openai_wire import (
     usage_json,
 )
 from modelhost.server.sse_frames import TextFrames
+
+if TYPE_CHECKING:
+    from modelhost.inference.stage import AdmittedRequest, InferenceStage
 
 ROUTE = "POST /v1/completions"
 MAX_LOGPROBS = 5

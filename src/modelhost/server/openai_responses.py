@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -38,7 +38,6 @@ from modelhost.inference.contracts import (
     InvalidRequest,
     Usage,
 )
-from modelhost.inference.stage import AdmittedRequest, InferenceStage
 from modelhost.server import openai_fields as fields
 from modelhost.server.exchange import Prepared, Reply, answer_inference
 from modelhost.server.http import EventStreamResponse, RequestLog
@@ -58,6 +57,9 @@ from modelhost.server.responses_wire import (
     usage_json,
 )
 from modelhost.server.sse_frames import named_event
+
+if TYPE_CHECKING:
+    from modelhost.inference.stage import AdmittedRequest, InferenceStage
 
 ROUTE = "POST /v1/responses"
 # From the front to the worker that serves a request: the id to answer under, and the stored

@@ -1,0 +1,18 @@
+"""How big the KV pool is when nothing sizes it, and how many tokens a block holds: kept apart
+from the engine so the registry can estimate a model without importing PyTorch."""
+
+from __future__ import annotations
+
+BLOCK_TOKENS = 8  # a shared prefix is reused to within BLOCK_TOKENS - 1 tokens
+DEFAULT_KV_BYTES = 1 << 30
+MIN_POOL_CONTEXT = 8192  # tokens a default pool holds at least, where the window allows
+
+
+def default_kv_bytes(token_bytes: int, context_length: int, block_size: int, batch: int) -> int:
+    """The KV pool when nothing sizes it: 1 GiB, but at least one context of up to
+    MIN_POOL_CONTEXT tokens, and at most a full context for every row. (A 128k-token window
+    alone would otherwise ask for gigabytes no request may use; a longer prompt than the pool
+    holds is refused as too long.)"""
+    one_context = (context_length + block_size) * token_bytes
+    floor = (min(context_length, MIN_POOL_CONTEXT) + block_size) * token_bytes
+    return min(max(DEFAULT_KV_BYTES, floor), batch * one_context)

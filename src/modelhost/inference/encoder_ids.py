@@ -1,0 +1,27 @@
+"""Which model ids name sentence encoders, and the errors for asking the wrong kind of model:
+what the HTTP layer decides before any encoder is loaded, so without PyTorch."""
+
+from __future__ import annotations
+
+from modelhost.inference.contracts import InvalidRequest
+from modelhost.models.embedded import EMBEDDED_ENCODERS
+
+EmbeddingInput = str | list[int]
+
+
+def is_encoder(model_id: object) -> bool:
+    return isinstance(model_id, str) and model_id in EMBEDDED_ENCODERS
+
+
+def not_an_embedding_model(model_id: str) -> InvalidRequest:
+    return InvalidRequest(
+        f'served model "{model_id}" is not an embedding model; serve an embedding model '
+        "(e.g. Qwen3-Embedding) to use /v1/embeddings",
+        param="model",
+    )
+
+
+def embedding_model_only(model_id: str) -> InvalidRequest:
+    return InvalidRequest(
+        f'model "{model_id}" is an embedding model; it serves /v1/embeddings only', param="model"
+    )

@@ -1,0 +1,144 @@
+"""A GGUF file's header: its metadata fields, the hyper-parameters they give, and its tensor
+table, read without PyTorch (the registry reads every file's header this way)."""
+
+from __future__ import annotations
+
+import math
+import mmap
+import struct
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+
+from modelhost.models.config import ModelConfig
+
+
+class GGUFFile:
+    """A GGUF file's header: metadata fields and tensor table (the tensors stay unread)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fields, self.tensors = read_header(path)
+        self.architecture: str = self.field("general.architecture")
+
+    def field(self, key: str, default: Any = None) -> Any:
+        return self.fields.get(key, default)
+
+    def arch_field(self, key: str, default: Any = None) -> Any:
+        return self.field(f"{self.architecture}.{key}", default)
+
+    def config(self) -> ModelConfig:
+        arch = self.architecture
+        hidden = int(self.arch_field("embedding_length"))
+        num_heads = int(self.arch_field("attention.head_count"))
+        head_dim = int(self.arch_field("attention.key_length", hidden // num_heads))
+        tensor_names = {t["name"] for t in self.tensors}
+        vocab = self.arch_field("vocab_size") or len(self.field("tokenizer.ggml.tokens"))
+        common: dict[str, Any] = dict(
+            architecture="gemma3" if arch == "gemma3" else "llama",
+            vocab_size=int(vocab),
+            hidden_size=hidden,
+            intermediate_size=int(self.arch_field("feed_forward_length")),
+            num_layers=int(self.arch_field("block_count")),
+            num_heads=num_heads,
+            num_kv_heads=int(self.arch_field("attention.head_count_kv", num_heads)),
+            head_dim=head_dim,
+            rms_norm_eps=float(self.arch_field("attention.layer_norm_rms_epsilon", 1e-6)),
+            rope_theta=float(self.arch_field("rope.freq_base", 10_000.0)),
+            context_length=int(self.arch_field("context_length", 4096)),
+            tie_word_embeddings="output.weight" not in tensor_names,
+            rope_scaling_factor=float(self.arch_field("rope.scaling.factor", 1.0) or 1.0),
+            attention_bias="blk.0.attn_q.bias" in tensor_names,
+            qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
+        )
+        if arch == "gemma3":
+            common.update(
+                sliding_window=int(self.arch_field("attention.sliding_window", 512)),
+                query_pre_attn_scalar=float(head_dim),
+                final_logit_softcapping=self.arch_field("final_logit_softcapping"),
+                attn_logit_softcapping=self.arch_field("attn_logit_softcapping"),
+            )
+        return ModelConfig(**common)
+
+    def tensor_table(self) -> list[dict[str, Any]]:
+        """Each tensor's name, GGUF type, shape (the file's order), offset and size: all a
+        later load needs to read it, without parsing the header again."""
+        return self.tensors
+
+
+# GGUF metadata value types: struct formats of the fixed-size ones (8 is a string, 9 an array).
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
+            11: "<q", 12: "<d"}  # fmt: skip
+_ARRAYS = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32,
+           6: np.float32, 7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}  # fmt: skip
+
+
+def read_header(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The metadata fields (arrays as lists) and the tensor table of a GGUF file (version 2 or
+    3). A plain reading of the format: `gguf`'s reader builds an object per array element,
+    which takes seconds for a large vocabulary."""
+    with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        magic, version, tensor_count, field_count = struct.unpack_from("<4sIQQ", data, 0)
+        if magic != b"GGUF" or version not in (2, 3):
+            raise ValueError(f"{path} is not a GGUF file of version 2 or 3")
+        at = 24
+
+        def string() -> str:
+            nonlocal at
+            (size,) = struct.unpack_from("<Q", data, at)
+            at += 8 + size
+            return data[at - size : at].decode("utf-8", errors="replace")
+
+        def value(kind: int) -> Any:
+            nonlocal at
+            if kind == 8:
+                return string()
+            if kind == 9:
+                item, count = struct.unpack_from("<IQ", data, at)
+                at += 12
+                if item in _ARRAYS:
+                    array: np.ndarray = np.frombuffer(
+                        data, dtype=_ARRAYS[item], count=count, offset=at
+                    )
+                    at += array.nbytes
+                    return array.tolist()
+                return [value(item) for _ in range(count)]
+            (result,) = struct.unpack_from(_SCALARS[kind], data, at)
+            at += struct.calcsize(_SCALARS[kind])
+            return result
+
+        fields: dict[str, Any] = {}
+        for _ in range(field_count):
+            key = string()
+            (kind,) = struct.unpack_from("<I", data, at)
+            at += 4
+            fields[key] = value(kind)
+        tensors = []
+        for _ in range(tensor_count):
+            name = string()
+            (dims,) = struct.unpack_from("<I", data, at)
+            shape = list(struct.unpack_from(f"<{dims}Q", data, at + 4))
+            kind, offset = struct.unpack_from("<IQ", data, at + 4 + 8 * dims)
+            at += 4 + 8 * dims + 12
+            tensors.append({"name": name, "type": kind, "shape": shape, "offset": offset})
+        alignment = int(fields.get("general.alignment", 32))
+        start = -(-at // alignment) * alignment
+        size = len(data)
+    # A tensor's size from its type, or (a type `gguf` does not know) up to the next one.
+    by_offset = sorted(tensors, key=lambda t: t["offset"])
+    ends = [t["offset"] for t in by_offset[1:]] + [size - start]
+    for tensor, end in zip(by_offset, ends, strict=True):
+        known = _known_bytes(tensor["type"], tensor["shape"])
+        tensor["nbytes"] = known if known is not None else end - tensor["offset"]
+        tensor["offset"] += start
+    return fields, tensors
+
+
+def _known_bytes(kind: int, shape: list[int]) -> int | None:
+    try:
+        block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kind)]
+    except (ValueError, KeyError):
+        return None
+    return math.prod(shape) // block * size
