@@ -19,6 +19,7 @@ TYPE_NAMES = {
 }  # fmt: skip
 PACKED_TYPES = frozenset(TYPE_NAMES)
 FLOAT_TYPES = frozenset((F32, F16, BF16))
+_AT_MOST_4_BITS = (Q2_K, Q3_K, Q4_0, Q4_1, Q4_K)
 
 # Bytes of a packed tile of 16 outputs by 32 inputs, its parameters, and a K type's
 # super-block factors per 16 outputs by 256 inputs (native_qlinear.h's storage; the native
@@ -40,9 +41,6 @@ def packed_bytes(format: int, out: int, width: int) -> int:
 
 def padded_width(width: int) -> int:
     return -(-width // PAD) * PAD
-
-
-_AT_MOST_4_BITS = (Q2_K, Q3_K, Q4_0, Q4_1, Q4_K)
 
 
 def target_type(source_type: int, mode: str) -> int:
