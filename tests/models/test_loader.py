@@ -37,6 +37,18 @@ def test_loader_warm_load_uses_the_cache_without_parsing_the_gguf(smollm2, monke
     assert again.tokenizer.encode("Hello there") == smollm2.tokenizer.encode("Hello there")
 
 
+@pytest.mark.parametrize("model_id", [DEFAULT_MODEL, "gemma-3-270m"])
+def test_a_gguf_tokenizer_is_the_one_transformers_builds_from_the_file(model_id):
+    from transformers import AutoTokenizer
+
+    from modelhost.models.embedded import embedded_path
+
+    path = embedded_path(model_id)
+    built = loader._gguf_tokenizer(path)
+    reference = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    assert json.loads(built.to_str()) == json.loads(reference.backend_tokenizer.to_str())
+
+
 def test_smollm2_renders_its_own_chatml_template(smollm2):
     text = smollm2.tokenizer.render_chat([{"role": "user", "content": "Hi"}])
     assert text.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")

@@ -179,11 +179,8 @@ def _kinds(config: dict[str, Any]) -> tuple[str, ...] | None:
 def _read_gguf_metadata(path: Path) -> tuple[dict[str, Any], TokenizerBackend]:
     """Parse the GGUF's header once: config, tensor table, tokenizer (converted by
     transformers) and chat settings."""
-    from transformers import AutoTokenizer
-
     gguf_file = GGUFFile(path)
     config = gguf_file.config()
-    hf_tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     tokens = gguf_file.field("tokenizer.ggml.tokens")
     eos_ids = {int(gguf_file.field("tokenizer.ggml.eos_token_id", -1))}
     eot = gguf_file.field("tokenizer.ggml.eot_token_id")
@@ -201,7 +198,28 @@ def _read_gguf_metadata(path: Path) -> tuple[dict[str, Any], TokenizerBackend]:
         "bos_token": tokens[int(bos_id)] if bos_id is not None else None,
         "eos_token": tokens[min(eos_ids)] if min(eos_ids) >= 0 else None,
     }
-    return meta, hf_tokenizer.backend_tokenizer
+    return meta, _gguf_tokenizer(path)
+
+
+def _gguf_tokenizer(path: Path) -> TokenizerBackend:
+    """transformers' conversion of the file's vocabulary, asked for directly: AutoTokenizer
+    first parses the whole header with gguf's reader only to pick a tokenizer class (Gemma 3's
+    262k-token vocabulary: 14.8 s against 3.7 s; SmolLM2's 3.8 against 0.5). The result is the
+    same tokenizer, special tokens and post-processor included."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    try:
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+            convert_gguf_tokenizer,
+            get_gguf_tokenizer,
+        )
+    except ImportError:  # a transformers without it (before 5.x): the long way
+        found = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        return found.backend_tokenizer
+    architecture, vocabulary, settings = get_gguf_tokenizer(str(path))
+    backend, _ = convert_gguf_tokenizer(architecture, vocabulary)
+    settings.pop("chat_template", None)  # the loader reads it from the file itself
+    return PreTrainedTokenizerFast(tokenizer_object=backend, **settings).backend_tokenizer
 
 
 def _write_cache(cache: Path, meta: dict[str, Any], backend: TokenizerBackend) -> None:
