@@ -4,7 +4,7 @@ stderr, or (stderr not a terminal) a line for each tenth once the load has taken
 from __future__ import annotations
 
 import sys
-import time
+from collections.abc import Callable
 from typing import TextIO
 
 from modelhost.residency.unit import LoadProgress
@@ -32,24 +32,15 @@ class ProgressBar:
         self.stream.flush()
 
 
-class LinesOfTenths:
-    """Called with the fraction done; writes `loading X: 40%` at each tenth after a moment."""
+def load_reporter(label: str, stream: TextIO | None = None) -> Callable[[float], None]:
+    """How to show `label`'s load on `stream` (stderr): a bar on a terminal, elsewhere a line
+    `loading X: 40%` at each tenth once the load has taken a moment."""
+    out = stream or sys.stderr
+    if out.isatty():
+        return ProgressBar(label, out)
 
-    def __init__(self, label: str, stream: TextIO) -> None:
-        self.label, self.stream = label, stream
-        self.started = time.monotonic()
-        self.written = 0
+    def say(percent: int) -> None:
+        out.write(f"loading {label}: {percent}%\n")
+        out.flush()
 
-    def __call__(self, fraction: float) -> None:
-        tenths = int(min(1.0, max(0.0, fraction)) * 10)
-        waited = time.monotonic() - self.started >= LoadProgress.LOG_AFTER_S
-        if tenths > self.written and waited:
-            self.written = tenths
-            self.stream.write(f"loading {self.label}: {10 * tenths}%\n")
-            self.stream.flush()
-
-
-def load_reporter(label: str, stream: TextIO | None = None) -> ProgressBar | LinesOfTenths:
-    """How to show `label`'s load on `stream` (stderr): a bar on a terminal, lines elsewhere."""
-    stream = stream or sys.stderr
-    return ProgressBar(label, stream) if stream.isatty() else LinesOfTenths(label, stream)
+    return LoadProgress(label, say=say).report

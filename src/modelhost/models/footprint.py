@@ -20,6 +20,7 @@ TYPE_NAMES = {
 PACKED_TYPES = frozenset(TYPE_NAMES)
 FLOAT_TYPES = frozenset((F32, F16, BF16))
 _AT_MOST_4_BITS = (Q2_K, Q3_K, Q4_0, Q4_1, Q4_K)
+_SAFETENSORS_FLOATS = {"F32": F32, "F16": F16, "BF16": BF16}
 
 # Bytes of a packed tile of 16 outputs by 32 inputs, its parameters, and a K type's
 # super-block factors per 16 outputs by 256 inputs (native_qlinear.h's storage; the native
@@ -37,6 +38,12 @@ def packed_bytes(format: int, out: int, width: int) -> int:
     blocks, groups = -(-out // 16), padded_width(width) // 32
     supers = groups // 8 * _SUPER_BYTES if Q2_K <= format <= Q6_K else 0
     return blocks * (groups * (_TILE_BYTES[format] + _PARAM_BYTES.get(format, 0)) + supers)
+
+
+def safetensors_type(dtype: str) -> int:
+    """The GGUF type a safetensors tensor of `dtype` loads as: F16 and BF16 as they are, any
+    other float as F32."""
+    return _SAFETENSORS_FLOATS.get(dtype, F32)
 
 
 def padded_width(width: int) -> int:

@@ -19,16 +19,15 @@ class SafetensorsTensor:
     """One tensor of a safetensors file, read when asked for (a models/weights.py
     TensorSource). Floats other than F32, F16 and BF16 are read as fp32."""
 
-    def __init__(self, file: Path, key: str, name: str, gemma_norm: bool) -> None:
+    def __init__(
+        self, file: Path, key: str, name: str, shape: tuple[int, ...], dtype: str, gemma_norm: bool
+    ) -> None:
         self.file, self.key, self.name, self.stored_name = file, key, name, key
+        self.shape = shape
         self.gemma_norm = gemma_norm  # Gemma stores norms as w, applied as (1 + w)
-        with safe_open(str(file), framework="pt") as handle:
-            tensor_slice = handle.get_slice(key)
-            self.shape = tuple(tensor_slice.get_shape())
-            dtype = tensor_slice.get_dtype()
-        self.type = _TYPES.get(dtype, footprint.F32)
+        self.type = footprint.safetensors_type(dtype)
         self.order: torch.Tensor | None = None
-        self.nbytes = math.prod(self.shape) * _SIZES.get(dtype, 4)
+        self.nbytes = math.prod(shape) * _SIZES.get(dtype, 4)
 
     def _read(self) -> torch.Tensor:
         with safe_open(str(self.file), framework="pt") as handle:
@@ -47,7 +46,6 @@ class SafetensorsTensor:
         yield value.data_ptr()
 
 
-_TYPES = {"F32": footprint.F32, "F16": footprint.F16, "BF16": footprint.BF16}
 _SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
 
 
@@ -56,11 +54,13 @@ def safetensors_tensors(directory: Path, config: ModelConfig) -> dict[str, Safet
     found: dict[str, SafetensorsTensor] = {}
     for file in sorted(directory.glob("*.safetensors")):
         with safe_open(str(file), framework="pt") as handle:
-            keys = list(handle.keys())
-        for key in keys:
-            name = key.removeprefix("model.language_model.").removeprefix("language_model.")
-            if not name.startswith(("model.", "lm_head.")):
-                name = "model." + name
-            gemma_norm = config.architecture == "gemma3" and name.endswith("norm.weight")
-            found[name] = SafetensorsTensor(file, key, name, gemma_norm)
+            keys = list(handle.keys())  # a safetensors handle is not iterable
+            for key in keys:
+                name = key.removeprefix("model.language_model.").removeprefix("language_model.")
+                if not name.startswith(("model.", "lm_head.")):
+                    name = "model." + name
+                gemma_norm = config.architecture == "gemma3" and name.endswith("norm.weight")
+                tensor_slice = handle.get_slice(key)
+                shape, dtype = tuple(tensor_slice.get_shape()), tensor_slice.get_dtype()
+                found[name] = SafetensorsTensor(file, key, name, shape, dtype, gemma_norm)
     return found

@@ -9,7 +9,6 @@ held as a whole model in fp32 and never cached on disk. What is slow to derive f
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import itertools
 import json
 import logging
@@ -44,7 +43,7 @@ from modelhost.models.weights import (
     fill_checkpoint_modules,
     fill_network,
 )
-from modelhost.paths import modelhost_home
+from modelhost.paths import file_cache_key, modelhost_home
 from modelhost.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -124,17 +123,13 @@ def load_model(
 
 def _cache_dir(path: Path) -> Path:
     """Where a GGUF's metadata and converted tokenizer are kept (never its weights)."""
-    stat = path.stat()
-    digest = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode())
-    return modelhost_home() / "cache" / "gguf" / f"{path.stem}-{digest.hexdigest()[:12]}"
+    return modelhost_home() / "cache" / "gguf" / file_cache_key(path)
 
 
 def _forget_fp32_conversion(path: Path) -> None:
     """Removes what earlier versions cached for this file: the whole model dequantized to fp32
     (4 bytes a parameter on disk)."""
-    stat = path.stat()
-    digest = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode())
-    old = modelhost_home() / "cache" / f"{path.stem}-{digest.hexdigest()[:12]}"
+    old = modelhost_home() / "cache" / file_cache_key(path)
     if (old / "weights.safetensors").is_file():
         log.info("removing %s, an fp32 copy of %s that earlier versions cached", old, path.name)
         shutil.rmtree(old, ignore_errors=True)

@@ -43,7 +43,6 @@ HEADERS = [
 FLAGS = ["-O3", "-shared", "-fPIC", "-std=c++17", "-fopenmp"]
 # Builds of the one source, the first whose CPU check passes loads: each is built once.
 VARIANTS = {"AVX-512 VNNI": [], "AVX2": ["-DMH_AVX2"]}
-GROUP = 32  # inputs a tile of packed weights spans
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # mh_gated_activation's `act`
 
 

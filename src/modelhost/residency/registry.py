@@ -25,7 +25,6 @@ listed with the reason it is refused.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import math
@@ -45,7 +44,7 @@ from modelhost.models.embedded import EMBEDDED, EMBEDDED_ENCODERS
 from modelhost.models.footprint import held_bytes, unsupported_tensor
 from modelhost.models.gguf_header import GGUFFile
 from modelhost.models.hf_config import config_from_hf, read_json
-from modelhost.paths import modelhost_home
+from modelhost.paths import file_cache_key, modelhost_home
 
 log = logging.getLogger(__name__)
 
@@ -329,16 +328,15 @@ TensorEntry = tuple[str, int, tuple[int, ...]]
 def _read_gguf(path: Path) -> tuple[ModelConfig, str, list[TensorEntry], int]:
     """What the registry needs of a GGUF file, kept in MODELHOST_HOME/cache keyed by the file's
     path, size and modification time (a scan reads each file's header once)."""
-    stat = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
-    cached = modelhost_home() / "cache" / "gguf-meta" / f"{path.stem}-{key.hexdigest()[:16]}.json"
+    size = path.stat().st_size
+    cached = modelhost_home() / "cache" / "gguf-meta" / f"{file_cache_key(path)}.json"
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         meta = json.loads(cached.read_text())
         fields = meta["config"]
         if fields.get("layer_kinds") is not None:
             fields["layer_kinds"] = tuple(fields["layer_kinds"])
         tensors = [(name, kind, tuple(dims)) for name, kind, dims in meta["tensors"]]
-        return ModelConfig(**fields), meta["architecture"], tensors, stat.st_size
+        return ModelConfig(**fields), meta["architecture"], tensors, size
 
     gguf_file = GGUFFile(path)
     config, architecture = gguf_file.config(), gguf_file.architecture
@@ -349,20 +347,16 @@ def _read_gguf(path: Path) -> tuple[ModelConfig, str, list[TensorEntry], int]:
         partial = cached.with_suffix(f".{os.getpid()}.partial")
         partial.write_text(json.dumps(meta))
         partial.replace(cached)
-    return config, architecture, tensors, stat.st_size
-
-
-_SAFETENSORS_TYPES = {"F32": footprint.F32, "F16": footprint.F16, "BF16": footprint.BF16}
+    return config, architecture, tensors, size
 
 
 def _safetensors_tensors(path: Path) -> list[TensorEntry]:
-    """One safetensors file's tensors, from its JSON header alone (floats other than F16 and
-    BF16 load as F32)."""
+    """One safetensors file's tensors, from its JSON header alone."""
     with path.open("rb") as f:
         (length,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(length))
     return [
-        (name, _SAFETENSORS_TYPES.get(t["dtype"], footprint.F32), tuple(t["shape"]))
+        (name, footprint.safetensors_type(t["dtype"]), tuple(t["shape"]))
         for name, t in header.items()
         if name != "__metadata__"
     ]

@@ -23,25 +23,34 @@ class ResidencyError(Exception):
 
 class LoadProgress:
     """How far a model's load has got: the loader reports the fraction of its weights read (from
-    any thread); the host shows it while the model is loading, and logs it when a load takes
-    more than a moment."""
+    any thread); the host shows it while the model is loading, and each tenth is told (`say`,
+    with the percent; by default a log line) once a load has taken more than a moment."""
 
     LOG_AFTER_S = 2.0
     LOG_MESSAGE = "[models] %s loading: %d%%"
 
-    def __init__(self, model_id: str = "", clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        model_id: str = "",
+        clock: Callable[[], float] = time.monotonic,
+        say: Callable[[int], None] | None = None,
+    ) -> None:
         self.model_id = model_id
         self.fraction: float | None = None
         self._clock = clock
+        self._say = say or self._log
         self._started = clock()
-        self._logged_tenths = 0
+        self._told_tenths = 0
 
     def report(self, fraction: float) -> None:
         self.fraction = min(1.0, max(0.0, fraction))
         tenths = int(self.fraction * 10)
-        if tenths > self._logged_tenths and self._clock() - self._started >= self.LOG_AFTER_S:
-            self._logged_tenths = tenths
-            log.info(self.LOG_MESSAGE, self.model_id, 10 * tenths)
+        if tenths > self._told_tenths and self._clock() - self._started >= self.LOG_AFTER_S:
+            self._told_tenths = tenths
+            self._say(10 * tenths)
+
+    def _log(self, percent: int) -> None:
+        log.info(self.LOG_MESSAGE, self.model_id, percent)
 
 
 class Servable(Protocol):
