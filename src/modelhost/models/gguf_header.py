@@ -20,6 +20,8 @@ class GGUFFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        # Each tensor's name, GGUF type, shape (the file's order), offset and size: all a later
+        # load needs to read it, without parsing the header again.
         self.fields, self.tensors = read_header(path)
         self.architecture: str = self.field("general.architecture")
 
@@ -61,11 +63,6 @@ class GGUFFile:
                 attn_logit_softcapping=self.arch_field("attn_logit_softcapping"),
             )
         return ModelConfig(**common)
-
-    def tensor_table(self) -> list[dict[str, Any]]:
-        """Each tensor's name, GGUF type, shape (the file's order), offset and size: all a
-        later load needs to read it, without parsing the header again."""
-        return self.tensors
 
 
 # GGUF metadata value types: struct formats of the fixed-size ones (8 is a string, 9 an array).

@@ -186,7 +186,7 @@ def _read_gguf_metadata(path: Path) -> tuple[dict[str, Any], TokenizerBackend]:
         "version": _CACHE_VERSION,
         "config": asdict(config),
         "architecture": gguf_file.architecture,
-        "tensors": gguf_file.tensor_table(),
+        "tensors": gguf_file.tensors,
         "chat_template": gguf_file.field("tokenizer.chat_template"),
         "eos_token_ids": sorted(i for i in eos_ids if i >= 0),
         "add_bos_token": bool(gguf_file.field("tokenizer.ggml.add_bos_token", False)),
