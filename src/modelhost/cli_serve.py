@@ -225,6 +225,8 @@ def _serve_routed(
     budget_text = f"{host.budget_bytes / BYTES_PER_GB:.1f} GB model budget{mode}"
     print(f"modelhost: serving {startup.id} on http://{args.host}:{args.port}/v1 ({budget_text})",
           file=sys.stderr)  # fmt: skip
+    if settings.console:
+        print(f"modelhost: console on http://{args.host}:{args.port}/", file=sys.stderr)
     started = serve(
         app,
         host=args.host,

@@ -87,6 +87,10 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         help="a browser origin allowed to call the API (repeatable; e.g. http://localhost:3000)",
     )  # fmt: skip
     parser.add_argument(
+        "--no-console", action="store_true",
+        help="no web console at / (browsers get the same JSON as other clients)",
+    )  # fmt: skip
+    parser.add_argument(
         "--max-body-mb", type=float, default=None, metavar="MB",
         help="largest request body in MiB; bigger ones get 413 (default: 32)",
     )  # fmt: skip

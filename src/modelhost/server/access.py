@@ -12,10 +12,13 @@ hostname resolve to 127.0.0.1. The guard refuses both with `403 {error:{message,
   `cross_origin`.
 - `Sec-Fetch-Site`, when present, must be `same-origin` or `none` (or come with an allowed
   `--cors-origin`). Otherwise `cross_site`.
+- An operator action (anything but GET under `/api/`: load, unload, pin, jobs) must be
+  same-origin in both: a `--cors-origin` opens the API to a page, not the server's controls.
 
 Clients that send none of these headers (curl, the SDKs) pass. With `--api-key`, every route but
-`/health` also needs `Authorization: Bearer KEY` or `x-api-key: KEY` (the Anthropic SDK's
-header), compared in constant time; a miss is a 401 in the calling protocol's error shape.
+`/health` and the console's page and files (they hold no data: server/console.py) also needs
+`Authorization: Bearer KEY` or `x-api-key: KEY` (the Anthropic SDK's header), compared in
+constant time; a miss is a 401 in the calling protocol's error shape.
 
 The edge, outermost first: request id and log (`request_context.ObservedRequests`), the guard,
 CORS, the API key, body limits (`limits.BodyLimits`), then the app itself (model leasing
@@ -37,6 +40,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from modelhost.server.console import is_console_file
 from modelhost.server.limits import BodyLimits
 from modelhost.server.prometheus import Metrics
 from modelhost.server.request_context import ObservedRequests
@@ -46,6 +50,7 @@ WILDCARD_BINDS = frozenset({"", "0.0.0.0", "::", "[::]", "*"})
 LOOPBACK_NAMES = frozenset({"localhost", "host.docker.internal"})
 SAME_SITE_FETCHES = frozenset({"same-origin", "none"})
 OPEN_PATHS = frozenset({"/health"})
+OPERATOR_PREFIX = "/api/"  # /api/models/..., /api/hub/serve, /api/jobs
 
 
 def edge(app: ASGIApp, settings: Any, metrics: Metrics | None, surfaces: Surfaces) -> ASGIApp:
@@ -61,7 +66,9 @@ def edge(app: ASGIApp, settings: Any, metrics: Metrics | None, surfaces: Surface
         max_json_values=settings.max_json_values,
     )
     if settings.api_key:
-        wrapped = ApiKeyCheck(wrapped, surfaces, api_key=settings.api_key)
+        wrapped = ApiKeyCheck(
+            wrapped, surfaces, api_key=settings.api_key, open_console=settings.console
+        )
     if settings.cors_origins:
         wrapped = CORSMiddleware(
             wrapped,
@@ -165,8 +172,12 @@ class LocalAccessGuard:
         }
         server = scope.get("server") or ("",)
         bound = (self.bind_host, str(server[0]))  # the address this connection came in on
+        # Operator actions (load, unload, pin, jobs) come from this server's own page or from
+        # clients without a browser's headers: a --cors-origin does not reach them.
+        operator = scope["path"].startswith(OPERATOR_PREFIX) and scope.get("method") != "GET"
+        allowed_origins = () if operator else self.allowed_origins
         problem = access_problem(
-            headers, bound=bound, wildcard=self.wildcard, allowed_origins=self.allowed_origins
+            headers, bound=bound, wildcard=self.wildcard, allowed_origins=allowed_origins
         )
         if problem is None:
             await self.app(scope, receive, send)
@@ -203,11 +214,13 @@ class ApiKeyCheck:
         *,
         api_key: str,
         open_paths: frozenset[str] = OPEN_PATHS,
+        open_console: bool = False,
     ) -> None:
         self.app = app
         self.surfaces = surfaces
         self.api_key = api_key.encode()
         self.open_paths = open_paths
+        self.open_console = open_console  # the console's page and files hold no data
 
     def authorized(self, scope: Scope) -> bool:
         bearer, x_api_key = presented_keys(scope)
@@ -218,6 +231,9 @@ class ApiKeyCheck:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in self.open_paths or self.authorized(scope):
+            await self.app(scope, receive, send)
+            return
+        if self.open_console and is_console_file(scope):
             await self.app(scope, receive, send)
             return
         if any(presented_keys(scope)):

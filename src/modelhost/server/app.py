@@ -15,6 +15,7 @@ from starlette.types import ASGIApp
 from modelhost.inference.admission import BYTES_PER_GB, AdmissionPolicy, plan_memory
 from modelhost.residency.router import ModelRouter
 from modelhost.server.access import edge
+from modelhost.server.console import install_console, worker_requests
 from modelhost.server.jobs import install_jobs, with_jobs
 from modelhost.server.json_logs import use_json_logs
 from modelhost.server.leasing import ModelLeasing
@@ -82,6 +83,7 @@ def create_app(
     if settings.owner == "worker":  # served on the worker's private socket only
         for method, path, endpoint in WORKER_ROUTES:
             app.router.add_route(path, endpoint, methods=[method])
+        app.router.add_route("/admin/requests", worker_requests, methods=["GET"])
     return app
 
 
@@ -142,6 +144,7 @@ def _new_app(
         app.router.add_route(route.path, endpoint, methods=[route.method])
     if serves_jobs:
         install_jobs(app)
+        install_console(app)
     app.add_exception_handler(HTTPException, _http_error)
     return app
 

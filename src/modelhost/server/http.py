@@ -176,6 +176,8 @@ class RequestLog:
     def admitted(self, admitted: AdmittedRequest | None) -> None:
         self._admitted = admitted
         self.admitted_at = self.clock()
+        if self.context is not None:
+            self.context.admitted = admitted  # the live view reads its tokens as they come
 
     def finish(self, status: int) -> None:
         if self.status is not None:
@@ -186,6 +188,7 @@ class RequestLog:
         context = self.context
         if context is not None:
             context.status, context.logged = status, True
+            context.outcome = outcome
             if context.metrics is not None:
                 context.metrics.observe_request(outcome)
         request_id = context.request_id if context is not None else "-"

@@ -26,6 +26,7 @@ from modelhost.residency.router import ModelRouter
 from modelhost.residency.unit import ResidencyError
 from modelhost.residency.worker_unit import WorkerUnit
 from modelhost.server.http import STAGE_KEY, ErrorShape, replay_body, wait_for_disconnect
+from modelhost.server.request_context import current_request
 from modelhost.server.worker_proxy import Forwarded, proxy
 
 if TYPE_CHECKING:
@@ -63,6 +64,9 @@ class ModelLeasing:
                 await self.app(scope, replay_body(body, receive), send)
                 return
             model_id = active.model_id
+        context = current_request()
+        if context is not None:
+            context.model = model_id  # the live view's model column
         acquiring = asyncio.create_task(self.router.acquire(model_id))
         gone = asyncio.create_task(wait_for_disconnect(receive))
         await asyncio.wait({acquiring, gone}, return_when=asyncio.FIRST_COMPLETED)

@@ -58,6 +58,7 @@ from prometheus_client.samples import Sample
 from starlette.requests import Request
 from starlette.responses import Response
 
+from modelhost.server.live_feed import LiveFeed
 from modelhost.server.request_context import RequestOutcome
 
 disable_created_metrics()  # no `_created` twin for every counter and histogram
@@ -141,6 +142,7 @@ class Metrics:
         )
         self.serving = ServingCollector(state)
         registry.register(self.serving)
+        self.live = LiveFeed()  # the console's live view: requests in flight and just ended
 
     def render(self) -> bytes:
         return exposition(self.registry)

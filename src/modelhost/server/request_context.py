@@ -17,8 +17,8 @@ import re
 import time
 import uuid
 from contextvars import ContextVar
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -44,6 +44,13 @@ class RequestContext:
     metrics: Metrics | None
     status: int | None = None  # what the request log decided (499: the client left mid-stream)
     logged: bool = False
+    # For the console's live view (server/live_feed.py): the model that answers, the admitted
+    # row while it generates (tokens so far), then the outcome, and when the request ended.
+    model: str | None = None
+    admitted: Any = None
+    outcome: RequestOutcome | None = None
+    ended_at: float | None = None
+    started_wall: float = field(default_factory=time.time)
 
 
 _CURRENT: ContextVar[RequestContext | None] = ContextVar("modelhost_request", default=None)
@@ -108,6 +115,8 @@ class ObservedRequests:
             await send(message)
 
         token = _CURRENT.set(context)
+        if self.metrics is not None:
+            self.metrics.live.started(context)
         try:
             await self.app(scope, receive, send_with_id)
         except BaseException:
@@ -119,9 +128,11 @@ class ObservedRequests:
 
     def _finish(self, scope: Scope, context: RequestContext, sent: int | None) -> None:
         status = context.status or sent or 499  # nothing sent: the client left first
+        context.ended_at = time.monotonic()
         if self.metrics is not None:
             route = route_label(scope)
             self.metrics.requests.labels(context.method, route, str(status)).inc()
+            self.metrics.live.ended(context, status)
         if not context.logged:
             total_ms = (time.monotonic() - context.arrived_at) * 1000
             level = logging.DEBUG if context.path in QUIET_PATHS else logging.INFO

@@ -43,6 +43,7 @@ class ServeSettings:
     max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
     max_audio_bytes: int = DEFAULT_MAX_AUDIO_BYTES
     log_format: str = "text"  # or "json": one JSON object per log line
+    console: bool = True  # the web page at `/` (server/console.py); --no-console: JSON only
 
     @property
     def defaults(self) -> ServingDefaults:
