@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint bench clean
+.PHONY: serve test lint bench clean browser
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -20,7 +20,22 @@ $(STAMP): pyproject.toml
 serve: $(STAMP)
 	$(BIN)/modelhost serve
 
-test: $(STAMP)
+# The console's browser tests drive Debian's chromium (never a browser Playwright downloads):
+# installed with apt when it is missing, as root or through passwordless sudo.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if ! command -v apt-get >/dev/null 2>&1; then \
+	    echo "no chromium and no apt-get: the console's browser tests will be skipped"; \
+	  elif [ "$$(id -u)" -eq 0 ]; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	  elif sudo -n true 2>/dev/null; then \
+	    sudo -n env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    sudo -n env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	  else echo "no chromium (apt-get install chromium): the console's browser tests will be skipped"; \
+	  fi; }
+
+test: $(STAMP) browser
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy

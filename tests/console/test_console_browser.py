@@ -74,7 +74,10 @@ def served(
         return build_stage(model, settings, batch=2)
 
     host: ResidencyHost[InProcessUnit] = ResidencyHost(
-        budget_bytes=10**11, source=registry.get, load=in_process_loader(load, stage_for), hold_s=0
+        budget_bytes=4 * 10**9,
+        source=registry.get,
+        load=in_process_loader(load, stage_for),
+        hold_s=0,
     )
     router = ModelRouter(host, registry, current=SMOLLM2)
 
@@ -179,7 +182,7 @@ def test_a_model_loaded_from_the_models_view_is_resident_and_unloading_frees_its
     assert loaded["resident_bytes"] > before
     if os.environ.get("MODELHOST_UPDATE_SCREENSHOT"):
         SCREENSHOT.parent.mkdir(exist_ok=True)
-        page.screenshot(path=str(SCREENSHOT))
+        page.screenshot(path=str(SCREENSHOT), clip={"x": 0, "y": 0, "width": 1280, "height": 460})
     page.click(f"button[aria-label='Unload {GEMMA}']")
     expect(row).to_have_attribute("data-state", "idle", timeout=WAIT_MS)
     expect(page.locator("#budget")).not_to_contain_text(GEMMA)

@@ -398,3 +398,19 @@ def test_companion_models_run_in_worker_processes_too(models_dir, tmp_path):
     assert host.resident() == []
     for pid in pids:
         wait_gone(pid)
+
+
+def test_the_live_stream_shows_the_tokens_of_a_request_a_worker_answered(served):
+    client = served["client"]
+    reply = chat(client, "tiny-a", ignore_eos=True)
+    assert reply.status_code == 200, reply.text
+    with client.stream("GET", "/api/live") as live:
+        frames = (json.loads(line[6:]) for line in live.iter_lines() if line[:6] == "data: ")
+        # The front may still be closing the relayed answer as the first snapshot goes out.
+        snapshot = next(s for s in frames if not s["requests"][0]["in_flight"])
+    row = snapshot["requests"][0]
+    assert (row["route"], row["model"], row["status"]) == ("/v1/chat/completions", "tiny-a", 200)
+    assert row["completion_tokens"] == reply.json()["usage"]["completion_tokens"] == 4
+    assert row["prompt_tokens"] == reply.json()["usage"]["prompt_tokens"]
+    assert row["ttft_ms"] > 0
+    assert [m["id"] for m in snapshot["models"]["resident"]] == ["tiny-a"]
