@@ -135,7 +135,7 @@ function render() {
       el("th", { scope: "row" }, row.id, note ? el("div", { class: "error small" }, note) : null),
       el("td", {}, row.format || "–"),
       el("td", {}, resident ? bytes(resident.bytes) : bytes(row.estimate_bytes ?? row.size_bytes)),
-      el("td", { class: "state" }, busy ? "working…" : stateText(row, resident)),
+      el("td", { class: "state" }, busy && resident?.state !== "loading" ? "working…" : stateText(row, resident)),
       el("td", {}, `${counts.running} active · ${counts.waiting} queued`),
       el("td", { class: "rate" }, num(rates[rates.length - 1] || 0), " ",
         sparkline(rates, { label: `${row.id} tokens per second, last minutes` })),

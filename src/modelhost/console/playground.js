@@ -214,7 +214,15 @@ async function runDecisions(event) {
   lastSent = { path: "/v1/decisions", body };
   out.textContent = "deciding…";
   try {
-    out.textContent = JSON.stringify(await post("/v1/decisions", body), null, 2);
+    const answer = await post("/v1/decisions", body);
+    const lines = answer.answers.map((a, i) => {
+      const name = a.name || `question ${i + 1}`;
+      if (a.type === "predicate") return `${name}: ${a.probability >= 0.5 ? "yes" : "no"} (p(true) ${a.probability.toFixed(3)})`;
+      const picked = a.choice ?? a.label ?? a.score ?? "";
+      const spread = (a.probabilities || []).map((p) => `${p.label ?? p.value} ${p.probability.toFixed(3)}`).join(", ");
+      return `${name}: ${picked}${spread ? ` (${spread})` : ""}`;
+    });
+    out.textContent = `${lines.join("\n")}\n\n${JSON.stringify(answer, null, 2)}`;
   } catch (error) {
     out.textContent = `Refused: ${error.message}`;
   }
@@ -256,7 +264,8 @@ async function runTranscribe(event) {
   out.textContent = "transcribing…";
   try {
     const answer = await request("/v1/audio/transcriptions", { method: "POST", form });
-    out.textContent = typeof answer === "string" ? answer : answer.text;
+    const text = typeof answer === "string" ? answer : answer.text;
+    out.textContent = text.trim() || "(no speech found)";
   } catch (error) {
     out.textContent = `Refused: ${error.message}`;
   }
