@@ -117,3 +117,16 @@ def test_the_live_stream_shows_a_request_in_flight_then_its_tokens(make_app, liv
     assert done["status"] == 200 and done["model"] == "scripted-model"
     assert done["completion_tokens"] == 4 and done["prompt_tokens"] > 0
     assert done["ttft_ms"] > 0 and done["tok_s"] > 0
+
+
+def test_a_shutdown_ends_the_live_stream_cleanly_instead_of_waiting_on_it(make_app, live_server):
+    server = live_server(make_app(), shutdown_timeout_s=30)
+    with (
+        httpx.Client(base_url=server.base_url, timeout=30) as client,
+        client.stream("GET", "/api/live") as live,
+    ):
+        lines = live.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+        server.stop()  # a stream still open at the deadline would be cut: an incomplete body
+        assert not any(lines)  # no more events, and a complete end
+    assert not server.thread.is_alive()

@@ -96,14 +96,15 @@ def _file(path: Path) -> Response:
 
 async def live(request: Request) -> Response:
     """The live view's stream: a snapshot now, then one on each change (at most every
-    `SNAPSHOT_GAP_S`), each second while a request is in flight, and a comment on quiet."""
+    `SNAPSHOT_GAP_S`), each second while a request is in flight, and a comment on quiet; it
+    ends when the server starts shutting down (the page reconnects to the next one)."""
     feed: LiveFeed = request.app.state.metrics.live
     heartbeat_s: float = request.app.state.settings.heartbeat_s
 
     async def frames() -> AsyncIterator[str]:
         yield "retry: 1500\n\n"
         seen, quiet_since = -1, time.monotonic()
-        while True:
+        while not feed.closed:
             version = feed.version
             if version != seen or feed.in_flight:
                 seen, quiet_since = version, time.monotonic()

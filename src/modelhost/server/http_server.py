@@ -49,10 +49,12 @@ class Server(uvicorn.Server):
         *,
         drain: Callable[[], None] | None = None,
         jobs: Any = None,
+        live: Any = None,
     ):
         super().__init__(config)
         self.drain = drain
         self.jobs = jobs  # the app's job host (modelhost.jobs.manager.JobManager), if any
+        self.live = live  # the app's LiveFeed (server/live_feed.py), which consoles watch
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -72,6 +74,8 @@ class Server(uvicorn.Server):
             # Jobs first: a job driving this server's own API would otherwise keep requests
             # in flight, and the shutdown waiting for them.
             await self.jobs.stop_all()
+        if self.live is not None:
+            self.live.close()  # the consoles' live streams end now, not at the deadline
         timeout_s = self.config.timeout_graceful_shutdown
         pending = None
         if self.drain is not None and timeout_s is not None:
@@ -117,7 +121,10 @@ def server_for(
     # Jobs that drive this server's own API (bench-serve, eval-serve) call it here.
     app.state.base_url = f"http://{_connect_host(host)}:{port}"
     return Server(
-        config, drain=getattr(app.state, "drain", None), jobs=getattr(app.state, "jobs", None)
+        config,
+        drain=getattr(app.state, "drain", None),
+        jobs=getattr(app.state, "jobs", None),
+        live=getattr(getattr(app.state, "metrics", None), "live", None),
     )
 
 

@@ -38,6 +38,7 @@ class LiveFeed:
         self.in_flight: OrderedDict[int, RequestContext] = OrderedDict()
         self.finished: deque[dict[str, Any]] = deque(maxlen=keep)
         self.version = 0
+        self.closed = False  # the server is shutting down: watchers end their streams
         self._waiters: set[asyncio.Future[None]] = set()
 
     def started(self, context: RequestContext) -> None:
@@ -68,6 +69,11 @@ class LiveFeed:
             finally:
                 self._waiters.discard(waiter)
         return self.version
+
+    def close(self) -> None:
+        """End every watcher's wait, for good: a shutting-down server waits for no console."""
+        self.closed = True
+        self._bump()
 
     def _bump(self) -> None:
         self.version += 1
