@@ -122,22 +122,23 @@ async def live(request: Request) -> Response:
 
 async def live_snapshot(app: Starlette) -> dict[str, Any]:
     """The requests (a worker's token figures merged in) and residency, as the page shows them."""
-    rows = app.state.metrics.live.rows()
+    feed: LiveFeed = app.state.metrics.live
     router = getattr(app.state, "router", None)
+    worker_rows = await _worker_rows(router, feed.awaiting_figures()) if router else []
+    feed.fill(worker_rows)
+    rows = merge_worker_rows(feed.rows(), worker_rows)  # in flight: figures so far
     stage = getattr(app.state, "stage", None)
     if stage is not None:  # one model, no routing: every row is its model's
         rows = [{**row, "model": row["model"] or stage.model_id} for row in rows]
     snapshot: dict[str, Any] = {"time": time.time(), "requests": rows}
     if router is not None:
         snapshot["models"] = router.residency()
-        snapshot["requests"] = await _with_worker_figures(router, rows)
     return snapshot
 
 
-async def _with_worker_figures(router: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows a worker process answered get the tokens and timings it observed."""
-    wanted = {row["model"] for row in rows if row["model"] and row["completion_tokens"] is None}
-    units = [router.host.peek(model_id) for model_id in wanted]
+async def _worker_rows(router: Any, models: set[str]) -> list[dict[str, Any]]:
+    """What the worker processes serving `models` observed of their requests."""
+    units = [router.host.peek(model_id) for model_id in models]
     workers = [unit for unit in units if unit is not None and hasattr(unit, "get_json")]
 
     async def ask(unit: Any) -> list[dict[str, Any]]:
@@ -148,9 +149,8 @@ async def _with_worker_figures(router: Any, rows: list[dict[str, Any]]) -> list[
         requests = answer.get("requests") if isinstance(answer, dict) else None
         return requests if isinstance(requests, list) else []
 
-    for answer in await asyncio.gather(*(ask(unit) for unit in workers)):
-        rows = merge_worker_rows(rows, answer)
-    return rows
+    answers = await asyncio.gather(*(ask(unit) for unit in workers))
+    return [row for answer in answers for row in answer if isinstance(row, dict)]
 
 
 async def worker_requests(request: Request) -> Response:

@@ -7,8 +7,9 @@ Only requests that change something are kept (every method but GET, HEAD and OPT
 page's own reads, probes and scrapes would push the answers out.
 
 A request a worker process answers is observed there too, under the same `x-request-id`: the
-worker's feed is read over its socket (`GET /admin/requests`) and its token figures fill the
-front's row (`merge_worker_rows`).
+worker's feed is read over its socket (`GET /admin/requests`) while a row of its model waits
+for them, and its token figures are kept on the front's row (`LiveFeed.fill`; a row still in
+flight gets them as they stand, `merge_worker_rows`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from modelhost.server.request_context import RequestContext
 
 KEPT_FINISHED = 50
+ASK_WORKERS_S = 10.0  # how long after its end a row may still wait for a worker's figures
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 TOKEN_FIELDS = ("prompt_tokens", "completion_tokens", "ttft_ms", "tok_s")
 
@@ -49,13 +51,33 @@ class LiveFeed:
     def ended(self, context: RequestContext, status: int) -> None:
         if self.in_flight.pop(id(context), None) is None:
             return
-        self.finished.appendleft({**row_of(context, time.monotonic()), "status": status})
+        row = {**row_of(context, time.monotonic()), "status": status, "ended": time.time()}
+        self.finished.appendleft(row)
         self._bump()
 
     def rows(self) -> list[dict[str, Any]]:
         """In flight (oldest first), then finished (newest first)."""
         now = time.monotonic()
         return [row_of(context, now) for context in self.in_flight.values()] + list(self.finished)
+
+    def awaiting_figures(self, within_s: float = ASK_WORKERS_S) -> set[str]:
+        """The models whose rows (in flight, or ended in the last `within_s`) have no token
+        figures yet: a worker process may have them."""
+        now = time.time()
+        return {
+            row["model"]
+            for row in self.rows()
+            if row["model"] and row["completion_tokens"] is None
+            and (row["in_flight"] or now - row["ended"] < within_s)
+        }  # fmt: skip
+
+    def fill(self, worker_rows: Iterable[Mapping[str, Any]]) -> None:
+        """Keep the token figures a worker reported on the finished rows of the same id."""
+        by_id = {row.get("id"): row for row in worker_rows}
+        for row in self.finished:
+            theirs = by_id.get(row["id"])
+            if theirs is not None and row["completion_tokens"] is None:
+                row.update({key: theirs.get(key) for key in TOKEN_FIELDS})
 
     async def changed(self, seen: int, timeout_s: float) -> int:
         """The version once it differs from `seen`, or after `timeout_s`, whichever is first."""
