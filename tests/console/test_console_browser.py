@@ -145,7 +145,7 @@ def test_the_page_loads_every_view_without_an_error_at_laptop_and_phone_widths(p
 
 
 def test_a_chat_streams_an_answer_and_stop_frees_its_row(page, served):
-    page.goto(served.base_url)
+    page.goto(f"{served.base_url}/#playground")
     page.fill("#chat-settings [name=max_tokens]", "48")
     answer = chat(page, "Hello! Who are you?")
     expect(answer).to_have_attribute("data-finish", re.compile("stop|length"), timeout=WAIT_MS)

@@ -72,6 +72,7 @@ function settings() {
     temperature: number("temperature"),
     top_p: number("top_p"),
     max_tokens: number("max_tokens"),
+    tools: String(form.get("tools") || "").trim(),
   };
 }
 
@@ -79,8 +80,15 @@ async function sendChat() {
   const input = $("#chat-input");
   const text = input.value.trim();
   if (!text || running) return;
-  input.value = "";
   const options = settings();
+  let toolList;
+  if (options.tools) {
+    try { toolList = JSON.parse(options.tools); } catch (error) {
+      say(`The tools are not JSON: ${error.message}`, "error");
+      return;
+    }
+  }
+  input.value = "";
   messages.push({ role: "user", content: text });
   $("#chat-log").append(el("li", { class: "msg user" }, el("div", { class: "who" }, "You"), el("div", { class: "text" }, text)));
   const body = {
@@ -89,6 +97,7 @@ async function sendChat() {
     temperature: options.temperature,
     top_p: options.top_p,
     max_tokens: options.max_tokens,
+    tools: toolList,
     stream: true,
     stream_options: { include_usage: true },
   };
