@@ -71,19 +71,19 @@ class RayNodes:
             where += ["--temp-dir", str(self.root / "ray")]
         else:
             where = ["--address", self.address]
-        log = (self.root / f"node{index}.log").open("wb")
+        log_path = self.root / f"node{index}.log"
         command = [RAY, "start", *where, *NODE_FLAGS, "--resources", resources]
-        process = subprocess.Popen(
-            command,
-            env=node_env(home),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=home,
-        )
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                command,
+                env=node_env(home),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=home,
+            )
         self.processes.append(process)
         deadline = time.monotonic() + START_TIMEOUT_S
-        log_path = self.root / f"node{index}.log"
         while b"Ray runtime started" not in log_path.read_bytes():
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"ray node {index} did not start: {log_path.read_text()}")

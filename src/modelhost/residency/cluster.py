@@ -12,7 +12,9 @@ from, and keeps the node set current:
 - a model resident nowhere loads on a node that has the file, the one with the most free budget
   (whose host then evicts its own least recently used idle models if it must);
 - `maintain()` keeps `replicas` copies on distinct nodes, adds one where there is room while a
-  model's queue stays long, and drops an added one again once it has been idle a while.
+  model's queue stays long, and drops an added one again once it has been idle a while. A
+  replica only goes to a node where nothing is loading or leaving and where, by current
+  readings, it fits without evicting anything: a replica never makes a request's model leave.
 
 Nothing here knows Ray: nodes join and leave through `add_node`/`remove_node` (the cluster
 package's membership loop calls them), and a node's host loads through whatever `load` its
@@ -323,7 +325,10 @@ class ClusterHost(Generic[U]):
 
     async def _add_replica(self, model_id: str, holding: list[Node[U]]) -> Node[U] | None:
         others = [n for n in self.live_nodes() if n not in holding and model_id in n.models]
-        roomy = [n for n in others if self._fits_without_eviction(n, model_id)]
+        settled = [n for n in others if all(m.state == "ready" for m in n.host.resident())]
+        for node in settled:  # a loading model's bytes are only its estimate until it answers
+            await node.host.refresh()
+        roomy = [n for n in settled if self._fits_without_eviction(n, model_id)]
         if not roomy:
             return None
         node = self._place(model_id, roomy)
