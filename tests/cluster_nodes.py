@@ -112,11 +112,17 @@ class RayNodes:
 class ClusterFront:
     """`modelhost serve --cluster` in its own process group, on a free port."""
 
-    def __init__(self, nodes: RayNodes, arguments: Sequence[str], home: Path) -> None:
+    def __init__(
+        self,
+        nodes: RayNodes,
+        arguments: Sequence[str],
+        home: Path,
+        engine_flags: Sequence[str] = ("--batch", "2", "--prompt-threads", "1"),
+    ) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = nodes.root / "front.log"
-        flags = ["--port", str(self.port), "--batch", "2", "--prompt-threads", "1"]
+        flags = ["--port", str(self.port), *engine_flags]
         command = [sys.executable, "-m", "modelhost", "serve", "--cluster", nodes.address]
         env = {**node_env(home), "RAY_ADDRESS": ""}
         with self.log_path.open("wb") as log:

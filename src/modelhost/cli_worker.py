@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     served: Any = StreamHandoff(app, handoff)
     sockets = [sock]
     if args.listen is not None:  # a cluster node's worker: its front is on another machine
-        from modelhost.cluster.secret import ClusterSecretGuard, secret_from_env
+        from modelhost.server.cluster_secret import ClusterSecretGuard, secret_from_env
 
         served = ClusterSecretGuard(served, secret_from_env() or "")
         sockets.append(bind_tcp(args.listen, Path(args.socket).with_name(TCP_PORT_FILE)))

@@ -29,6 +29,8 @@ pytest.importorskip("ray")
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(600)]
 
 SMALL_MB, LARGE_MB = 300, 3000
+SPEECH = Path(__file__).resolve().parents[1] / "fixtures" / "audio" / "deliver-umbrellas.en.ogg"
+FRONT_ARGUMENTS = ["tiny-a", "--replicas", "tiny-a=2", "--hold", "0"]
 FIRST_TURN = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}]
 
 
@@ -40,21 +42,17 @@ def cluster(
     only_small = make_tiny_checkpoint(root / "models" / "tiny-c", "qwen3", smollm2)
     shared = [models_dir / "tiny-a", models_dir / "tiny-b"]
     nodes = RayNodes(root, [SMALL_MB, LARGE_MB], [[*shared, only_small], shared]).start()
-    front = None
+    world: dict[str, Any] = {"nodes": nodes, "root": root}
     try:
-        arguments = ["tiny-a", "--replicas", "tiny-a=2", "--hold", "0"]
-        front = ClusterFront(nodes, arguments, root / "front").wait_ready()
+        front = ClusterFront(nodes, FRONT_ARGUMENTS, root / "front").wait_ready()
+        world.update(front=front, url=front.base_url)
         members = httpx.get(f"{front.base_url}/stats").json()["models"]["nodes"]
         by_budget = {row["budget_bytes"]: row["node"] for row in members}
-        yield {
-            "url": front.base_url,
-            "nodes": nodes,
-            "small": by_budget[SMALL_MB * 1_000_000],
-            "large": by_budget[LARGE_MB * 1_000_000],
-        }
+        world.update(small=by_budget[SMALL_MB * 1_000_000], large=by_budget[LARGE_MB * 1_000_000])
+        yield world
     finally:
-        if front is not None:
-            front.stop()
+        if "front" in world:
+            world["front"].stop()
         nodes.stop()
 
 
@@ -139,6 +137,25 @@ def test_every_sdk_surface_answers_through_the_cluster(cluster, client):
     )
     assert decided.status_code == 200, decided.text
     assert [answer["name"] for answer in decided.json()["answers"]] == ["refund"]
+
+
+def test_speech_is_transcribed_through_the_cluster(cluster, client):
+    with SPEECH.open("rb") as clip:
+        text = client.audio.transcriptions.create(model="whisper-1", file=clip).text
+    assert "umbrellas" in text.lower()
+
+
+def test_a_front_that_restarts_finds_the_models_resident_on_the_nodes(cluster):
+    before = {m: nodes_of(cluster["url"], m) for m in ("tiny-a", "all-minilm-l6-v2")}
+    os.killpg(cluster["front"].process.pid, signal.SIGKILL)  # no drain: as if it crashed
+    cluster["front"].process.wait()
+    front = ClusterFront(cluster["nodes"], FRONT_ARGUMENTS, cluster["root"] / "front")
+    cluster.update(front=front.wait_ready(), url=front.base_url)
+    after = {m: nodes_of(cluster["url"], m) for m in ("tiny-a", "all-minilm-l6-v2")}
+    assert after == before
+    assert len(after["tiny-a"]) == 2
+    engine = httpx.get(f"{cluster['url']}/engine").json()
+    assert len([row for row in engine["workers"] if row["id"] == "tiny-a"]) == 2  # none new
 
 
 def test_a_new_model_loads_on_the_node_with_the_most_free_budget(cluster):

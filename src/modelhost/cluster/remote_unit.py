@@ -18,9 +18,9 @@ from typing import Any, cast
 import httpx
 import ray
 
-from modelhost.cluster.secret import SECRET_HEADER
 from modelhost.residency.worker_transport import WorkerTransport
 from modelhost.residency.worker_unit import WorkerUnit
+from modelhost.server.cluster_secret import SECRET_HEADER
 
 log = logging.getLogger("modelhost.cluster")
 

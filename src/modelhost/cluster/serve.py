@@ -18,9 +18,9 @@ from typing import Any, cast
 import ray
 
 from modelhost.cli_serve import serve_router
+from modelhost.cli_serve_args import parse_replicas
 from modelhost.cluster.membership import NAMESPACE, Membership, cluster_secret
 from modelhost.cluster.remote_unit import RemoteWorkerUnit
-from modelhost.cluster.secret import read_token_file
 from modelhost.inference.admission import BYTES_PER_GB
 from modelhost.models.embedded import DEFAULT_MODEL
 from modelhost.residency.cluster import ClusterHost, ClusterRegistry
@@ -28,18 +28,8 @@ from modelhost.residency.registry import ModelEntry
 from modelhost.residency.router import ModelRouter
 from modelhost.residency.unit import ResidencyError
 from modelhost.serve_config import WorkerConfig, quantize_mode, serving_shape
+from modelhost.server.cluster_secret import read_token_file
 from modelhost.server.settings import ServeSettings
-
-
-def parse_replicas(values: list[str]) -> dict[str, int]:
-    """`--replicas MODEL=N` (repeatable) as {model: N}."""
-    replicas: dict[str, int] = {}
-    for value in values:
-        model, _, count = value.rpartition("=")
-        if not model or not count.isdigit() or int(count) < 1:
-            raise SystemExit(f"modelhost serve: --replicas takes MODEL=N (N >= 1), not '{value}'")
-        replicas[model] = int(count)
-    return replicas
 
 
 def find_model(registry: ClusterRegistry, name: str) -> ModelEntry | None:

@@ -20,9 +20,9 @@ from typing import Any
 import httpx
 from starlette.types import Receive, Scope, Send
 
-from modelhost.cluster.secret import SECRET_HEADER
 from modelhost.inference.contracts import SERVER_SHUTTING_DOWN, EngineUnavailable
 from modelhost.residency.worker_unit import WorkerUnit
+from modelhost.server.cluster_secret import SECRET_HEADER
 from modelhost.server.http import ErrorShape, stream_status, wait_for_disconnect
 from modelhost.server.http_server import TRANSPORT_EXTENSION
 from modelhost.server.request_context import current_request

@@ -7,7 +7,7 @@ constant time and refuses a request without it (401) on that listener. Its priva
 reads the secret from its environment, never from its command line (which `ps` shows).
 
 The secret is the cluster's own: the first front to join generates one and keeps it in the
-cluster's key-value store (`cluster.membership`), or an operator gives one with
+cluster's key-value store (`cluster/membership.py`), or an operator gives one with
 `--cluster-token-file` (a file only its owner can read: mode 0600).
 """
 
