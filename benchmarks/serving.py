@@ -222,6 +222,7 @@ def main() -> None:
 
     cluster = start_cluster(args.model) if args.cluster else None
     through_cluster: list[float] = []
+    cluster_front_cpu_s = 0.0
     try:
         hello = [{"role": "user", "content": "Tell me a long story."}]
         http_stream(hello, 8)  # warm-up (and, with --workers, the worker's start)
@@ -240,7 +241,9 @@ def main() -> None:
             served.append(per_token)
             direct.append(asyncio.run(engine_stream(app, hello, args.tokens)))
             if cluster is not None:
+                front_before = process_cpu_s(cluster[1].process.pid)
                 through_cluster.append(http_stream(hello, args.tokens, cluster[1].base_url)[1])
+                cluster_front_cpu_s += process_cpu_s(cluster[1].process.pid) - front_before
         overhead = statistics.median(served) / statistics.median(direct) - 1
         streamed_tokens = args.repeats * args.tokens
 
@@ -286,6 +289,8 @@ def main() -> None:
         )
         cluster_ms, workers_ms = result["cluster_ms_per_token"], result["http_ms_per_token"]
         result["cluster_over_workers"] = cluster_ms / workers_ms
+        # The whole front process (its event loop, and Ray's threads in it), a relayed token.
+        result["cluster_front_cpu_us_per_token"] = cluster_front_cpu_s / streamed_tokens * 1e6
     result["server_loop_share"] = (
         result["server_loop_cpu_us_per_token"] / 1000 / result["http_ms_per_token"]
     )
@@ -300,6 +305,7 @@ def main() -> None:
         "turn2_ttft_ms",
         "cluster_ms_per_token",
         "cluster_minus_workers_ms_per_token",
+        "cluster_front_cpu_us_per_token",
     ):
         if key in result:
             print(f"{key:<34} {result[key]:>10.3f}")
@@ -307,6 +313,12 @@ def main() -> None:
         if key in result:
             print(f"{key:<34} {result[key]:>10.1%}")
     write_result(result, args.out, "serving")
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user and system) process `pid` has used, all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def start_cluster(model: str) -> tuple[Any, Any]:

@@ -65,6 +65,9 @@ class ModelWorker:
     def __init__(self) -> None:
         self.worker: WorkerProcess | None = None
         self.address = node_address()
+        # Ray gives its own worker processes OMP_NUM_THREADS=1 (no num_cpus asked); the model's
+        # worker is not one of them: it sizes its threads as on a single machine (--threads).
+        os.environ.pop("OMP_NUM_THREADS", None)
 
     async def start(
         self, arguments: list[str], secret: str, env: dict[str, str], start_timeout_s: float
