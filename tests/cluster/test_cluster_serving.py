@@ -83,6 +83,8 @@ def test_a_replicated_model_is_listed_on_two_nodes_with_each_nodes_budget(cluste
     assert models["budget_bytes"] == (SMALL_MB + LARGE_MB) * 1_000_000
     engine = httpx.get(f"{url}/engine").json()
     assert engine["mode"] == "cluster"
+    metrics = httpx.get(f"{url}/metrics").text
+    assert metrics.count('modelhost_resident_bytes{model="tiny-a",state="ready"}') == 1
     assert {row["node"] for row in engine["workers"]} == {cluster["small"], cluster["large"]}
 
 
