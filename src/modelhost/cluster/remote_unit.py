@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any, cast
 
 import httpx
@@ -25,6 +26,7 @@ from modelhost.server.cluster_secret import SECRET_HEADER
 log = logging.getLogger("modelhost.cluster")
 
 CALL_TIMEOUT_S = 5.0
+FRESH_S = 1.0  # an actor's "alive" this recent spares the next request a Ray call
 
 
 async def call(ref: Any, timeout_s: float = CALL_TIMEOUT_S) -> Any:
@@ -44,6 +46,7 @@ class RemoteWorker:
         self.gone = False  # its node left the cluster, or its actor stopped answering
         self.state = "ready"
         self.directory = "remote"  # /engine lists `socket_path` when there is a directory
+        self._alive_at = -FRESH_S
         self._update(where)
 
     def _update(self, where: dict[str, Any]) -> None:
@@ -61,8 +64,13 @@ class RemoteWorker:
         return not self.gone
 
     async def ensure_alive(self) -> bool:
+        """Whether the worker serves (respawned by its actor when it died). Asked before every
+        proxied request: within `FRESH_S` of an answer it is taken as alive without a Ray call,
+        and a request that then fails to connect asks again (`wait_dead` forgets the answer)."""
         if self.gone:
             return False
+        if time.monotonic() - self._alive_at < FRESH_S:
+            return True
         try:
             where = await call(self.actor.ensure_alive.remote(), 130.0)
         except ConnectionError as exc:
@@ -72,9 +80,11 @@ class RemoteWorker:
         if where is None:
             return False
         self._update(where)
+        self._alive_at = time.monotonic()
         return True
 
     async def wait_dead(self, timeout_s: float) -> bool:
+        self._alive_at = -FRESH_S
         if self.gone:
             return True
         try:
