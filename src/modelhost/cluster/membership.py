@@ -84,6 +84,7 @@ class Membership:
         self._missed: dict[str, int] = {}
         self._joining: dict[str, asyncio.Task[None]] = {}
         self._scanned_at = 0.0
+        self._maintaining: asyncio.Task[None] | None = None
 
     async def run(self) -> None:
         while True:
@@ -107,7 +108,9 @@ class Membership:
         if time.monotonic() - self._scanned_at > RESCAN_S:
             self._scanned_at = time.monotonic()
             await asyncio.gather(*(self._rescan(n) for n in list(self.cluster.nodes)))
-        await self.cluster.maintain()
+        # Beside the loop, one pass at a time: a replica's load must not hold back the pings.
+        if self._maintaining is None or self._maintaining.done():
+            self._maintaining = self.cluster.run_beside(self.cluster.maintain())
 
     def _joined(self, node_id: str, task: asyncio.Task[None]) -> None:
         self._joining.pop(node_id, None)
