@@ -27,6 +27,9 @@ class ModelConfig:
     # rope_freqs) or Phi-3's longrope short factors. None: all 1.
     rope_freq_factors: tuple[float, ...] | None = None
     rope_attention_factor: float = 1.0  # longrope's scale of cos and sin
+    # Longrope's long factors, for a sequence once it is longer than the original context.
+    rope_long_freq_factors: tuple[float, ...] | None = None
+    rope_original_context: int | None = None
     rope_dim: int | None = None  # rotated dimensions of a head (partial rotary); None: all
     no_rope_layers: tuple[int, ...] = ()  # layers that attend without rotary (SmolLM3)
     attention_bias: bool = False  # qwen2 has biases on q/k/v

@@ -120,10 +120,10 @@ def _rope_fields(rope: dict[str, Any], raw: dict[str, Any], head_dim: int) -> di
         attention = rope.get("attention_factor")
         if attention is None:
             attention = math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1 else 1
-        # The short factors: contexts up to `original` tokens, as transformers uses them for
-        # sequences that short (README: longer prompts are not switched to the long factors).
         return {
             "rope_freq_factors": tuple(float(f) for f in rope["short_factor"]),
+            "rope_long_freq_factors": tuple(float(f) for f in rope["long_factor"]),
+            "rope_original_context": original,
             "rope_attention_factor": float(attention),
         }
     raise UnsupportedRope(f"rotary scaling '{kind}' is not supported")
