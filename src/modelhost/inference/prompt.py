@@ -15,6 +15,7 @@ from modelhost.models.loaded import LoadedModel
 from modelhost.text.tokenizer import ChatTemplateError
 from modelhost.text.tool_calls import TOOL_CODE
 from modelhost.text.tool_code import tool_code_messages
+from modelhost.text.tool_turns import fixed_length_call_ids, system_declared_tools
 
 
 def prompt_ids_for(
@@ -31,8 +32,13 @@ def prompt_ids_for(
         raise InvalidRequest("prompt build failed: this model has no chat template")
     messages: Sequence[Mapping[str, Any]] = _with_instruction(prompt.messages, instruction)
     tools = prompt.tools
-    if model.family.tool_call_markers == TOOL_CODE and _uses_tools(messages, tools):
+    family = model.family
+    if family.tool_call_markers == TOOL_CODE and _uses_tools(messages, tools):
         messages, tools = tool_code_messages(messages, tools), None  # declared in the text
+    elif family.tool_call_markers and tokenizer.reads_system_tools and _uses_tools(messages, tools):
+        messages, tools = system_declared_tools(messages, tools, family.tool_call_markers), None
+    if family.tool_call_id_length is not None:
+        messages = fixed_length_call_ids(messages, family.tool_call_id_length)
     kwargs: dict[str, Any] = dict(prompt.template_kwargs)
     if request.thinking is not None:
         kwargs["enable_thinking"] = request.thinking
