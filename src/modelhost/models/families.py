@@ -102,6 +102,7 @@ class Family:
     tool_dialect: ToolDialect = LLAMA3_JSON
     reasoning_markers: tuple[str, str] | None = None
     vision: bool = False
+    system_role: bool = True  # False: the template refuses system turns (Gemma 2's raises)
     # Templates that insist on call ids of one length (Mistral's: 9 alphanumerics) get the
     # conversation's ids rewritten to that form before rendering.
     tool_call_id_length: int | None = None
@@ -128,7 +129,7 @@ FAMILIES: dict[str, Family] = {
     "qwen3": Family("qwen3", CHATML_TEMPLATE, _QWEN_EOS, HERMES, THINK),
     "qwen3moe": Family("qwen3moe", CHATML_TEMPLATE, _QWEN_EOS, HERMES, THINK),
     "phi3": Family("phi3", PHI3_TEMPLATE, ("<|end|>", "<|endoftext|>"), PHI),
-    "gemma2": Family("gemma2", GEMMA_TEMPLATE, ("<end_of_turn>",), TOOL_CODE),
+    "gemma2": Family("gemma2", GEMMA_TEMPLATE, ("<end_of_turn>",), TOOL_CODE, system_role=False),
     "gemma3": Family("gemma3", GEMMA_TEMPLATE, ("<end_of_turn>",), TOOL_CODE),
     "smollm3": Family("smollm3", CHATML_TEMPLATE, _QWEN_EOS, HERMES, THINK),
     "granite": Family("granite", GRANITE_TEMPLATE, ("<|end_of_text|>",), PHI),

@@ -1,6 +1,6 @@
-"""A tool conversation reshaped for templates that want it in a form of their own.
+"""A conversation reshaped for templates that want it in a form of their own.
 
-Two shapes real templates insist on (Gemma's tool_code turns are in tool_code.py):
+Shapes real templates insist on (Gemma's tool_code turns are in tool_code.py):
 
 - Mistral's templates raise unless every call id is 9 alphanumerics, while OpenAI clients send
   `call_...` ids and Anthropic ones `toolu_...`. Each id is replaced by a digest of itself, so a
@@ -8,6 +8,8 @@ Two shapes real templates insist on (Gemma's tool_code turns are in tool_code.py
 - Phi-4-mini's template ignores the `tools` variable: it prints a system message's own `tools`
   string between `<|tool|>` tags, and prints only an assistant turn's content. The declarations
   go into the system message and earlier calls into the content, in the markup the model writes.
+- Gemma 2's template raises on a system message: its text joins the first user turn, as
+  Gemma 3's template does by itself.
 """
 
 from __future__ import annotations
@@ -80,3 +82,17 @@ def _call_object(call: Mapping[str, Any]) -> dict[str, Any]:
         except ValueError:
             arguments = {}
     return {"name": function.get("name", ""), "arguments": arguments}
+
+
+def system_in_first_user_turn(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """`messages` without system turns: their text opens the first user turn."""
+    system = [str(m.get("content") or "") for m in messages if m.get("role") == "system"]
+    rest = [m for m in messages if m.get("role") != "system"]
+    prefix = "\n\n".join(text for text in system if text)
+    if not prefix:
+        return rest
+    for index, message in enumerate(rest):
+        if message.get("role") == "user" and isinstance(message.get("content"), str):
+            rest[index] = {**message, "content": f"{prefix}\n\n{message['content']}"}
+            return rest
+    return [{"role": "user", "content": prefix}, *rest]
