@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "fixtures" / "templates"
+TEMPLATES = Path(__file__).resolve().parent / "fixtures" / "templates"
 
 
 @cache
