@@ -19,6 +19,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from modelhost.text.tool_code import call_parts
+
 
 def fixed_length_call_ids(
     messages: Sequence[Mapping[str, Any]], length: int
@@ -74,14 +76,8 @@ def system_declared_tools(
 
 
 def _call_object(call: Mapping[str, Any]) -> dict[str, Any]:
-    function = call.get("function", call)
-    arguments: Any = function.get("arguments") or {}
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            arguments = {}
-    return {"name": function.get("name", ""), "arguments": arguments}
+    name, arguments = call_parts(call)
+    return {"name": name, "arguments": arguments}
 
 
 def system_in_first_user_turn(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
