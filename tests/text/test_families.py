@@ -6,12 +6,12 @@ import pytest
 from family_templates import template
 
 from modelhost.models.families import (
+    GEMMA_TOOL_CODE,
     HERMES,
     LLAMA3_JSON,
     MISTRAL,
     PHI,
     THINK,
-    TOOL_CODE,
     UnsupportedArchitecture,
     family_for,
     family_for_model,
@@ -78,8 +78,8 @@ def test_family_for_model_refuses_an_unknown_architecture_too() -> None:
         ("qwen2", "qwen2_5", HERMES),
         ("qwen3", "qwen3", HERMES),
         ("phi3", "phi4_mini", PHI),
-        ("gemma2", "gemma2", TOOL_CODE),
-        ("gemma3", "gemma3", TOOL_CODE),
+        ("gemma2", "gemma2", GEMMA_TOOL_CODE),
+        ("gemma3", "gemma3", GEMMA_TOOL_CODE),
         ("smollm3", "smollm3", HERMES),
         ("granite", "granite", PHI),
     ],

@@ -72,11 +72,14 @@ class ToolDialect:
     means the call runs to the next start marker or the end of the text (the parser reads a bare
     JSON answer, Llama 3's form, for every dialect). `tokens` are the markup pieces that are
     special tokens in the family's vocabulary, which detokenizing would otherwise drop before
-    the parser sees them."""
+    the parser sees them. `call_id_length`: the templates of this dialect insist on call ids of
+    that length (Mistral's raise unless 9 alphanumerics), so the conversation's ids are rewritten
+    to that form before rendering."""
 
     name: str
     markers: tuple[str, str] | None
     tokens: tuple[str, ...] = ()
+    call_id_length: int | None = None
 
 
 LLAMA3_JSON = ToolDialect("llama3-json", None, tokens=("<|python_tag|>",))
@@ -84,13 +87,15 @@ HERMES = ToolDialect(
     "hermes", ("<tool_call>", "</tool_call>"), tokens=("<tool_call>", "</tool_call>")
 )
 MISTRAL = ToolDialect(
-    "mistral", ("[TOOL_CALLS]", ""), tokens=("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]")
+    "mistral", ("[TOOL_CALLS]", ""), ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"), call_id_length=9
 )
 # Phi-4-mini closes its list with <|/tool_call|>; Granite writes <|tool_call|>[...] and stops.
 PHI = ToolDialect(
     "phi", ("<|tool_call|>", "<|/tool_call|>"), tokens=("<|tool_call|>", "<|/tool_call|>")
 )
-TOOL_CODE = ToolDialect("tool_code", ("```tool_code", "```"))  # Gemma: Python calls in a fence
+GEMMA_TOOL_CODE = ToolDialect(
+    "tool_code", ("```tool_code", "```")
+)  # Gemma: Python calls in a fence
 THINK = ("<think>", "</think>")
 
 
@@ -103,13 +108,14 @@ class Family:
     reasoning_markers: tuple[str, str] | None = None
     vision: bool = False
     system_role: bool = True  # False: the template refuses system turns (Gemma 2's raises)
-    # Templates that insist on call ids of one length (Mistral's: 9 alphanumerics) get the
-    # conversation's ids rewritten to that form before rendering.
-    tool_call_id_length: int | None = None
 
     @property
     def tool_call_markers(self) -> tuple[str, str] | None:
         return self.tool_dialect.markers
+
+    @property
+    def tool_call_id_length(self) -> int | None:
+        return self.tool_dialect.call_id_length
 
     @property
     def markup_tokens(self) -> tuple[str, ...]:
@@ -124,13 +130,15 @@ _LLAMA_EOS = ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<|im_end|>")
 FAMILIES: dict[str, Family] = {
     # Llama 2/3.x and SmolLM2 (whose GGUF and folder say `llama`), and Mistral-as-llama GGUFs.
     "llama": Family("llama", CHATML_TEMPLATE, _LLAMA_EOS, LLAMA3_JSON),
-    "mistral": Family("mistral", MISTRAL_TEMPLATE, ("</s>",), MISTRAL, tool_call_id_length=9),
+    "mistral": Family("mistral", MISTRAL_TEMPLATE, ("</s>",), MISTRAL),
     "qwen2": Family("qwen2", CHATML_TEMPLATE, _QWEN_EOS, HERMES),
     "qwen3": Family("qwen3", CHATML_TEMPLATE, _QWEN_EOS, HERMES, THINK),
     "qwen3moe": Family("qwen3moe", CHATML_TEMPLATE, _QWEN_EOS, HERMES, THINK),
     "phi3": Family("phi3", PHI3_TEMPLATE, ("<|end|>", "<|endoftext|>"), PHI),
-    "gemma2": Family("gemma2", GEMMA_TEMPLATE, ("<end_of_turn>",), TOOL_CODE, system_role=False),
-    "gemma3": Family("gemma3", GEMMA_TEMPLATE, ("<end_of_turn>",), TOOL_CODE),
+    "gemma2": Family(
+        "gemma2", GEMMA_TEMPLATE, ("<end_of_turn>",), GEMMA_TOOL_CODE, system_role=False
+    ),
+    "gemma3": Family("gemma3", GEMMA_TEMPLATE, ("<end_of_turn>",), GEMMA_TOOL_CODE),
     "smollm3": Family("smollm3", CHATML_TEMPLATE, _QWEN_EOS, HERMES, THINK),
     "granite": Family("granite", GRANITE_TEMPLATE, ("<|end_of_text|>",), PHI),
 }
@@ -174,7 +182,7 @@ _TOOL_SIGNS: tuple[tuple[str, ToolDialect], ...] = (
     ("<tool_call>", HERMES),
     ("<|python_tag|>", LLAMA3_JSON),
     ("<|eom_id|>", LLAMA3_JSON),
-    ("```tool_code", TOOL_CODE),
+    ("```tool_code", GEMMA_TOOL_CODE),
 )
 
 
@@ -196,7 +204,4 @@ def family_for_model(
         reasoning = THINK
     if dialect == family.tool_dialect and reasoning == family.reasoning_markers:
         return family
-    id_length = 9 if dialect == MISTRAL else None
-    return dataclasses.replace(
-        family, tool_dialect=dialect, reasoning_markers=reasoning, tool_call_id_length=id_length
-    )
+    return dataclasses.replace(family, tool_dialect=dialect, reasoning_markers=reasoning)
