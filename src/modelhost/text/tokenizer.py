@@ -75,8 +75,9 @@ class Tokenizer:
         self.eos_token = eos_token
         self.bos_token_id: int | None = backend.token_to_id(bos_token) if bos_token else None
         self.vocab_size: int = backend.get_vocab_size()
+        # What generated ids are decoded with: special tokens dropped, the family's markup kept.
         self.stream_decoder = _markup_keeping_decoder(backend, markup_tokens)
-        self.reads_system_tools = False
+        self.reads_system_tools = False  # the template wants tools in the system message
         self._template: jinja2.Template | None = None
         if chat_template is not None:
             env = jinja2.sandbox.ImmutableSandboxedEnvironment(
