@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,14 @@ class ModelConfig:
     residual_multiplier: float = 1.0
     attention_multiplier: float | None = None  # the attention scale itself, where given
     logits_scaling: float = 1.0  # logits are divided by it
+
+    @classmethod
+    def from_json(cls, fields: dict[str, Any]) -> ModelConfig:
+        """The record as `dataclasses.asdict` gave it and JSON kept it (tuples as lists)."""
+        values: dict[str, Any] = {
+            key: tuple(value) if isinstance(value, list) else value for key, value in fields.items()
+        }
+        return cls(**values)
 
     def is_sliding_layer(self, layer: int) -> bool:
         if self.sliding_window is None:

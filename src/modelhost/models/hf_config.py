@@ -90,8 +90,7 @@ def _rope_parameters(raw: dict[str, Any]) -> dict[str, Any]:
     rope = dict(raw.get("rope_parameters") or {})
     if isinstance(rope.get("full_attention"), dict):
         rope = {**rope["full_attention"], "sliding_attention": rope.get("sliding_attention")}
-    scaling = raw.get("rope_scaling") or {}
-    rope = {**scaling, **rope}
+    rope = {**rope, **(raw.get("rope_scaling") or {})}  # older files say it only there
     if "type" in rope and "rope_type" not in rope:
         rope["rope_type"] = rope["type"]
     if raw.get("rope_theta") is not None:

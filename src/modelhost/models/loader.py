@@ -147,7 +147,7 @@ def _load_gguf(
         meta, backend = _read_gguf_metadata(source.path)
         _forget_fp32_conversion(source.path)
         _write_cache(cache, meta, backend)
-    config = _config_from_meta(meta["config"])
+    config = ModelConfig.from_json(meta["config"])
     family = family_for_model(meta["architecture"], meta["chat_template"], _has(backend))
     reader = FileReader(source.path)
     try:
@@ -165,12 +165,6 @@ def _load_gguf(
         eos_token=meta["eos_token"],
     )
     return _loaded(source, config, family, tokenizer, network, plan, {})
-
-
-def _config_from_meta(fields: dict[str, Any]) -> ModelConfig:
-    """meta.json's config (JSON keeps tuples as lists)."""
-    tuples = {key: tuple(value) for key, value in fields.items() if isinstance(value, list)}
-    return ModelConfig(**{**fields, **tuples})
 
 
 def _read_gguf_metadata(path: Path) -> tuple[dict[str, Any], TokenizerBackend]:
