@@ -2,10 +2,11 @@
 resident.
 
 WEIGHTS is what the loader keeps of the file (in `--quantize`'s mode), ESTIMATE that plus the
-KV pool and one step's working memory. A model that cannot be served (a tensor type the kernels
-lack) says so under the table. Residency is asked of a running server (`--url`); with none
-listening, the column says `-`. A cluster's front (`serve --cluster`) also says on which nodes
-each model is resident, and lists the models resident on other machines' disks too.
+KV pool and one step's working memory. A model that cannot be served (an architecture or
+rotary variant not implemented, a tensor type the kernels lack) is SUPPORTED "no" and says why
+under the table. Residency is asked of a running server (`--url`); with none listening, the
+column says `-`. A cluster's front (`serve --cluster`) also says on which nodes each model is
+resident, and lists the models resident on other machines' disks too.
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ def run_ls(args: argparse.Namespace) -> int:
     entries = ModelRegistry(args.paths, shape=shape).entries()
     served = _served_rows(args.url)
     resident = None if served is None else {row["id"]: row for row in served}
-    rows = [("ID", "FORMAT", "ARCH", "SIZE", "WEIGHTS", "ESTIMATE", "FITS", "RESIDENT")]
+    rows = [
+        ("ID", "FORMAT", "ARCH", "SUPPORTED", "SIZE", "WEIGHTS", "ESTIMATE", "FITS", "RESIDENT")
+    ]
     for entry in entries:
         fits = "yes" if entry.estimate_bytes <= budget else "alone"  # served alone, if it fits
         rows.append(
@@ -48,6 +51,7 @@ def run_ls(args: argparse.Namespace) -> int:
                 entry.id,
                 entry.format,
                 entry.architecture or "?",
+                "no" if entry.refusal is not None else "yes",
                 _gb(entry.size_bytes),
                 _gb(entry.weights_bytes),
                 _gb(entry.estimate_bytes),
@@ -63,6 +67,7 @@ def run_ls(args: argparse.Namespace) -> int:
                     remote["id"],
                     str(remote.get("format", "?")),
                     str(remote.get("architecture") or "?"),
+                    "no" if remote.get("refusal") else "yes",
                     _gb(int(remote.get("size_bytes", 0))),
                     "?",
                     _gb(int(remote.get("estimate_bytes", 0))),
