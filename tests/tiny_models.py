@@ -33,6 +33,20 @@ ARCHITECTURES = {
             layer_types=["sliding_attention", "full_attention", "sliding_attention"],
         ),
     ),
+    # Eight experts, two a token, the middle layer dense: routing, renormalised weights and
+    # the dense/sparse layer mix all show; positions past the long parity prompt (~700 tokens).
+    "qwen3_moe": (
+        transformers.Qwen3MoeConfig,
+        transformers.Qwen3MoeForCausalLM,
+        dict(
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,
+            mlp_only_layers=[1],
+            max_position_embeddings=1024,
+        ),
+    ),
 }
 
 
@@ -45,8 +59,7 @@ def make_tiny_checkpoint(directory: Path, architecture: str, donor: LoadedModel)
         tie_word_embeddings=True,
         bos_token_id=donor.tokenizer.bos_token_id,
         eos_token_id=sorted(donor.tokenizer.eos_token_ids)[0],
-        **SHAPE,
-        **{k: v for k, v in extra.items() if v is not None},
+        **{**SHAPE, **{k: v for k, v in extra.items() if v is not None}},
     )
     torch.manual_seed(0)
     model = model_class(config).eval()

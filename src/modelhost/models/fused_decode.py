@@ -21,6 +21,7 @@ from torch import nn
 
 from modelhost.models import native
 from modelhost.models.batch import ForwardBatch, KVCache
+from modelhost.models.layers import GatedMLP
 from modelhost.models.packed import QuantLinear
 
 if TYPE_CHECKING:
@@ -178,6 +179,8 @@ def _fp32(tensor: torch.Tensor | None) -> int | None:
 
 def _layer(block: DecoderBlock) -> NativeLayer | None:
     attn, mlp = block.self_attn, block.mlp
+    if not isinstance(mlp, GatedMLP):  # a mixture of experts: the module path (models/moe.py)
+        return None
     linears = [_linear(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
     if any(spec is None for spec in linears) or mlp.native_act is None:
         return None

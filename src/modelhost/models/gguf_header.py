@@ -42,7 +42,7 @@ class GGUFFile:
             architecture="gemma3" if arch == "gemma3" else "llama",
             vocab_size=int(vocab),
             hidden_size=hidden,
-            intermediate_size=int(self.arch_field("feed_forward_length")),
+            intermediate_size=int(self.arch_field("feed_forward_length", 0)),
             num_layers=int(self.arch_field("block_count")),
             num_heads=num_heads,
             num_kv_heads=int(self.arch_field("attention.head_count_kv", num_heads)),
@@ -62,7 +62,24 @@ class GGUFFile:
                 final_logit_softcapping=self.arch_field("final_logit_softcapping"),
                 attn_logit_softcapping=self.arch_field("attn_logit_softcapping"),
             )
+        expert_count = int(self.arch_field("expert_count", 0) or 0)
+        if expert_count:
+            common.update(self._experts(expert_count, tensor_names))
         return ModelConfig(**common)
+
+    def _experts(self, count: int, tensor_names: set[str]) -> dict[str, Any]:
+        """A mixture-of-experts file's fields (llama.cpp's `qwen3moe` keys). Its layers without
+        a router keep a dense MLP; llama.cpp renormalises the chosen experts' weights unless
+        `expert_weights_norm` says otherwise."""
+        layers = int(self.arch_field("block_count"))
+        dense = (i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in tensor_names)
+        return dict(
+            num_experts=count,
+            num_experts_per_tok=int(self.arch_field("expert_used_count")),
+            moe_intermediate_size=int(self.arch_field("expert_feed_forward_length")),
+            norm_topk_prob=bool(self.arch_field("expert_weights_norm", True)),
+            mlp_only_layers=tuple(dense),
+        )
 
 
 # GGUF metadata value types: struct formats of the fixed-size ones (8 is a string, 9 an array).

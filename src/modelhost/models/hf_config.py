@@ -45,7 +45,7 @@ def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", gemma)),
         rope_scaling_factor=float(factor or 1.0),
         attention_bias=bool(raw.get("attention_bias", model_type == "qwen2")),
-        qk_norm=gemma or model_type == "qwen3",
+        qk_norm=gemma or model_type in ("qwen3", "qwen3_moe"),
     )
     if gemma:
         layer_types = raw.get("layer_types")
@@ -60,4 +60,23 @@ def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
             final_logit_softcapping=raw.get("final_logit_softcapping"),
             attn_logit_softcapping=raw.get("attn_logit_softcapping"),
         )
+    if _expert_count(raw) > 0:
+        fields.update(_experts(raw))
     return ModelConfig(**fields)
+
+
+def _expert_count(raw: dict[str, Any]) -> int:
+    # Qwen's own configs say `num_experts`; transformers 5 writes `num_local_experts`.
+    return int(raw.get("num_experts") or raw.get("num_local_experts") or 0)
+
+
+def _experts(raw: dict[str, Any]) -> dict[str, Any]:
+    """A mixture-of-experts config's fields (Qwen3-MoE's names)."""
+    return dict(
+        num_experts=_expert_count(raw),
+        num_experts_per_tok=int(raw["num_experts_per_tok"]),
+        moe_intermediate_size=int(raw["moe_intermediate_size"]),
+        norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+        decoder_sparse_step=int(raw.get("decoder_sparse_step") or 1),
+        mlp_only_layers=tuple(int(layer) for layer in raw.get("mlp_only_layers") or ()),
+    )

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from modelhost.models.batch import ForwardBatch, KVCache
 from modelhost.models.config import ModelConfig
 from modelhost.models.decoder import DecoderBlock, DecoderLM
-from modelhost.models.layers import Attention, GatedMLP, RMSNorm
+from modelhost.models.layers import Attention, RMSNorm
+from modelhost.models.moe import sparse_or_dense_mlp
 
 
 class LlamaBlock(DecoderBlock):
@@ -23,7 +23,7 @@ class LlamaBlock(DecoderBlock):
             bias=config.attention_bias,
             qk_norm_eps=config.rms_norm_eps if config.qk_norm else None,
         )
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, F.silu)
+        self.mlp = sparse_or_dense_mlp(config, layer)  # Qwen3-MoE's layers: experts
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 

@@ -702,4 +702,6 @@ extern "C" void mh_decode_layers(float* hidden, const NativeLayer* layers, int64
     }
 }
 
+#include "native_moe.h"
+
 #pragma GCC pop_options
