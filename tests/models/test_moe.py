@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from gguf import GGMLQuantizationType
+from models.test_parity import LOGIT_TOLERANCE, our_greedy, reference_greedy
 from moe_gguf import write_moe_gguf
 from prompt_logits import prompt_logits
 from tiny_models import make_tiny_checkpoint, reference_model
@@ -15,7 +16,6 @@ from modelhost.models import native
 from modelhost.models.loaded import LoadedModel
 from modelhost.models.loader import load_model
 from modelhost.models.moe import SparseMoE
-from models.test_parity import LOGIT_TOLERANCE, our_greedy, reference_greedy
 
 TEXT = "The quick brown fox jumps over the lazy dog, and then it rests. "
 
@@ -106,4 +106,4 @@ def test_q8_0_experts_agree_with_transformers(checkpoint, prompts, references, t
     assert agreement >= 0.95
     prompt = prompts[90]
     ours_greedy = our_greedy(model, prompt, 24)
-    assert sum(a == b for a, b in zip(ours_greedy, reference_greedy(reference, prompt, 24))) >= 20
+    assert sum(a == b for a, b in zip(ours_greedy, reference_greedy(reference, prompt, 24), strict=True)) >= 20
