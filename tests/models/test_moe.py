@@ -4,6 +4,8 @@ quantized path (Q8_0 experts on the native kernels) agreeing with it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from gguf import GGMLQuantizationType
@@ -16,6 +18,7 @@ from modelhost.models import native
 from modelhost.models.loaded import LoadedModel
 from modelhost.models.loader import load_model
 from modelhost.models.moe import SparseMoE
+from modelhost.residency.registry import ModelRegistry
 
 TEXT = "The quick brown fox jumps over the lazy dog, and then it rests. "
 
@@ -90,13 +93,16 @@ def test_packed_fp32_experts_on_the_native_kernels_match_transformers(
     assert torch.allclose(got, references[700], atol=LOGIT_TOLERANCE, rtol=0)
 
 
+@pytest.fixture(scope="module")
+def q8_0_file(checkpoint, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("q8_0") / "tiny-qwen3moe-q8_0.gguf"
+    return write_moe_gguf(checkpoint[0], path, GGMLQuantizationType.Q8_0)
+
+
 @needs_kernels
-def test_q8_0_experts_agree_with_transformers(checkpoint, prompts, references, tmp_path):
-    directory, reference = checkpoint
-    path = write_moe_gguf(
-        directory, tmp_path / "tiny-qwen3moe-q8_0.gguf", GGMLQuantizationType.Q8_0
-    )
-    model = load_model(str(path), quantize="auto")
+def test_q8_0_experts_agree_with_transformers(checkpoint, prompts, references, q8_0_file):
+    _, reference = checkpoint
+    model = load_model(str(q8_0_file), quantize="auto")
     got = prompt_logits(model, prompts[700])
     expected = references[700]
     error = (got - expected).abs()
@@ -107,3 +113,13 @@ def test_q8_0_experts_agree_with_transformers(checkpoint, prompts, references, t
     prompt = prompts[90]
     pairs = zip(our_greedy(model, prompt, 24), reference_greedy(reference, prompt, 24), strict=True)
     assert sum(a == b for a, b in pairs) >= 20
+
+
+@needs_kernels
+def test_the_registry_sizes_a_moe_file_as_loading_holds_it(q8_0_file, tmp_path):
+    registry = ModelRegistry([q8_0_file.parent], home=tmp_path / "home", hf_hub=tmp_path / "hub")
+    [entry] = [e for e in registry.entries() if e.path == q8_0_file]
+    assert entry.architecture == "qwen3moe" and entry.refusal is None
+    held = load_model(str(q8_0_file)).weights_bytes
+    # experts packed one by one, as the file holds them (the router differs: dense fp32)
+    assert abs(entry.weights_bytes - held) < 0.01 * held
