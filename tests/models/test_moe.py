@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from gguf import GGMLQuantizationType
+from models.test_fused_decode import greedy_with_logprobs
 from models.test_parity import LOGIT_TOLERANCE, our_greedy, reference_greedy
 from moe_gguf import write_moe_gguf
 from prompt_logits import prompt_logits
@@ -123,3 +124,12 @@ def test_the_registry_sizes_a_moe_file_as_loading_holds_it(q8_0_file, tmp_path):
     held = load_model(str(q8_0_file)).weights_bytes
     # experts packed one by one, as the file holds them (the router differs: dense fp32)
     assert abs(entry.weights_bytes - held) < 0.01 * held
+
+
+@needs_kernels
+def test_fused_decode_steps_route_and_compute_as_the_module_path(q8_0_file):
+    model = load_model(str(q8_0_file))
+    assert model.network.fused_decode() is not None  # the MoE layers run natively too
+    fused = greedy_with_logprobs(model, fused=True)
+    assert all(len(tokens) == 24 for tokens in fused)
+    assert fused == greedy_with_logprobs(model, fused=False)

@@ -58,6 +58,7 @@ class NativeLayer(ctypes.Structure):
         ("kv_heads", _i64),
         ("dim", _i64),
         ("window", _i64),
+        ("moe", _ptr),  # a mixture of experts' NativeMoE (models/moe.py), else null
     ]
 
 
@@ -179,10 +180,19 @@ def _fp32(tensor: torch.Tensor | None) -> int | None:
 
 def _layer(block: DecoderBlock) -> NativeLayer | None:
     attn, mlp = block.self_attn, block.mlp
-    if not isinstance(mlp, GatedMLP):  # a mixture of experts: the module path (models/moe.py)
-        return None
-    linears = [_linear(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
-    if any(spec is None for spec in linears) or mlp.native_act is None:
+    moe = None
+    if isinstance(mlp, GatedMLP):
+        if mlp.native_act is None:
+            return None
+        mlp_linears = [_linear(mlp.gate_up_proj), _linear(mlp.down_proj)]
+    else:  # a mixture of experts (models/moe.py): mh_moe, in place of gate_up and down
+        experts = mlp.native_experts()
+        if experts is None:
+            return None
+        moe = ctypes.addressof(experts.description)
+        mlp_linears = [NativeLinear(), NativeLinear()]
+    linears = [_linear(attn.qkv_proj), _linear(attn.o_proj), *mlp_linears]
+    if any(spec is None for spec in linears):
         return None
     if not attn.native_ready():
         return None
@@ -210,9 +220,10 @@ def _layer(block: DecoderBlock) -> NativeLayer | None:
         eps=eps,
         qk_eps=attn.q_norm.eps if attn.q_norm is not None else 0.0,
         scale=attn.scale,
-        act=mlp.native_act,
+        act=mlp.native_act if isinstance(mlp, GatedMLP) else 0,
         heads=attn.num_heads,
         kv_heads=attn.num_kv_heads,
         dim=attn.head_dim,
         window=attn.window or 0,
+        moe=moe,
     )

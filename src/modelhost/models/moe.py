@@ -51,10 +51,10 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
-        weights, ids = self.route(x)
         experts = self.native_experts()
         if experts is not None and native.readable(x):
-            return experts.run(x, weights, ids).view(shape)
+            return experts.kernels.moe(x, experts.description).view(shape)
+        weights, ids = self.route(x)
         out = torch.zeros_like(x)
         # Expert by expert in id order, each over the rows that chose it (transformers' order).
         for expert in ids.unique().tolist():
@@ -64,27 +64,51 @@ class SparseMoE(nn.Module):
         return out.view(shape)
 
     def native_experts(self) -> NativeExperts | None:
-        """The experts as the native kernels take them, described on first use (once the
-        weights are in); None where some expert is not packed in a form they run."""
+        """The MLP as the native kernels take it, described on first use (once the weights
+        are in); None where the router is not fp32 or some expert is not packed in a form
+        they run."""
         if not self._native_described:
             self._native = NativeExperts.describe(self)
             self._native_described = True
         return self._native
 
 
+class NativeMoE(ctypes.Structure):
+    """native_moe.h's NativeMoE."""
+
+    _fields_ = [
+        ("router", ctypes.c_void_p),
+        ("gate_up", ctypes.c_void_p),
+        ("down", ctypes.c_void_p),
+        ("experts", ctypes.c_int64),
+        ("top_k", ctypes.c_int64),
+        ("norm_topk", ctypes.c_int32),
+        ("act", ctypes.c_int32),
+    ]
+
+
 class NativeExperts:
-    """Every expert's fused gate/up weight and down weight, as arrays of QLinear
-    descriptions (pointers into the experts' packed weights, no copies)."""
+    """A SparseMoE for `mh_moe`: pointers to its router's weight and to every expert's fused
+    gate/up and down weights (QLinear descriptions, no copies), which must not move."""
 
     def __init__(
-        self, kernels: native.Kernels, gate_up: ctypes.Array, down: ctypes.Array, width: int
+        self, kernels: native.Kernels, gate_up: ctypes.Array, down: ctypes.Array, moe: SparseMoE
     ) -> None:
-        self.kernels, self.gate_up, self.down, self.width = kernels, gate_up, down, width
+        self.kernels, self.gate_up, self.down = kernels, gate_up, down  # kept alive
+        self.description = NativeMoE(
+            router=moe.gate.weight.data_ptr(),
+            gate_up=ctypes.addressof(gate_up),
+            down=ctypes.addressof(down),
+            experts=len(gate_up),
+            top_k=moe.top_k,
+            norm_topk=int(moe.norm_topk_prob),
+            act=native.ACTIVATIONS["silu"],
+        )
 
     @classmethod
     def describe(cls, moe: SparseMoE) -> NativeExperts | None:
         kernels = native.kernels()
-        if kernels is None:
+        if kernels is None or not native.readable(moe.gate.weight):
             return None
         gate_ups, downs = [], []
         for module in moe.experts:
@@ -99,14 +123,7 @@ class NativeExperts:
             gate_ups.append(gate_up.parts[0].desc)
             downs.append(down.parts[0].desc)
         array = native.QLinearDesc * len(gate_ups)
-        width = moe.gate.weight.shape[1]
-        return cls(kernels, array(*gate_ups), array(*downs), width)
-
-    def run(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """sum over each row's k experts of weight * expert(row): [rows, width] fp32."""
-        return self.kernels.moe_experts(
-            x, weights.float().contiguous(), ids.contiguous(), self.gate_up, self.down
-        )
+        return cls(kernels, array(*gate_ups), array(*downs), moe)
 
 
 def sparse_or_dense_mlp(config: ModelConfig, layer: int) -> SparseMoE | GatedMLP:

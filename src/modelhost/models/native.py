@@ -92,8 +92,8 @@ class Kernels:
         self._layers = library.mh_decode_layers
         self._layers.argtypes = [p, p, i64, p]
         self._layers.restype = None
-        self._moe = library.mh_moe_experts
-        self._moe.argtypes = [p, i64, i64, p, p, i64, p, p, ctypes.c_int, p, ctypes.c_int]
+        self._moe = library.mh_moe
+        self._moe.argtypes = [p, i64, i64, p, p, ctypes.c_int]
         self._moe.restype = None
         self._choose = library.mh_choose_tokens
         self._choose.argtypes = [p, i64, i64, p, p, p, ctypes.c_int]
@@ -143,23 +143,13 @@ class Kernels:
         if status != 0:
             raise ValueError(f"cannot repack a {out} x {width} tensor of GGUF type {format}")
 
-    def moe_experts(
-        self,
-        x: torch.Tensor,
-        weights: torch.Tensor,
-        ids: torch.Tensor,
-        gate_up: ctypes.Array,
-        down: ctypes.Array,
-    ) -> torch.Tensor:
-        """mh_moe_experts: each row of x [rows, width] (fp32 contiguous) through its chosen
-        experts ids [rows, k] (int64), weighted by weights [rows, k] (fp32) and summed; the
-        experts' SwiGLU weights described in `gate_up` and `down` (models/moe.py)."""
+    def moe(self, x: torch.Tensor, description: ctypes.Structure) -> torch.Tensor:
+        """mh_moe: a mixture-of-experts MLP (routing and experts) of x [rows, width] (fp32
+        contiguous), described by models/moe.py's NativeMoE."""
         rows, width = x.shape
         out = torch.empty_like(x)
         self._moe(
-            x.data_ptr(), rows, width, ids.data_ptr(), weights.data_ptr(), ids.shape[1],
-            ctypes.addressof(gate_up), ctypes.addressof(down), ACTIVATIONS["silu"],
-            out.data_ptr(), self.threads,
+            x.data_ptr(), rows, width, ctypes.byref(description), out.data_ptr(), self.threads
         )  # fmt: skip
         return out
 
