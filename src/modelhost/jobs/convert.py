@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 FIELDS = ("model", "dtype", "output")
 DTYPES = ("bf16", "fp32")
+CONVERTIBLE = ("llama", "qwen2", "qwen3", "gemma3")  # the families hf_config writes
 
 
 def gguf_source(name: str) -> Path:
@@ -68,6 +69,9 @@ def validate(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def hf_config(config: ModelConfig, model: LoadedModel, dtype: str) -> dict[str, Any]:
     """config.json in the shape transformers writes for LlamaForCausalLM / Gemma3ForCausalLM."""
+    if config.model_type not in CONVERTIBLE or config.rope_freq_factors is not None:
+        # Their rotary variants, fused tensors or multipliers have no field written here.
+        raise ValueError(f"converting a {config.model_type} model is not supported")
     tokenizer = model.tokenizer
     eos_ids = sorted(tokenizer.eos_token_ids)
     bos_id = tokenizer.token_id(tokenizer.bos_token) if tokenizer.bos_token else None
@@ -90,7 +94,7 @@ def hf_config(config: ModelConfig, model: LoadedModel, dtype: str) -> dict[str, 
     }
     if config.rope_scaling_factor != 1.0:
         raw["rope_scaling"] = {"rope_type": "linear", "factor": config.rope_scaling_factor}
-    if config.architecture == "gemma3":
+    if config.architecture == "gemma":
         kinds = [config.is_sliding_layer(i) for i in range(config.num_layers)]
         raw.update(
             architectures=["Gemma3ForCausalLM"],
@@ -106,7 +110,7 @@ def hf_config(config: ModelConfig, model: LoadedModel, dtype: str) -> dict[str, 
     else:
         raw.update(
             architectures=["LlamaForCausalLM"],
-            model_type=model.family.name,
+            model_type=config.model_type,
             hidden_act="silu",
         )
     return raw
@@ -141,7 +145,7 @@ def hf_state_dict(model: LoadedModel, dtype: str) -> dict[str, Any]:
     import torch
 
     target = torch.bfloat16 if dtype == "bf16" else torch.float32
-    gemma = model.config.architecture == "gemma3"
+    gemma = model.config.architecture == "gemma"
     state: dict[str, torch.Tensor] = {}
     for name, value in model.network.state_dict().items():
         if model.config.tie_word_embeddings and name == "lm_head.weight":

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
-    architecture: str  # "llama" (llama, mistral, qwen2, qwen3 share the class) or "gemma3"
+    # The block's shape: "llama" (pre-norm, SwiGLU: Llama, Mistral, Qwen, Phi-3, SmolLM3,
+    # Granite) or "gemma" (four norms a block, (1 + w) norms, GELU, scaled embeddings).
+    architecture: str
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -19,17 +21,30 @@ class ModelConfig:
     rope_theta: float
     context_length: int
     tie_word_embeddings: bool = True
+    model_type: str = "llama"  # the family (models/families.py names), for the converter
     rope_scaling_factor: float = 1.0  # linear scaling of global-layer positions
+    # Per rotary frequency, a divisor of it: Llama 3's smoothed low-frequency scaling (GGUF's
+    # rope_freqs) or Phi-3's longrope short factors. None: all 1.
+    rope_freq_factors: tuple[float, ...] | None = None
+    rope_attention_factor: float = 1.0  # longrope's scale of cos and sin
+    rope_dim: int | None = None  # rotated dimensions of a head (partial rotary); None: all
+    no_rope_layers: tuple[int, ...] = ()  # layers that attend without rotary (SmolLM3)
     attention_bias: bool = False  # qwen2 has biases on q/k/v
     qk_norm: bool = False  # qwen3 and gemma3 normalise q and k per head
-    # Gemma 3 only
-    rope_local_theta: float = 10_000.0
+    # Sliding-window attention: Gemma 2/3 on alternate layers (layer_kinds or the pattern),
+    # Mistral and Phi-3 on every layer.
+    rope_local_theta: float | None = None  # sliding layers' rotary base (None: rope_theta)
     sliding_window: int | None = None
     sliding_window_pattern: int = 6  # every Nth layer is global, unless `layer_kinds` says
     layer_kinds: tuple[str, ...] | None = None  # per layer: "sliding" or "global"
-    query_pre_attn_scalar: float | None = None
+    query_pre_attn_scalar: float | None = None  # attention scale 1/sqrt(this) (Gemma)
     final_logit_softcapping: float | None = None
     attn_logit_softcapping: float | None = None
+    # Granite's multipliers (1.0 elsewhere); Gemma's sqrt(hidden) embedding scale is the same idea.
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    attention_multiplier: float | None = None  # the attention scale itself, where given
+    logits_scaling: float = 1.0  # logits are divided by it
     # Mixture of experts (Qwen3-MoE, models/moe.py): 0 experts means every MLP is dense
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -52,6 +67,20 @@ class ModelConfig:
         if self.layer_kinds is not None:
             return self.layer_kinds[layer] == "sliding"
         return (layer + 1) % self.sliding_window_pattern != 0
+
+    def rope_kind(self, layer: int) -> str:
+        """Which rotary a layer uses: "global", "local" (a sliding layer with its own base)
+        or "none"."""
+        if layer in self.no_rope_layers:
+            return "none"
+        if self.is_sliding_layer(layer) and self.rope_local_theta is not None:
+            return "local"
+        return "global"
+
+    def attention_scale(self) -> float:
+        if self.attention_multiplier is not None:
+            return self.attention_multiplier
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """KV cache bytes one token costs across all layers (keys and values)."""

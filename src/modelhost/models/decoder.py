@@ -54,9 +54,25 @@ class DecoderLM(nn.Module):
         if config.tie_word_embeddings:
             head.weight = cast(nn.Embedding, self.model.embed_tokens).weight
         self.lm_head: nn.Module = head
-        self.embed_scale = embed_scale
-        self.rotary_global = Rotary(config.head_dim, config.rope_theta, config.rope_scaling_factor)
-        self.rotary_local = Rotary(config.head_dim, config.rope_local_theta)
+        self.embed_scale = embed_scale * config.embedding_multiplier
+        self.rotaries = {
+            "global": Rotary(
+                config.head_dim,
+                config.rope_theta,
+                config.rope_scaling_factor,
+                freq_factors=config.rope_freq_factors,
+                rope_dim=config.rope_dim,
+                attention_factor=config.rope_attention_factor,
+            ),
+            "local": Rotary(
+                config.head_dim,
+                config.rope_local_theta or config.rope_theta,
+                rope_dim=config.rope_dim,
+            ),
+            "none": Rotary(config.head_dim, 1.0, identity=True),
+        }
+        # The kinds some layer uses: each costs its cos and sin every step.
+        self.rope_kinds = sorted({config.rope_kind(i) for i in range(config.num_layers)})
         self.fuse_decode = True  # tests compare against the module-by-module path
         self._fused: FusedDecode | None = None
         self._fused_described = False
@@ -69,9 +85,6 @@ class DecoderLM(nn.Module):
         if not self._fused_described:
             self._fused, self._fused_described = FusedDecode.for_network(self), True
         return self._fused
-
-    def rope_for(self, layer: int) -> str:
-        return "local" if self.config.is_sliding_layer(layer) else "global"
 
     @torch.inference_mode()
     def forward(
@@ -86,9 +99,10 @@ class DecoderLM(nn.Module):
         hidden = self.model.embed_tokens(batch.input_ids)
         if self.embed_scale != 1.0:
             hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
-        ropes = {"global": self.rotary_global.cos_sin(batch.positions, hidden.dtype)}
-        if self.config.sliding_window is not None:
-            ropes["local"] = self.rotary_local.cos_sin(batch.positions, hidden.dtype)
+        ropes = {
+            kind: self.rotaries[kind].cos_sin(batch.positions, hidden.dtype)
+            for kind in self.rope_kinds
+        }
         fused = self.fused_decode()
         if fused is not None and fused.can_run(batch, kv):
             hidden = fused.run(hidden, ropes, batch, kv, before_layers)
@@ -96,9 +110,11 @@ class DecoderLM(nn.Module):
             if before_layers is not None:
                 before_layers()
             for index, layer in enumerate(self.model.blocks()):
-                hidden = layer(hidden, ropes[self.rope_for(index)], batch, kv)
+                hidden = layer(hidden, ropes[self.config.rope_kind(index)], batch, kv)
         hidden = self.model.norm(hidden[batch.logits_index])
         logits = self.lm_head(hidden)
+        if self.config.logits_scaling != 1.0:
+            logits = logits / self.config.logits_scaling
         cap = self.config.final_logit_softcapping
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap

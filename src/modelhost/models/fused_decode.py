@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from modelhost.models.decoder import DecoderBlock, DecoderLM
 
 _i64, _ptr, _f32, _i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int32
+ROPE_KINDS = ("global", "local", "none")  # NativeLayer.rope's values, in order
 
 
 class NativeLinear(ctypes.Structure):
@@ -53,7 +54,10 @@ class NativeLayer(ctypes.Structure):
         ("eps", _f32),
         ("qk_eps", _f32),
         ("scale", _f32),
+        ("softcap", _f32),
+        ("residual_scale", _f32),
         ("act", _i32),
+        ("rope", _i32),
         ("heads", _i64),
         ("kv_heads", _i64),
         ("dim", _i64),
@@ -66,10 +70,8 @@ class NativeStep(ctypes.Structure):
     _fields_ = [
         ("rows", _i64),
         ("width", _i64),
-        ("cos", _ptr),
-        ("sin", _ptr),
-        ("local_cos", _ptr),
-        ("local_sin", _ptr),
+        ("cos", _ptr * 3),  # the layers' rotary tables, by NativeLayer.rope
+        ("sin", _ptr * 3),
         ("pools", _ptr),
         ("half_pools", _i32),
         ("slots", _ptr),
@@ -96,7 +98,11 @@ class FusedDecode:
         kernels = native.kernels()
         if kernels is None:
             return None
-        specs = [_layer(block) for block in network.model.blocks()]
+        config = network.config
+        specs = [
+            _layer(block, config.rope_kind(index), config.residual_multiplier)
+            for index, block in enumerate(network.model.blocks())
+        ]
         described = [spec for spec in specs if spec is not None]
         if len(described) != len(specs):
             return None
@@ -121,15 +127,13 @@ class FusedDecode:
         """The layers' output for hidden [rows, width] (updated in place). `before_layers` runs
         last before the native call, which holds no GIL."""
         hidden = hidden.contiguous()
-        cos, sin = ropes["global"]
-        local_cos, local_sin = ropes.get("local", ropes["global"])
+        some = next(iter(ropes.values()))  # for the kinds no layer uses
+        tables = [ropes.get(kind, some) for kind in ROPE_KINDS]
         step = NativeStep(
             rows=hidden.shape[0],
             width=self.width,
-            cos=cos.data_ptr(),
-            sin=sin.data_ptr(),
-            local_cos=local_cos.data_ptr(),
-            local_sin=local_sin.data_ptr(),
+            cos=(_ptr * 3)(*[cos.data_ptr() for cos, _ in tables]),
+            sin=(_ptr * 3)(*[sin.data_ptr() for _, sin in tables]),
             pools=ctypes.addressof(self._pool_pointers(kv)),
             half_pools=native.half_pool(kv.pools[0]),
             slots=batch.slot_mapping.data_ptr(),
@@ -178,7 +182,7 @@ def _fp32(tensor: torch.Tensor | None) -> int | None:
     return tensor.data_ptr()
 
 
-def _layer(block: DecoderBlock) -> NativeLayer | None:
+def _layer(block: DecoderBlock, rope: str, residual_scale: float) -> NativeLayer | None:
     attn, mlp = block.self_attn, block.mlp
     moe = None
     if isinstance(mlp, GatedMLP):
@@ -220,7 +224,10 @@ def _layer(block: DecoderBlock) -> NativeLayer | None:
         eps=eps,
         qk_eps=attn.q_norm.eps if attn.q_norm is not None else 0.0,
         scale=attn.scale,
+        softcap=attn.softcap or 0.0,
+        residual_scale=residual_scale,
         act=mlp.native_act if isinstance(mlp, GatedMLP) else 0,
+        rope=ROPE_KINDS.index(rope),
         heads=attn.num_heads,
         kv_heads=attn.num_kv_heads,
         dim=attn.head_dim,

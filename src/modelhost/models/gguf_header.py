@@ -13,6 +13,7 @@ import gguf
 import numpy as np
 
 from modelhost.models.config import ModelConfig
+from modelhost.models.hf_config import UnsupportedRope
 
 
 class GGUFFile:
@@ -36,14 +37,17 @@ class GGUFFile:
         hidden = int(self.arch_field("embedding_length"))
         num_heads = int(self.arch_field("attention.head_count"))
         head_dim = int(self.arch_field("attention.key_length", hidden // num_heads))
+        num_layers = int(self.arch_field("block_count"))
         tensor_names = {t["name"] for t in self.tensors}
         vocab = self.arch_field("vocab_size") or len(self.field("tokenizer.ggml.tokens"))
-        common: dict[str, Any] = dict(
-            architecture="gemma3" if arch == "gemma3" else "llama",
+        gemma = arch in ("gemma2", "gemma3")
+        fields: dict[str, Any] = dict(
+            architecture="gemma" if gemma else "llama",
+            model_type=arch,
             vocab_size=int(vocab),
             hidden_size=hidden,
             intermediate_size=int(self.arch_field("feed_forward_length", 0)),
-            num_layers=int(self.arch_field("block_count")),
+            num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=int(self.arch_field("attention.head_count_kv", num_heads)),
             head_dim=head_dim,
@@ -51,21 +55,64 @@ class GGUFFile:
             rope_theta=float(self.arch_field("rope.freq_base", 10_000.0)),
             context_length=int(self.arch_field("context_length", 4096)),
             tie_word_embeddings="output.weight" not in tensor_names,
-            rope_scaling_factor=float(self.arch_field("rope.scaling.factor", 1.0) or 1.0),
             attention_bias="blk.0.attn_q.bias" in tensor_names,
             qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
+            **self._rope_fields(head_dim, tensor_names),
         )
-        if arch == "gemma3":
-            common.update(
-                sliding_window=int(self.arch_field("attention.sliding_window", 512)),
-                query_pre_attn_scalar=float(head_dim),
+        window = int(self.arch_field("attention.sliding_window", 0) or 0)
+        if gemma:
+            # llama.cpp's rule: the 27B models scale queries by the width per head.
+            big = num_layers == (46 if arch == "gemma2" else 62)
+            fields.update(
+                sliding_window=window or (4096 if arch == "gemma2" else 512),
+                sliding_window_pattern=2 if arch == "gemma2" else 6,
+                query_pre_attn_scalar=float(hidden // num_heads if big else head_dim),
                 final_logit_softcapping=self.arch_field("final_logit_softcapping"),
                 attn_logit_softcapping=self.arch_field("attn_logit_softcapping"),
             )
+            if arch == "gemma3":
+                fields["rope_local_theta"] = float(self.arch_field("rope.freq_base_swa", 10_000.0))
+        elif window > 0:  # Mistral, Phi-3: every layer
+            fields.update(sliding_window=window, layer_kinds=("sliding",) * num_layers)
+        if arch == "smollm3":  # llama.cpp's rule: every fourth layer attends without rotary
+            fields["no_rope_layers"] = tuple(i for i in range(num_layers) if (i + 1) % 4 == 0)
+        for key, name in _MULTIPLIERS.items():
+            if self.arch_field(key) is not None:
+                fields[name] = float(self.arch_field(key))
         expert_count = int(self.arch_field("expert_count", 0) or 0)
         if expert_count:
-            common.update(self._experts(expert_count, tensor_names))
-        return ModelConfig(**common)
+            fields.update(self._experts(expert_count, tensor_names))
+        return ModelConfig(**fields)
+
+    def _rope_fields(self, head_dim: int, tensor_names: set[str]) -> dict[str, Any]:
+        fields: dict[str, Any] = {}
+        rope_dim = int(self.arch_field("rope.dimension_count", head_dim))
+        if rope_dim < head_dim:
+            fields["rope_dim"] = rope_dim
+        factor = self.arch_field("rope.scaling.factor")
+        kind = self.arch_field("rope.scaling.type", "linear" if factor else "none")
+        if kind == "linear":
+            fields["rope_scaling_factor"] = float(factor or 1.0)
+        elif kind not in ("none", "longrope", "su"):
+            raise UnsupportedRope(f"rotary scaling '{kind}' is not supported")
+        if "rope_freqs.weight" in tensor_names:  # Llama 3.1's scaling, as a divisor each
+            fields["rope_freq_factors"] = self._small_f32("rope_freqs.weight")
+        elif "rope_factors_short.weight" in tensor_names:  # Phi-3's longrope
+            fields["rope_freq_factors"] = self._small_f32("rope_factors_short.weight")
+            attention = self.arch_field("rope.scaling.attn_factor")
+            if attention is not None:
+                fields["rope_attention_factor"] = float(attention)
+        return fields
+
+    def _small_f32(self, name: str) -> tuple[float, ...]:
+        """A small F32 tensor's values, read straight from the file."""
+        entry = next(t for t in self.tensors if t["name"] == name)
+        if entry["type"] != 0:
+            raise ValueError(f"{self.path}: {name} is not F32")
+        values = np.fromfile(
+            self.path, dtype=np.float32, count=math.prod(entry["shape"]), offset=entry["offset"]
+        )
+        return tuple(float(v) for v in values)
 
     def _experts(self, count: int, tensor_names: set[str]) -> dict[str, Any]:
         """A mixture-of-experts file's fields (llama.cpp's `qwen3moe` keys). Its layers without
@@ -81,6 +128,14 @@ class GGUFFile:
             mlp_only_layers=tuple(dense),
         )
 
+
+# GGUF keys of Granite's multipliers and ModelConfig's names for them.
+_MULTIPLIERS = {
+    "embedding_scale": "embedding_multiplier",
+    "residual_scale": "residual_multiplier",
+    "attention.scale": "attention_multiplier",
+    "logit_scale": "logits_scaling",
+}
 
 # GGUF metadata value types: struct formats of the fixed-size ones (8 is a string, 9 an array).
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",

@@ -41,21 +41,50 @@ class RMSNorm(nn.Module):
 class Rotary:
     """NEOX-style rotary embedding (rotate halves), computed once per step per base.
 
+    `freq_factors` divide the frequencies one by one (Llama 3.1, longrope); `rope_dim` below
+    head_dim rotates only that many dimensions (partial rotary): the loader orders q and k
+    rows so they are the pairs (i, i + head_dim / 2) for i < rope_dim / 2, and the rest get
+    frequency 0 (cos 1, sin 0), so the kernels rotate whole heads as always. `identity` is a
+    rotary of all zero frequencies (layers without rotary).
+
     The first TABLE_POSITIONS positions' values are kept in a table, grown as positions are
     first seen: a decode step then takes its rows' values in one gather, where computing them
     took ~10 small ops (~75 us a step, per base)."""
 
     TABLE_POSITIONS = 4096
 
-    def __init__(self, head_dim: int, theta: float, scaling_factor: float = 1.0) -> None:
-        exponent = torch.arange(0, head_dim, 2, dtype=torch.float32, device="cpu") / head_dim
-        self.inv_freq = 1.0 / (theta**exponent) / scaling_factor
+    def __init__(
+        self,
+        head_dim: int,
+        theta: float,
+        scaling_factor: float = 1.0,
+        *,
+        freq_factors: tuple[float, ...] | None = None,
+        rope_dim: int | None = None,
+        attention_factor: float = 1.0,
+        identity: bool = False,
+    ) -> None:
+        rope_dim = rope_dim or head_dim
+        cpu = torch.device("cpu")  # networks are built under torch.device("meta")
+        exponent = torch.arange(0, rope_dim, 2, dtype=torch.float32, device=cpu) / rope_dim
+        inv_freq = 1.0 / (theta**exponent) / scaling_factor
+        if freq_factors is not None:
+            inv_freq = inv_freq / torch.tensor(freq_factors, dtype=torch.float32, device=cpu)
+        if identity:
+            inv_freq = torch.zeros_like(inv_freq)
+        padding = torch.zeros((head_dim - rope_dim) // 2, dtype=torch.float32, device=cpu)
+        self.inv_freq = torch.cat((inv_freq, padding))
+        self.attention_factor = attention_factor  # scales the rotated dimensions only
+        self.rotated = rope_dim // 2
         self._table: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin [P, head_dim]
 
     def _compute(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.to(torch.float32)[:, None] * self.inv_freq.to(positions.device)[None]
         cos = freqs.cos()
         sin = freqs.sin()
+        if self.attention_factor != 1.0:
+            cos[:, : self.rotated] *= self.attention_factor
+            sin[:, : self.rotated] *= self.attention_factor
         return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
 
     def cos_sin(
@@ -81,6 +110,19 @@ class Rotary:
             table = self._compute(torch.arange(size, device=positions.device))
             self._table = table
         return table
+
+
+def partial_rotary_rows(num_heads: int, head_dim: int, rope_dim: int) -> torch.Tensor:
+    """The row order of a q or k weight that makes partial rotary a whole-head one (see
+    Rotary): per head, the rotated pairs (i, i + rope_dim / 2) move to (i, i + head_dim / 2),
+    the dimensions left as they are fill the rest of each half. Scores are unchanged, since q
+    and k are reordered alike and values not at all."""
+    half, rot = head_dim // 2, rope_dim // 2
+    rest = half - rot
+    within = list(range(rot)) + [rope_dim + i for i in range(rest)]
+    within += [rot + i for i in range(rot)] + [rope_dim + rest + i for i in range(rest)]
+    order = torch.tensor(within)
+    return torch.cat([head * head_dim + order for head in range(num_heads)])
 
 
 def apply_rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -134,6 +176,7 @@ class Attention(nn.Module):
         qk_norm_eps: float | None,
         scale: float | None = None,
         window: int | None = None,
+        softcap: float | None = None,
     ) -> None:
         super().__init__()
         self.layer = layer
@@ -141,7 +184,8 @@ class Attention(nn.Module):
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
-        self.window = window  # sliding-window attention over this many positions (Gemma 3)
+        self.window = window  # sliding-window attention over this many positions
+        self.softcap = softcap  # scores squashed by softcap * tanh(score / softcap) (Gemma 2)
         # The checkpoint's own modules; a loaded network replaces q, k and v by one fused
         # linear (models/weights.py).
         self.q_proj: nn.Module | None = nn.Linear(hidden, num_heads * head_dim, bias=bias)
@@ -200,6 +244,7 @@ class Attention(nn.Module):
                 batch.positions,
                 self.window or 0,
                 self.scale,
+                self.softcap or 0.0,
             )
             return self.o_proj(out)
         qk = qkv[:, : q_size + kv_heads * head_dim].view(num_tokens, -1, head_dim)
@@ -219,6 +264,8 @@ class Attention(nn.Module):
         mask = batch.sliding_mask if self.window is not None else batch.attn_mask
 
         q = qkv[:, :q_size]
+        if self.softcap is not None:
+            return self.o_proj(self._capped_attention(q, keys, values, mask, batch, num_tokens))
         if batch.dense and max_q == 1:
             # One query per row: the query heads of a KV head share its keys, so grouped
             # attention is plain SDPA over [R, Hkv, group, D] (no repeated keys and values).
@@ -236,6 +283,34 @@ class Attention(nn.Module):
         )
         out = out.transpose(1, 2).reshape(rows * max_q, q_size)
         return self.o_proj(out if batch.dense else out[batch.output_index])
+
+    def _capped_attention(
+        self,
+        q: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        mask: torch.Tensor | None,
+        batch: ForwardBatch,
+        num_tokens: int,
+    ) -> torch.Tensor:
+        """Attention with soft-capped scores, written out (SDPA has no cap): [tokens, H D]."""
+        rows, max_q = batch.query_index.shape
+        heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
+        if batch.dense:
+            queries = q.view(rows, max_q, heads, head_dim).transpose(1, 2)
+        else:
+            queries = q.view(num_tokens, heads, head_dim)[batch.query_index].transpose(1, 2)
+        group = heads // kv_heads
+        keys = keys.repeat_interleave(group, dim=1)
+        values = values.repeat_interleave(group, dim=1)
+        scores = queries @ keys.transpose(-1, -2) * self.scale
+        assert self.softcap is not None
+        scores = torch.tanh(scores / self.softcap) * self.softcap
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        out = torch.softmax(scores, dim=-1) @ values  # [R, H, max_q, D]
+        out = out.transpose(1, 2).reshape(rows * max_q, heads * head_dim)
+        return out if batch.dense else out[batch.output_index]
 
     def _native_qk_norm(self) -> tuple[torch.Tensor, float] | None:
         if self.q_norm is None:

@@ -1,4 +1,5 @@
-"""The Llama family (llama, mistral, qwen2, qwen3): pre-norm blocks, SwiGLU, rotary GQA."""
+"""The Llama-shaped block (Llama 2/3, Mistral, Qwen 2/3, Phi-3, SmolLM3, Granite): pre-norm,
+SwiGLU, rotary grouped-query attention; the variants differ only in configuration."""
 
 from __future__ import annotations
 
@@ -22,10 +23,13 @@ class LlamaBlock(DecoderBlock):
             head_dim=config.head_dim,
             bias=config.attention_bias,
             qk_norm_eps=config.rms_norm_eps if config.qk_norm else None,
+            scale=config.attention_scale(),
+            window=config.sliding_window if config.is_sliding_layer(layer) else None,
         )
         self.mlp = sparse_or_dense_mlp(config, layer)  # Qwen3-MoE's layers: experts
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.residual_multiplier = config.residual_multiplier  # Granite's; 1 elsewhere
 
     def forward(
         self,
@@ -34,8 +38,11 @@ class LlamaBlock(DecoderBlock):
         batch: ForwardBatch,
         kv: KVCache,
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, batch, kv)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        scale = self.residual_multiplier
+        attn = self.self_attn(self.input_layernorm(x), rope, batch, kv)
+        x = x + (attn if scale == 1.0 else attn * scale)
+        mlp = self.mlp(self.post_attention_layernorm(x))
+        return x + (mlp if scale == 1.0 else mlp * scale)
 
     def native_norms(self) -> tuple[RMSNorm | None, ...]:
         return self.input_layernorm, None, self.post_attention_layernorm, None

@@ -41,10 +41,10 @@ _EXPERT_NAMES = {
     "ffn_up_exps": "up_proj",
     "ffn_down_exps": "down_proj",
 }
-# Llama places its MLP norm after attention; Gemma 3 has four norms per block.
+# Llama places its MLP norm after attention; Gemma has four norms per block.
 _NORM_NAMES = {
     "llama": {"ffn_norm": "post_attention_layernorm"},
-    "gemma3": {
+    "gemma": {
         "post_attention_norm": "post_attention_layernorm",
         "ffn_norm": "pre_feedforward_layernorm",
         "post_ffw_norm": "post_feedforward_layernorm",
@@ -55,7 +55,11 @@ _GLOBAL_NAMES = {
     "output_norm": "model.norm",
     "output": "lm_head",
 }
+# Phi-3 stores q, k and v as one tensor, and gate and up as one under ffn_up.
+_FUSED_NAMES = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
+# Architectures whose q and k rows llama.cpp's converter interleaves for its own rotary.
+_PERMUTED = ("llama", "smollm3", "granite")
 
 
 class FileReader:
@@ -124,18 +128,20 @@ def gguf_tensors(
     table: list[dict[str, Any]], architecture: str, config: ModelConfig, reader: FileReader
 ) -> dict[str, GGUFTensor]:
     """The tensors we use, under our (Hugging Face) parameter names, unread."""
-    norm_names = _NORM_NAMES["gemma3" if architecture == "gemma3" else "llama"]
+    part_names = _NORM_NAMES[config.architecture]
+    if architecture == "phi3":
+        part_names = {**part_names, **_FUSED_NAMES}
     found: dict[str, GGUFTensor] = {}
     for entry in table:
         if len(entry["shape"]) == 3:
             found.update(_expert_tensors(entry, reader))
             continue
-        name = _hf_name(entry["name"], norm_names)
+        name = _hf_name(entry["name"], part_names)
         if name is None:
             continue
         order = None
         rows = entry["shape"][-1]
-        if architecture == "llama" and len(entry["shape"]) == 2:
+        if architecture in _PERMUTED and len(entry["shape"]) == 2:
             # llama.cpp's converter interleaves q/k rows for its rope; undo it for ours.
             if name.endswith("q_proj.weight"):
                 order = _unpermuted_rows(rows, config.num_heads)
@@ -161,11 +167,11 @@ def _expert_tensors(entry: dict[str, Any], reader: FileReader) -> dict[str, GGUF
     return found
 
 
-def _hf_name(gguf_name: str, norm_names: dict[str, str]) -> str | None:
+def _hf_name(gguf_name: str, part_names: dict[str, str]) -> str | None:
     match = _BLOCK.match(gguf_name)
     if match:
         layer, part, kind = match.groups()
-        mapped = _LAYER_NAMES.get(part) or norm_names.get(part)
+        mapped = part_names.get(part) or _LAYER_NAMES.get(part)
         return None if mapped is None else f"model.layers.{layer}.{mapped}.{kind}"
     stem, _, kind = gguf_name.rpartition(".")
     mapped = _GLOBAL_NAMES.get(stem)

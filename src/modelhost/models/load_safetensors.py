@@ -35,6 +35,8 @@ class SafetensorsTensor:
 
     def dense(self) -> torch.Tensor:
         value = self._read().to(torch.float32)
+        if self.order is not None:
+            value = value[self.order]
         return value + 1.0 if self.gemma_norm else value
 
     @contextlib.contextmanager
@@ -59,7 +61,7 @@ def safetensors_tensors(directory: Path, config: ModelConfig) -> dict[str, Safet
                 name = key.removeprefix("model.language_model.").removeprefix("language_model.")
                 if not name.startswith(("model.", "lm_head.")):
                     name = "model." + name
-                gemma_norm = config.architecture == "gemma3" and name.endswith("norm.weight")
+                gemma_norm = config.architecture == "gemma" and name.endswith("norm.weight")
                 tensor_slice = handle.get_slice(key)
                 shape, dtype = tuple(tensor_slice.get_shape()), tensor_slice.get_dtype()
                 found[name] = SafetensorsTensor(file, key, name, shape, dtype, gemma_norm)

@@ -27,9 +27,10 @@ from modelhost.models.config import ModelConfig
 from modelhost.models.decoder import DecoderLM
 from modelhost.models.embedded import DEFAULT_MODEL, embedded_path
 from modelhost.models.families import Family, family_for
-from modelhost.models.gemma3 import build_gemma3
+from modelhost.models.gemma import build_gemma
 from modelhost.models.gguf_header import GGUFFile
 from modelhost.models.hf_config import config_from_hf, read_json
+from modelhost.models.layers import partial_rotary_rows
 from modelhost.models.llama import build_llama
 from modelhost.models.load_gguf import FileReader, gguf_tensors
 from modelhost.models.load_safetensors import safetensors_tensors
@@ -49,7 +50,7 @@ from modelhost.text.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 _GEN_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty")
-_CACHE_VERSION = 2  # meta.json's layout
+_CACHE_VERSION = 3  # meta.json's layout
 
 
 class ModelNotFound(LookupError):
@@ -146,7 +147,7 @@ def _load_gguf(
         meta, backend = _read_gguf_metadata(source.path)
         _forget_fp32_conversion(source.path)
         _write_cache(cache, meta, backend)
-    config = ModelConfig(**{**meta["config"], "layer_kinds": _kinds(meta["config"])})
+    config = _config_from_meta(meta["config"])
     family = family_for(meta["architecture"])
     reader = FileReader(source.path)
     try:
@@ -166,9 +167,10 @@ def _load_gguf(
     return _loaded(source, config, family, tokenizer, network, plan, {})
 
 
-def _kinds(config: dict[str, Any]) -> tuple[str, ...] | None:
-    kinds = config.get("layer_kinds")
-    return tuple(kinds) if kinds is not None else None
+def _config_from_meta(fields: dict[str, Any]) -> ModelConfig:
+    """meta.json's config (JSON keeps tuples as lists)."""
+    tuples = {key: tuple(value) for key, value in fields.items() if isinstance(value, list)}
+    return ModelConfig(**{**fields, **tuples})
 
 
 def _read_gguf_metadata(path: Path) -> tuple[dict[str, Any], TokenizerBackend]:
@@ -225,6 +227,7 @@ def _write_cache(cache: Path, meta: dict[str, Any], backend: TokenizerBackend) -
         partial.mkdir(parents=True, exist_ok=True)
         backend.save(str(partial / "tokenizer.json"))
         (partial / "meta.json").write_text(json.dumps(meta))
+        shutil.rmtree(cache, ignore_errors=True)  # an earlier version's layout
         partial.replace(cache)
     except OSError as exc:
         log.warning("cannot cache %s's metadata in %s (%s)", cache.name, cache.parent, exc)
@@ -240,6 +243,8 @@ def _network(
 ) -> DecoderLM:
     with torch.device("meta"), _without_initialisation():
         network = build_network(config)
+    if config.rope_dim is not None:
+        sources = _partial_rotary_layout(config, sources)
     if prepare:
         fill_network(network, sources, plan, progress)
     else:
@@ -336,7 +341,29 @@ _INITIALISERS = ("uniform_", "normal_", "kaiming_uniform_", "zeros_", "ones_")
 
 
 def build_network(config: ModelConfig) -> DecoderLM:
-    return build_gemma3(config) if config.architecture == "gemma3" else build_llama(config)
+    return build_gemma(config) if config.architecture == "gemma" else build_llama(config)
+
+
+def _partial_rotary_layout(
+    config: ModelConfig, sources: Mapping[str, TensorSource]
+) -> Mapping[str, TensorSource]:
+    """Reorders q and k rows so a partial rotary is a whole-head one (layers.Rotary)."""
+    assert config.rope_dim is not None
+    if config.qk_norm:  # its per-dimension weights would need the same order
+        raise ValueError("partial rotary with q/k norms is not supported")
+    dim = config.head_dim
+    q_rows = partial_rotary_rows(config.num_heads, dim, config.rope_dim)
+    k_rows = partial_rotary_rows(config.num_kv_heads, dim, config.rope_dim)
+    heads, kv_heads = config.num_heads, config.num_kv_heads
+    values = torch.arange((heads + kv_heads) * dim, (heads + 2 * kv_heads) * dim)
+    qkv_rows = torch.cat((q_rows, heads * dim + k_rows, values))
+    wanted = {"q_proj": q_rows, "k_proj": k_rows, "qkv_proj": qkv_rows}
+    for name, source in sources.items():
+        stem, _, kind = name.rpartition(".")
+        rows = wanted.get(stem.rpartition(".")[2])
+        if rows is not None and kind in ("weight", "bias"):
+            source.order = rows if source.order is None else source.order[rows]
+    return sources
 
 
 def _tokenizer(

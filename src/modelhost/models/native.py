@@ -81,7 +81,8 @@ class Kernels:
         self._attention = library.mh_paged_attention
         self._attention.argtypes = [p, i64, i64, i64, i64, p, ctypes.c_float, p, p, p]
         self._attention.argtypes += [ctypes.c_int, p, p]
-        self._attention.argtypes += [i64, i64, p, i64, ctypes.c_float, p, ctypes.c_int]
+        self._attention.argtypes += [i64, i64, p, i64, ctypes.c_float, ctypes.c_float, p]
+        self._attention.argtypes += [ctypes.c_int]
         self._attention.restype = None
         self._rms_norm = library.mh_rms_norm
         self._rms_norm.argtypes = [p, p, i64, i64, ctypes.c_float, p, ctypes.c_int]
@@ -185,6 +186,7 @@ class Kernels:
         positions: torch.Tensor,
         window: int,
         scale: float,
+        softcap: float = 0.0,
     ) -> torch.Tensor:
         """Attention for tokens of one query each, a decode step's rows or a prompt step's
         tokens, each over its own row of `blocks` up to its position (see mh_paged_attention):
@@ -200,7 +202,7 @@ class Kernels:
             None if norm_weight is None else norm_weight.data_ptr(), eps,
             cos.data_ptr(), sin.data_ptr(), pool.data_ptr(), half_pool(pool), slots.data_ptr(),
             blocks.data_ptr(), blocks.shape[1], block_size, positions.data_ptr(), window,
-            scale, out.data_ptr(), self.threads,
+            scale, softcap, out.data_ptr(), self.threads,
         )  # fmt: skip
         return out
 

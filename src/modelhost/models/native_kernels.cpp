@@ -272,7 +272,7 @@ inline __m512 load_cached(const uint16_t* p) {
 // head's rows are a slot's width apart).
 template <int G, typename T>
 void attend_heads(const float* queries, int64_t dim, const T* const* keys, int64_t length,
-                  int64_t value_shift, float scale, float* out) {
+                  int64_t value_shift, float scale, float softcap, float* out) {
     constexpr int64_t kKeysAhead = 16;
     constexpr int64_t kLine = 64 / sizeof(T);  // elements a cache line
     const int64_t chunks = dim / 16;           // head sizes are multiples of 16
@@ -304,6 +304,12 @@ void attend_heads(const float* queries, int64_t dim, const T* const* keys, int64
             _mm512_storeu_ps(scores.data() + g * stride + i0,
                              _mm512_mul_ps(sums_of_16(dots[g]), _mm512_set1_ps(scale)));
     }
+    if (softcap > 0.0f)  // Gemma 2: scores squashed into (-softcap, softcap)
+        for (int g = 0; g < G; ++g)
+            for (int64_t i = 0; i < length; ++i) {
+                float& score = scores[g * stride + i];
+                score = softcap * std::tanh(score / softcap);
+            }
     float inverse[G];  // per query head: 1 / the softmax's sum
     for (int g = 0; g < G; ++g) {
         float* s = scores.data() + g * stride;
@@ -352,7 +358,8 @@ void attend_heads(const float* queries, int64_t dim, const T* const* keys, int64
 template <typename T>
 void attend(const float* queries, int64_t group, int64_t dim, const T* pool,
             int64_t slot_width, int64_t key_offset, int64_t value_shift, const int64_t* table,
-            int64_t block_size, int64_t first, int64_t length, float scale, float* out) {
+            int64_t block_size, int64_t first, int64_t length, float scale, float softcap,
+            float* out) {
     thread_local std::vector<const T*> keys;
     if (static_cast<int64_t>(keys.size()) < length) keys.resize(length);
     for (int64_t i = 0, p = first; i < length;) {
@@ -366,14 +373,14 @@ void attend(const float* queries, int64_t group, int64_t dim, const T* pool,
         float* o = out + g0 * dim;
         const T* const* k = keys.data();
         switch (std::min<int64_t>(8, group - g0)) {
-            case 1: attend_heads<1>(q, dim, k, length, value_shift, scale, o); break;
-            case 2: attend_heads<2>(q, dim, k, length, value_shift, scale, o); break;
-            case 3: attend_heads<3>(q, dim, k, length, value_shift, scale, o); break;
-            case 4: attend_heads<4>(q, dim, k, length, value_shift, scale, o); break;
-            case 5: attend_heads<5>(q, dim, k, length, value_shift, scale, o); break;
-            case 6: attend_heads<6>(q, dim, k, length, value_shift, scale, o); break;
-            case 7: attend_heads<7>(q, dim, k, length, value_shift, scale, o); break;
-            default: attend_heads<8>(q, dim, k, length, value_shift, scale, o); break;
+            case 1: attend_heads<1>(q, dim, k, length, value_shift, scale, softcap, o); break;
+            case 2: attend_heads<2>(q, dim, k, length, value_shift, scale, softcap, o); break;
+            case 3: attend_heads<3>(q, dim, k, length, value_shift, scale, softcap, o); break;
+            case 4: attend_heads<4>(q, dim, k, length, value_shift, scale, softcap, o); break;
+            case 5: attend_heads<5>(q, dim, k, length, value_shift, scale, softcap, o); break;
+            case 6: attend_heads<6>(q, dim, k, length, value_shift, scale, softcap, o); break;
+            case 7: attend_heads<7>(q, dim, k, length, value_shift, scale, softcap, o); break;
+            default: attend_heads<8>(q, dim, k, length, value_shift, scale, softcap, o); break;
         }
     }
 }
@@ -426,7 +433,7 @@ extern "C" void mh_paged_attention(float* qkv, int64_t rows, int64_t heads, int6
                                    const int64_t* slots, const int64_t* blocks,
                                    int64_t blocks_per_row, int64_t block_size,
                                    const int64_t* positions, int64_t window, float scale,
-                                   float* out, int threads) {
+                                   float softcap, float* out, int threads) {
     store_keys(qkv, rows, heads, kv_heads, dim, qk_norm_weight, eps, cos, sin, pool, half, slots,
                threads);
     const int64_t width = (heads + 2 * kv_heads) * dim;
@@ -443,10 +450,10 @@ extern "C" void mh_paged_attention(float* qkv, int64_t rows, int64_t heads, int6
         float* result = out + r * heads * dim + h * group * dim;
         if (half)
             attend(queries, group, dim, static_cast<const uint16_t*>(pool), slot_width, h * dim,
-                   kv_heads * dim, table, block_size, first, length, scale, result);
+                   kv_heads * dim, table, block_size, first, length, scale, softcap, result);
         else
             attend(queries, group, dim, static_cast<const float*>(pool), slot_width, h * dim,
-                   kv_heads * dim, table, block_size, first, length, scale, result);
+                   kv_heads * dim, table, block_size, first, length, scale, softcap, result);
     }
 }
 
@@ -615,14 +622,18 @@ struct NativeLayer {
     const float* mlp_out_norm;        // or null (Gemma 3's post-feedforward norm)
     const float* qk_norm;             // or null: [heads + kv_heads, dim]
     float eps, qk_eps, scale;
+    float softcap;                    // attention scores' tanh cap, or 0: none
+    float residual_scale;             // each branch's output times this before it is added
     int32_t act;                      // mh_gated_activation's
-    int64_t heads, kv_heads, dim, window;  // window > 0: sliding, with the local rotary
+    int32_t rope;                     // which of the step's rotary tables: 0 global, 1 local, 2 none
+    int64_t heads, kv_heads, dim, window;  // window > 0: sliding
     const NativeMoE* moe;             // or null: the MLP is a mixture of experts (no gate_up/down)
 };
 
 struct NativeStep {
     int64_t rows, width;
-    const float *cos, *sin, *local_cos, *local_sin;  // [rows, dim]
+    const float* cos[3];                              // [rows, dim] each, NativeLayer.rope's
+    const float* sin[3];
     void* const* pools;                               // one per layer
     int32_t half_pools;                               // fp16 pools (else fp32)
     const int64_t *slots, *blocks, *positions;
@@ -652,11 +663,13 @@ void linear(const NativeLinear& l, const float* x, int64_t rows, float* y, int t
             for (int64_t i = 0; i < l.out; ++i) y[r * l.out + i] += l.bias[i];
 }
 
-void add_into(float* x, const float* y, int64_t n) {
+// x += scale y
+void add_into(float* x, const float* y, int64_t n, float scale) {
+    const __m512 times = _mm512_set1_ps(scale);
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 live = tail_mask(n - i);
-        _mm512_mask_storeu_ps(x + i, live, _mm512_add_ps(_mm512_maskz_loadu_ps(live, x + i),
-                                                         _mm512_maskz_loadu_ps(live, y + i)));
+        _mm512_mask_storeu_ps(x + i, live, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(live, y + i), times,
+                                                           _mm512_maskz_loadu_ps(live, x + i)));
     }
 }
 
@@ -682,19 +695,17 @@ extern "C" void mh_decode_layers(float* hidden, const NativeLayer* layers, int64
     float* narrow = wide + rows * widest;
     for (int64_t i = 0; i < num_layers; ++i) {
         const NativeLayer& l = layers[i];
-        const bool local = l.window > 0;
         mh_rms_norm(hidden, l.input_norm, rows, width, l.eps, normed, step->threads);
         linear(l.qkv, normed, rows, wide, step->threads);
         mh_paged_attention(wide, rows, l.heads, l.kv_heads, l.dim, l.qk_norm, l.qk_eps,
-                           local ? step->local_cos : step->cos,
-                           local ? step->local_sin : step->sin, step->pools[i],
+                           step->cos[l.rope], step->sin[l.rope], step->pools[i],
                            step->half_pools, step->slots, step->blocks, step->blocks_per_row,
-                           step->block_size, step->positions, l.window, l.scale, narrow,
-                           step->threads);
+                           step->block_size, step->positions, l.window, l.scale, l.softcap,
+                           narrow, step->threads);
         linear(l.o, narrow, rows, normed, step->threads);
         if (l.attention_out_norm != nullptr)
             mh_rms_norm(normed, l.attention_out_norm, rows, width, l.eps, normed, step->threads);
-        add_into(hidden, normed, rows * width);
+        add_into(hidden, normed, rows * width, l.residual_scale);
         mh_rms_norm(hidden, l.mlp_in_norm, rows, width, l.eps, normed, step->threads);
         if (l.moe != nullptr) {
             mh_moe(normed, rows, width, l.moe, wide, step->threads);
@@ -706,7 +717,7 @@ extern "C" void mh_decode_layers(float* hidden, const NativeLayer* layers, int64
         }
         if (l.mlp_out_norm != nullptr)
             mh_rms_norm(normed, l.mlp_out_norm, rows, width, l.eps, normed, step->threads);
-        add_into(hidden, normed, rows * width);
+        add_into(hidden, normed, rows * width, l.residual_scale);
     }
 }
 

@@ -135,7 +135,7 @@ class _Filler:
             prefix = f"model.layers.{index}."
             attn = layer.self_attn
             names = [f"{prefix}self_attn.{p}_proj" for p in ("q", "k", "v")]
-            attn.qkv_proj = self.linear(names)
+            attn.qkv_proj = self.linear(self.stored_fused(f"{prefix}self_attn.qkv_proj", names))
             attn.q_proj = attn.k_proj = attn.v_proj = None
             attn.o_proj = self.linear([f"{prefix}self_attn.o_proj"])
             if isinstance(layer.mlp, SparseMoE):  # the router is a small tensor, below
@@ -160,7 +160,8 @@ class _Filler:
             self.progress(1.0)  # whatever the checkpoint held that this network does not use
 
     def gated_mlp(self, mlp: GatedMLP, prefix: str) -> None:
-        mlp.gate_up_proj = self.linear([f"{prefix}gate_proj", f"{prefix}up_proj"])
+        names = [f"{prefix}gate_proj", f"{prefix}up_proj"]
+        mlp.gate_up_proj = self.linear(self.stored_fused(f"{prefix}gate_up_proj", names))
         mlp.gate_proj = mlp.up_proj = None
         mlp.down_proj = self.linear([f"{prefix}down_proj"])
 
@@ -176,6 +177,11 @@ class _Filler:
                 self.reported = fraction
                 self.progress(fraction)
         return source
+
+    def stored_fused(self, fused: str, parts: list[str]) -> list[str]:
+        """[fused] where the checkpoint stores the parts as one tensor already (Phi-3's
+        qkv_proj and gate_up_proj), else the parts."""
+        return [fused] if f"{fused}.weight" in self.sources else parts
 
     def linear(self, stems: list[str]) -> nn.Module:
         sources = [self.take(f"{stem}.weight") for stem in stems]

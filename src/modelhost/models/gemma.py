@@ -1,4 +1,5 @@
-"""Gemma 3 text: sandwich norms, q/k norms, GELU MLP, interleaved sliding-window layers."""
+"""Gemma 2 and Gemma 3 text: sandwich norms, GELU MLP, interleaved sliding-window layers;
+Gemma 2 soft-caps its attention scores, Gemma 3 normalises q and k instead."""
 
 from __future__ import annotations
 
@@ -12,10 +13,9 @@ from modelhost.models.decoder import DecoderBlock, DecoderLM
 from modelhost.models.layers import Attention, GatedMLP, RMSNorm, gelu_tanh
 
 
-class Gemma3Block(DecoderBlock):
+class GemmaBlock(DecoderBlock):
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
-        scalar = config.query_pre_attn_scalar or config.head_dim
         self.self_attn = Attention(
             layer=layer,
             hidden=config.hidden_size,
@@ -23,9 +23,10 @@ class Gemma3Block(DecoderBlock):
             num_kv_heads=config.num_kv_heads,
             head_dim=config.head_dim,
             bias=False,
-            qk_norm_eps=config.rms_norm_eps,
-            scale=scalar**-0.5,
+            qk_norm_eps=config.rms_norm_eps if config.qk_norm else None,
+            scale=config.attention_scale(),
             window=config.sliding_window if config.is_sliding_layer(layer) else None,
+            softcap=config.attn_logit_softcapping,
         )
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, gelu_tanh)
         eps = config.rms_norm_eps
@@ -55,6 +56,6 @@ class Gemma3Block(DecoderBlock):
         )
 
 
-def build_gemma3(config: ModelConfig) -> DecoderLM:
-    layers = [Gemma3Block(config, i) for i in range(config.num_layers)]
+def build_gemma(config: ModelConfig) -> DecoderLM:
+    layers = [GemmaBlock(config, i) for i in range(config.num_layers)]
     return DecoderLM(config, layers, embed_scale=math.sqrt(config.hidden_size))
