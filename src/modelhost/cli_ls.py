@@ -2,9 +2,10 @@
 resident.
 
 WEIGHTS is what the loader keeps of the file (in `--quantize`'s mode), ESTIMATE that plus the
-KV pool and one step's working memory. A model that cannot be served (a tensor type the kernels
-lack) says so under the table. Residency is asked of a running server (`--url`); with none
-listening, the column says `-`.
+KV pool and one step's working memory. A model that cannot be served (an architecture or
+rotary variant not implemented, a tensor type the kernels lack) is SUPPORTED "no" and says why
+under the table. Residency is asked of a running server (`--url`); with none listening, the
+column says `-`.
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ def run_ls(args: argparse.Namespace) -> int:
     shape = ServingShape(dtype_bytes=2 if cuda_available() else 4, quantize=quantize_mode(args))
     entries = ModelRegistry(args.paths, shape=shape).entries()
     resident = _resident_ids(args.url)
-    rows = [("ID", "FORMAT", "ARCH", "SIZE", "WEIGHTS", "ESTIMATE", "FITS", "RESIDENT")]
+    rows = [
+        ("ID", "FORMAT", "ARCH", "SUPPORTED", "SIZE", "WEIGHTS", "ESTIMATE", "FITS", "RESIDENT")
+    ]
     for entry in entries:
         fits = "yes" if entry.estimate_bytes <= budget else "alone"  # served alone, if it fits
         rows.append(
@@ -45,6 +48,7 @@ def run_ls(args: argparse.Namespace) -> int:
                 entry.id,
                 entry.format,
                 entry.architecture or "?",
+                "no" if entry.refusal is not None else "yes",
                 _gb(entry.size_bytes),
                 _gb(entry.weights_bytes),
                 _gb(entry.estimate_bytes),

@@ -1,6 +1,6 @@
-"""Qwen3-MoE (models/moe.py) against transformers, fp32, on a tiny random checkpoint: loaded
-from its Hugging Face folder and from the same weights written as a `qwen3moe` GGUF; and the
-quantized path (Q8_0 experts on the native kernels) agreeing with it."""
+"""Qwen3-MoE's own parts (models/moe.py, native_moe.h) on a tiny random checkpoint; its
+parity with transformers (folder and GGUF, fp32, native, Q8_0) is tests/models/test_parity.py's,
+through tiny_models.ARCHITECTURES["qwen3_moe"]."""
 
 from __future__ import annotations
 
@@ -8,112 +8,73 @@ from pathlib import Path
 
 import pytest
 import torch
-from gguf import GGMLQuantizationType
 from models.test_fused_decode import greedy_with_logprobs
-from models.test_parity import LOGIT_TOLERANCE, our_greedy, reference_greedy
-from moe_gguf import write_moe_gguf
+from models.test_parity import LOGIT_TOLERANCE, PROMPTS
 from prompt_logits import prompt_logits
+from tiny_gguf import write_gguf_from_hf
 from tiny_models import make_tiny_checkpoint, reference_model
 
 from modelhost.models import native
-from modelhost.models.loaded import LoadedModel
 from modelhost.models.loader import load_model
 from modelhost.models.moe import SparseMoE
 from modelhost.residency.registry import ModelRegistry
 
-TEXT = "The quick brown fox jumps over the lazy dog, and then it rests. "
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory, smollm2):
-    directory = make_tiny_checkpoint(tmp_path_factory.mktemp("qwen3_moe"), "qwen3_moe", smollm2)
-    # At initialisation's spread the logits stay within +-0.2 and the router is nearly
-    # uniform: skipping the renormalisation, or taking one expert instead of two, moves them
-    # by ~1e-3 only. Scaled up (logits ~ +-6, a decisive router) either moves them by ~0.8.
-    model = reference_model(directory)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            scale = 25 if "embed" in name else 20 if "mlp.gate." in name else 8
-            param.mul_(scale if "embed" in name or "mlp" in name else 1)
-    model.save_pretrained(directory)
-    return directory, reference_model(directory)
-
-
-@pytest.fixture(scope="module")
-def prompts(smollm2) -> dict[int, list[int]]:
-    ids = smollm2.tokenizer.encode(TEXT * 60)
-    return {length: ids[:length] for length in (8, 90, 700)}
-
-
-@pytest.fixture(scope="module")
-def references(checkpoint, prompts) -> dict[int, torch.Tensor]:
-    _, reference = checkpoint
-    with torch.no_grad():
-        return {n: reference(torch.tensor([ids])).logits[0] for n, ids in prompts.items()}
-
-
-@pytest.fixture(scope="module", params=["folder", "gguf"])
-def ours(request, checkpoint, tmp_path_factory) -> LoadedModel:
-    directory, _ = checkpoint
-    if request.param == "folder":
-        return load_model(str(directory), quantize="none")
-    path = tmp_path_factory.mktemp("gguf") / "tiny-qwen3moe-f32.gguf"
-    write_moe_gguf(directory, path, GGMLQuantizationType.F32)
-    return load_model(str(path), quantize="none")
-
-
-def test_the_sparse_layers_are_mixtures_of_experts_and_the_dense_one_is_not(ours):
-    kinds = [isinstance(layer.mlp, SparseMoE) for layer in ours.network.model.blocks()]
-    assert kinds == [True, False, True]  # mlp_only_layers=[1]
-
-
-@pytest.mark.parametrize("length", [8, 90, 700])
-def test_prompt_logits_match_transformers(ours, prompts, references, length):
-    got = prompt_logits(ours, prompts[length])
-    assert torch.allclose(got, references[length], atol=LOGIT_TOLERANCE, rtol=0)
-
-
-def test_greedy_continuation_matches_transformers(ours, checkpoint, prompts):
-    _, reference = checkpoint
-    prompt = prompts[90]
-    assert our_greedy(ours, prompt, 24) == reference_greedy(reference, prompt, 24)
-
-
 needs_kernels = pytest.mark.skipif(native.kernels() is None, reason="no native kernels here")
 
 
-@needs_kernels
-def test_packed_fp32_experts_on_the_native_kernels_match_transformers(
-    checkpoint, prompts, references
-):
-    directory, _ = checkpoint
-    model = load_model(str(directory), quantize="auto")  # F32 tiles, mh_moe_experts
-    moe = model.network.model.layers[0].mlp
-    assert isinstance(moe, SparseMoE) and moe.native_experts() is not None
-    got = prompt_logits(model, prompts[700])
-    assert torch.allclose(got, references[700], atol=LOGIT_TOLERANCE, rtol=0)
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, smollm2) -> Path:
+    # test_parity's spread (0.3): a decisive router, logits that routing mistakes move far
+    directory = tmp_path_factory.mktemp("qwen3_moe")
+    return make_tiny_checkpoint(
+        directory, "qwen3_moe", smollm2, max_position_embeddings=1024, initializer_range=0.3
+    )
 
 
 @pytest.fixture(scope="module")
 def q8_0_file(checkpoint, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("q8_0") / "tiny-qwen3moe-q8_0.gguf"
-    return write_moe_gguf(checkpoint[0], path, GGMLQuantizationType.Q8_0)
+    return write_gguf_from_hf(checkpoint, path, "Q8_0")
+
+
+def test_the_sparse_layers_are_mixtures_of_experts_and_the_dense_one_is_not(checkpoint, q8_0_file):
+    for source in (checkpoint, q8_0_file):  # mlp_only_layers=[1]; a GGUF's layer without router
+        model = load_model(str(source), quantize="none")
+        kinds = [isinstance(layer.mlp, SparseMoE) for layer in model.network.model.blocks()]
+        assert kinds == [True, False, True]
+
+
+def test_routing_mistakes_would_show_beyond_the_parity_tolerance(checkpoint, smollm2):
+    """The parity tests can fail: skipping the renormalisation, or taking one expert of two,
+    moves the logits far past their tolerance."""
+    model = load_model(str(checkpoint), quantize="none")
+    prompt = smollm2.tokenizer.encode(PROMPTS["medium"])
+    with torch.no_grad():
+        expected = reference_model(checkpoint)(torch.tensor([prompt])).logits[0]
+    assert torch.allclose(prompt_logits(model, prompt), expected, atol=LOGIT_TOLERANCE, rtol=0)
+    layers = [
+        layer.mlp for layer in model.network.model.blocks() if isinstance(layer.mlp, SparseMoE)
+    ]
+    for change in ({"norm_topk_prob": False}, {"top_k": 1}):
+        saved = [(moe.norm_topk_prob, moe.top_k) for moe in layers]
+        for moe in layers:
+            for name, value in change.items():
+                setattr(moe, name, value)
+        error = (prompt_logits(model, prompt) - expected).abs().max()
+        for moe, (norm, top_k) in zip(layers, saved, strict=True):
+            moe.norm_topk_prob, moe.top_k = norm, top_k
+        assert error > 100 * LOGIT_TOLERANCE, change
 
 
 @needs_kernels
-def test_q8_0_experts_agree_with_transformers(checkpoint, prompts, references, q8_0_file):
-    _, reference = checkpoint
-    model = load_model(str(q8_0_file), quantize="auto")
-    got = prompt_logits(model, prompts[700])
-    expected = references[700]
-    error = (got - expected).abs()
-    agreement = (got.argmax(-1) == expected.argmax(-1)).float().mean()
-    # logits ~ +-6; a token whose router's choice flips under rounding moves further
-    assert error.mean() < 0.03
-    assert agreement >= 0.95
-    prompt = prompts[90]
-    pairs = zip(our_greedy(model, prompt, 24), reference_greedy(reference, prompt, 24), strict=True)
-    assert sum(a == b for a, b in pairs) >= 20
+def test_fused_decode_steps_route_and_compute_as_the_module_path(q8_0_file):
+    model = load_model(str(q8_0_file))
+    moe = model.network.model.layers[0].mlp
+    assert isinstance(moe, SparseMoE) and moe.native_experts() is not None
+    assert model.network.fused_decode() is not None  # the MoE layers run in it too
+    fused = greedy_with_logprobs(model, fused=True)
+    assert all(len(tokens) == 24 for tokens in fused)
+    assert fused == greedy_with_logprobs(model, fused=False)
 
 
 @needs_kernels
@@ -124,12 +85,3 @@ def test_the_registry_sizes_a_moe_file_as_loading_holds_it(q8_0_file, tmp_path):
     held = load_model(str(q8_0_file)).weights_bytes
     # experts packed one by one, as the file holds them (the router differs: dense fp32)
     assert abs(entry.weights_bytes - held) < 0.01 * held
-
-
-@needs_kernels
-def test_fused_decode_steps_route_and_compute_as_the_module_path(q8_0_file):
-    model = load_model(str(q8_0_file))
-    assert model.network.fused_decode() is not None  # the MoE layers run natively too
-    fused = greedy_with_logprobs(model, fused=True)
-    assert all(len(tokens) == 24 for tokens in fused)
-    assert fused == greedy_with_logprobs(model, fused=False)

@@ -17,10 +17,11 @@ def test_ls_prints_each_local_model_with_its_estimate_and_whether_it_fits(
     argv = ["ls", str(tmp_path / "tiny-a"), "--model-budget", "0.5", "--url", "http://127.0.0.1:9"]
     assert main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
-    header = ["ID", "FORMAT", "ARCH", "SIZE", "WEIGHTS", "ESTIMATE", "FITS", "RESIDENT"]
+    header = ["ID", "FORMAT", "ARCH", "SUPPORTED", "SIZE", "WEIGHTS", "ESTIMATE", "FITS"]
+    header.append("RESIDENT")
     assert lines[0].split() == header
     rows = {line.split()[0]: line.split() for line in lines[1:] if line.strip()}
-    assert rows["tiny-a"][1:3] == ["safetensors", "llama"]
+    assert rows["tiny-a"][1:4] == ["safetensors", "llama", "yes"]
     assert rows["tiny-a"][-2:] == ["yes", "-"]  # no server answered: residency unknown
     # 1.3 GB estimate against a 0.5 GB budget: served alone, when it comes to that
     assert rows["smollm2-135m-instruct"][-2:] == ["alone", "-"]

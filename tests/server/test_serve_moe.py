@@ -11,9 +11,8 @@ import anthropic
 import httpx
 import openai
 import pytest
-from gguf import GGMLQuantizationType
 from live_server import LiveServer
-from moe_gguf import write_moe_gguf
+from tiny_gguf import write_gguf_from_hf
 from tiny_models import make_tiny_checkpoint
 
 from modelhost.cli_serve import build_stage
@@ -37,7 +36,7 @@ def served(smollm2: LoadedModel, tmp_path_factory: pytest.TempPathFactory) -> It
     checkpoint = make_tiny_checkpoint(root / "checkpoint", "qwen3_moe", smollm2)
     folder = root / "models"
     folder.mkdir()
-    write_moe_gguf(checkpoint, folder / f"{MODEL}.gguf", GGMLQuantizationType.Q8_0)
+    write_gguf_from_hf(checkpoint, folder / f"{MODEL}.gguf", "Q8_0")
     registry = ModelRegistry(
         [folder], home=root / "home", hf_hub=root / "hub", embedded=False, shape=ServingShape(2)
     )

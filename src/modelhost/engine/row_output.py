@@ -25,7 +25,7 @@ class RowOutput:
     ) -> None:
         prompt = seq.token_ids[: seq.num_prompt_tokens]
         self.sampling = RowSamplingState.create(seq.params, prompt)
-        self.detokenizer = IncrementalDetokenizer(tokenizer.backend, prompt)
+        self.detokenizer = IncrementalDetokenizer(tokenizer.stream_decoder, prompt)
         self.stops = StopMatcher(seq.params.stop)
         self.tokenizer = tokenizer
         self.post = post  # delivers to the stream that owns the row, on its event loop

@@ -11,10 +11,16 @@ from modelhost.inference.contracts import (
     TextPrompt,
     TokenPrompt,
 )
+from modelhost.models.families import Family
 from modelhost.models.loaded import LoadedModel
-from modelhost.text.tokenizer import ChatTemplateError
+from modelhost.text.tokenizer import ChatTemplateError, Tokenizer
 from modelhost.text.tool_calls import TOOL_CODE
 from modelhost.text.tool_code import tool_code_messages
+from modelhost.text.turns import (
+    fixed_length_call_ids,
+    system_declared_tools,
+    system_in_first_user_turn,
+)
 
 
 def prompt_ids_for(
@@ -30,9 +36,7 @@ def prompt_ids_for(
     if not tokenizer.has_chat_template:
         raise InvalidRequest("prompt build failed: this model has no chat template")
     messages: Sequence[Mapping[str, Any]] = _with_instruction(prompt.messages, instruction)
-    tools = prompt.tools
-    if model.family.tool_call_markers == TOOL_CODE and _uses_tools(messages, tools):
-        messages, tools = tool_code_messages(messages, tools), None  # declared in the text
+    messages, tools = template_inputs(model.family, tokenizer, messages, prompt.tools)
     kwargs: dict[str, Any] = dict(prompt.template_kwargs)
     if request.thinking is not None:
         kwargs["enable_thinking"] = request.thinking
@@ -40,6 +44,25 @@ def prompt_ids_for(
         return tokenizer.encode_chat(messages, add_generation_prompt=True, tools=tools, **kwargs)
     except (ChatTemplateError, TypeError, ValueError, KeyError) as exc:
         raise InvalidRequest(f"prompt build failed: {exc}") from exc
+
+
+def template_inputs(
+    family: Family,
+    tokenizer: Tokenizer,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None,
+) -> tuple[Sequence[Mapping[str, Any]], Sequence[Mapping[str, Any]] | None]:
+    """The conversation and tools in the shape the model's template renders correctly."""
+    markers = family.tool_call_markers
+    if markers == TOOL_CODE and _uses_tools(messages, tools):
+        messages, tools = tool_code_messages(messages, tools), None  # declared in the text
+    elif markers and tokenizer.reads_system_tools and _uses_tools(messages, tools):
+        messages, tools = system_declared_tools(messages, tools, markers), None
+    if not family.system_role:
+        messages = system_in_first_user_turn(messages)
+    if family.tool_call_id_length is not None:
+        messages = fixed_length_call_ids(messages, family.tool_call_id_length)
+    return messages, tools
 
 
 def checked_token_ids(model: LoadedModel, prompt: TokenPrompt) -> list[int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +28,9 @@ class ModelConfig:
     # rope_freqs) or Phi-3's longrope short factors. None: all 1.
     rope_freq_factors: tuple[float, ...] | None = None
     rope_attention_factor: float = 1.0  # longrope's scale of cos and sin
+    # Longrope's long factors, for a sequence once it is longer than the original context.
+    rope_long_freq_factors: tuple[float, ...] | None = None
+    rope_original_context: int | None = None
     rope_dim: int | None = None  # rotated dimensions of a head (partial rotary); None: all
     no_rope_layers: tuple[int, ...] = ()  # layers that attend without rotary (SmolLM3)
     attention_bias: bool = False  # qwen2 has biases on q/k/v
@@ -60,6 +64,14 @@ class ModelConfig:
             and layer not in self.mlp_only_layers
             and (layer + 1) % self.decoder_sparse_step == 0
         )
+
+    @classmethod
+    def from_json(cls, fields: dict[str, Any]) -> ModelConfig:
+        """The record as `dataclasses.asdict` gave it and JSON kept it (tuples as lists)."""
+        values: dict[str, Any] = {
+            key: tuple(value) if isinstance(value, list) else value for key, value in fields.items()
+        }
+        return cls(**values)
 
     def is_sliding_layer(self, layer: int) -> bool:
         if self.sliding_window is None:

@@ -71,6 +71,15 @@ class DecoderLM(nn.Module):
             ),
             "none": Rotary(config.head_dim, 1.0, identity=True),
         }
+        self.rotary_long: Rotary | None = None
+        if config.rope_long_freq_factors is not None:
+            self.rotary_long = Rotary(
+                config.head_dim,
+                config.rope_theta,
+                freq_factors=config.rope_long_freq_factors,
+                rope_dim=config.rope_dim,
+                attention_factor=config.rope_attention_factor,
+            )
         # The kinds some layer uses: each costs its cos and sin every step.
         self.rope_kinds = sorted({config.rope_kind(i) for i in range(config.num_layers)})
         self.fuse_decode = True  # tests compare against the module-by-module path
@@ -85,6 +94,23 @@ class DecoderLM(nn.Module):
         if not self._fused_described:
             self._fused, self._fused_described = FusedDecode.for_network(self), True
         return self._fused
+
+    def _longrope(
+        self, short: tuple[torch.Tensor, torch.Tensor], batch: ForwardBatch, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Longrope's tables: each token takes the long factors once its row, with this
+        step's tokens, is longer than the original context (as transformers decides per
+        forward; a prompt prefilled in several chunks switches at the chunk that crosses)."""
+        assert self.rotary_long is not None and self.config.rope_original_context is not None
+        positions = batch.positions
+        rows = batch.output_index // batch.query_index.shape[1]
+        ends = torch.zeros(int(rows.max()) + 1, dtype=positions.dtype, device=positions.device)
+        ends = ends.scatter_reduce(0, rows, positions, "amax")
+        long = (ends[rows] + 1 > self.config.rope_original_context)[:, None, None]
+        if not bool(long.any()):
+            return short
+        cos, sin = self.rotary_long.cos_sin(positions, dtype)
+        return torch.where(long, cos, short[0]), torch.where(long, sin, short[1])
 
     @torch.inference_mode()
     def forward(
@@ -103,6 +129,8 @@ class DecoderLM(nn.Module):
             kind: self.rotaries[kind].cos_sin(batch.positions, hidden.dtype)
             for kind in self.rope_kinds
         }
+        if self.rotary_long is not None and "global" in ropes:
+            ropes["global"] = self._longrope(ropes["global"], batch, hidden.dtype)
         fused = self.fused_decode()
         if fused is not None and fused.can_run(batch, kv):
             hidden = fused.run(hidden, ropes, batch, kv, before_layers)

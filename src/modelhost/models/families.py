@@ -1,7 +1,19 @@
-"""One capability record per model family; no other layer branches on a family name."""
+"""One capability record per model family; no other layer branches on a family name.
+
+A record says what the text layers need: the fallback chat template (used only when the model's
+files carry none), the end-of-turn tokens that end generation, the tool-call markup the parser
+reads, the reasoning tags, and which of those are special tokens that detokenizing must keep.
+
+An architecture name does not pin a dialect: GGUF writes Llama 3, SmolLM2, Mistral and many
+fine-tunes all as `llama`, and a Hermes fine-tune of Llama 3 writes Qwen's `<tool_call>`. So
+`family_for_model` starts from the architecture's record and lets the model's own chat template
+(then its vocabulary) override the tool-call and reasoning dialect when they name one.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 CHATML_TEMPLATE = (
@@ -26,38 +38,170 @@ GEMMA_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
 )
 
+# Mistral's [INST] turns; like Mistral's own v1 template, system text joins the first user turn.
+MISTRAL_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% if messages and messages[0]['role'] == 'system' %}"
+    "{% set system = messages[0]['content'] + '\\n\\n' %}{% set rest = messages[1:] %}"
+    "{% else %}{% set system = '' %}{% set rest = messages %}{% endif %}"
+    "{% for message in rest %}"
+    "{% if message['role'] == 'assistant' %}{{ message['content'] + eos_token }}"
+    "{% else %}{{ '[INST] ' + (system if loop.first else '') + message['content'] + '[/INST]' }}"
+    "{% endif %}{% endfor %}"
+)
+
+PHI3_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\\n' + message['content'] + '<|end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+)
+
+GRANITE_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|start_of_role|>' + message['role'] + '<|end_of_role|>' + message['content']"
+    " + '<|end_of_text|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_of_role|>assistant<|end_of_role|>' }}{% endif %}"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolDialect:
+    """How a family writes a tool call. `markers` is (start, end) for the parser; an empty end
+    means the call runs to the next start marker or the end of the text (the parser reads a bare
+    JSON answer, Llama 3's form, for every dialect). `tokens` are the markup pieces that are
+    special tokens in the family's vocabulary, which detokenizing would otherwise drop before
+    the parser sees them. `call_id_length`: the templates of this dialect insist on call ids of
+    that length (Mistral's raise unless 9 alphanumerics), so the conversation's ids are rewritten
+    to that form before rendering."""
+
+    name: str
+    markers: tuple[str, str] | None
+    tokens: tuple[str, ...] = ()
+    call_id_length: int | None = None
+
+
+LLAMA3_JSON = ToolDialect("llama3-json", None, tokens=("<|python_tag|>",))
+HERMES = ToolDialect(
+    "hermes", ("<tool_call>", "</tool_call>"), tokens=("<tool_call>", "</tool_call>")
+)
+MISTRAL = ToolDialect(
+    "mistral", ("[TOOL_CALLS]", ""), ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"), call_id_length=9
+)
+# Phi-4-mini closes its list with <|/tool_call|>; Granite writes <|tool_call|>[...] and stops.
+PHI = ToolDialect(
+    "phi", ("<|tool_call|>", "<|/tool_call|>"), tokens=("<|tool_call|>", "<|/tool_call|>")
+)
+GEMMA_TOOL_CODE = ToolDialect(
+    "tool_code", ("```tool_code", "```")
+)  # Gemma: Python calls in a fence
+THINK = ("<think>", "</think>")
+
 
 @dataclass(frozen=True, slots=True)
 class Family:
     name: str
     chat_template: str | None  # used when the model's own files carry none
     eos_tokens: tuple[str, ...]  # end-of-turn tokens that end generation besides the model's EOS
-    tool_call_markers: tuple[str, str] | None = None
+    tool_dialect: ToolDialect = LLAMA3_JSON
     reasoning_markers: tuple[str, str] | None = None
     vision: bool = False
+    system_role: bool = True  # False: the template refuses system turns (Gemma 2's raises)
 
+    @property
+    def tool_call_markers(self) -> tuple[str, str] | None:
+        return self.tool_dialect.markers
+
+    @property
+    def tool_call_id_length(self) -> int | None:
+        return self.tool_dialect.call_id_length
+
+    @property
+    def markup_tokens(self) -> tuple[str, ...]:
+        """Special tokens that carry markup (tool calls, reasoning): kept when detokenizing."""
+        reasoning = self.reasoning_markers or ()
+        return tuple(dict.fromkeys((*self.tool_dialect.tokens, *reasoning)))
+
+
+_QWEN_EOS = ("<|im_end|>", "<|endoftext|>")
+_LLAMA_EOS = ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<|im_end|>")
 
 FAMILIES: dict[str, Family] = {
-    "llama": Family("llama", CHATML_TEMPLATE, ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>")),
-    "mistral": Family("mistral", None, ()),
-    "qwen2": Family(
-        "qwen2", CHATML_TEMPLATE, ("<|im_end|>", "<|endoftext|>"), ("<tool_call>", "</tool_call>")
+    # Llama 2/3.x and SmolLM2 (whose GGUF and folder say `llama`), and Mistral-as-llama GGUFs.
+    "llama": Family("llama", CHATML_TEMPLATE, _LLAMA_EOS, LLAMA3_JSON),
+    "mistral": Family("mistral", MISTRAL_TEMPLATE, ("</s>",), MISTRAL),
+    "qwen2": Family("qwen2", CHATML_TEMPLATE, _QWEN_EOS, HERMES),
+    "qwen3": Family("qwen3", CHATML_TEMPLATE, _QWEN_EOS, HERMES, THINK),
+    "qwen3moe": Family("qwen3moe", CHATML_TEMPLATE, _QWEN_EOS, HERMES, THINK),
+    "phi3": Family("phi3", PHI3_TEMPLATE, ("<|end|>", "<|endoftext|>"), PHI),
+    "gemma2": Family(
+        "gemma2", GEMMA_TEMPLATE, ("<end_of_turn>",), GEMMA_TOOL_CODE, system_role=False
     ),
-    "qwen3": Family(
-        "qwen3",
-        CHATML_TEMPLATE,
-        ("<|im_end|>", "<|endoftext|>"),
-        ("<tool_call>", "</tool_call>"),
-        ("<think>", "</think>"),
-    ),
-    # Gemma writes calls as Python in a ```tool_code fence (text/tool_calls.py reads them).
-    "gemma3": Family("gemma3", GEMMA_TEMPLATE, ("<end_of_turn>",), ("```tool_code", "```")),
+    "gemma3": Family("gemma3", GEMMA_TEMPLATE, ("<end_of_turn>",), GEMMA_TOOL_CODE),
+    "smollm3": Family("smollm3", CHATML_TEMPLATE, _QWEN_EOS, HERMES, THINK),
+    "granite": Family("granite", GRANITE_TEMPLATE, ("<|end_of_text|>",), PHI),
+}
+
+# Hugging Face `model_type` and GGUF `general.architecture` spellings → canonical family name.
+_ALIASES: dict[str, str] = {
+    **{name: name for name in FAMILIES},
+    "qwen3_moe": "qwen3moe",  # HF
+    "gemma3_text": "gemma3",  # HF, Gemma 3 1B and the text tower of 4B+
 }
 
 
-def family_for(model_type: str) -> Family:
-    """The record for a config's model_type (HF `model_type` or GGUF `general.architecture`)."""
-    key = model_type.lower()
-    if key in ("gemma3_text", "gemma3"):
-        key = "gemma3"
-    return FAMILIES.get(key, FAMILIES["llama"])
+class UnsupportedArchitecture(ValueError):
+    """A model whose architecture no family record covers."""
+
+    def __init__(self, architecture: str) -> None:
+        self.architecture = architecture
+        supported = ", ".join(supported_architectures())
+        super().__init__(f"architecture {architecture!r} is not supported (supported: {supported})")
+
+
+def supported_architectures() -> list[str]:
+    """Every accepted architecture name, HF and GGUF spellings alike, sorted."""
+    return sorted(_ALIASES)
+
+
+def family_for(architecture: str) -> Family:
+    """The record for an HF `model_type` or GGUF `general.architecture`; refuses any other."""
+    name = _ALIASES.get(architecture.strip().lower())
+    if name is None:
+        raise UnsupportedArchitecture(architecture)
+    return FAMILIES[name]
+
+
+# What a chat template (or, failing that, the vocabulary) says about the tool-call dialect, in the
+# order they are tried: the first that appears wins. A Hermes fine-tune of Llama 3 keeps
+# `<|python_tag|>` in its vocabulary but writes `<tool_call>` in its template, hence template first.
+_TOOL_SIGNS: tuple[tuple[str, ToolDialect], ...] = (
+    ("[TOOL_CALLS]", MISTRAL),
+    ("<|tool_call|>", PHI),
+    ("<tool_call>", HERMES),
+    ("<|python_tag|>", LLAMA3_JSON),
+    ("<|eom_id|>", LLAMA3_JSON),
+    ("```tool_code", GEMMA_TOOL_CODE),
+)
+
+
+def family_for_model(
+    architecture: str,
+    chat_template: str | None,
+    has_token: Callable[[str], bool] = lambda token: False,
+) -> Family:
+    """The architecture's record, with the tool-call and reasoning dialect the model itself
+    declares: its chat template first, then its vocabulary's special tokens (`has_token`).
+    Raises UnsupportedArchitecture for an architecture no record covers."""
+    family = family_for(architecture)
+    template = chat_template or ""
+    dialect = next((d for sign, d in _TOOL_SIGNS if sign in template), None)
+    if dialect is None:
+        dialect = next((d for sign, d in _TOOL_SIGNS if has_token(sign)), family.tool_dialect)
+    reasoning = family.reasoning_markers
+    if reasoning is None and (THINK[0] in template or has_token(THINK[0])):
+        reasoning = THINK
+    if dialect == family.tool_dialect and reasoning == family.reasoning_markers:
+        return family
+    return dataclasses.replace(family, tool_dialect=dialect, reasoning_markers=reasoning)

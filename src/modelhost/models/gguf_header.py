@@ -99,6 +99,9 @@ class GGUFFile:
             fields["rope_freq_factors"] = self._small_f32("rope_freqs.weight")
         elif "rope_factors_short.weight" in tensor_names:  # Phi-3's longrope
             fields["rope_freq_factors"] = self._small_f32("rope_factors_short.weight")
+            fields["rope_long_freq_factors"] = self._small_f32("rope_factors_long.weight")
+            original = self.arch_field("rope.scaling.original_context_length")
+            fields["rope_original_context"] = int(original or 4096)
             attention = self.arch_field("rope.scaling.attn_factor")
             if attention is not None:
                 fields["rope_attention_factor"] = float(attention)

@@ -92,8 +92,7 @@ def _rope_parameters(raw: dict[str, Any]) -> dict[str, Any]:
     rope = dict(raw.get("rope_parameters") or {})
     if isinstance(rope.get("full_attention"), dict):
         rope = {**rope["full_attention"], "sliding_attention": rope.get("sliding_attention")}
-    scaling = raw.get("rope_scaling") or {}
-    rope = {**scaling, **rope}
+    rope = {**rope, **(raw.get("rope_scaling") or {})}  # older files say it only there
     if "type" in rope and "rope_type" not in rope:
         rope["rope_type"] = rope["type"]
     if raw.get("rope_theta") is not None:
@@ -122,10 +121,10 @@ def _rope_fields(rope: dict[str, Any], raw: dict[str, Any], head_dim: int) -> di
         attention = rope.get("attention_factor")
         if attention is None:
             attention = math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1 else 1
-        # The short factors: contexts up to `original` tokens, as transformers uses them for
-        # sequences that short (README: longer prompts are not switched to the long factors).
         return {
             "rope_freq_factors": tuple(float(f) for f in rope["short_factor"]),
+            "rope_long_freq_factors": tuple(float(f) for f in rope["long_factor"]),
+            "rope_original_context": original,
             "rope_attention_factor": float(attention),
         }
     raise UnsupportedRope(f"rotary scaling '{kind}' is not supported")

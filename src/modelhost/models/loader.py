@@ -15,7 +15,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from tokenizers import Tokenizer as TokenizerBackend
 from modelhost.models.config import ModelConfig
 from modelhost.models.decoder import DecoderLM
 from modelhost.models.embedded import DEFAULT_MODEL, embedded_path
-from modelhost.models.families import Family, family_for
+from modelhost.models.families import Family, family_for_model
 from modelhost.models.gemma import build_gemma
 from modelhost.models.gguf_header import GGUFFile
 from modelhost.models.hf_config import config_from_hf, read_json
@@ -147,8 +147,8 @@ def _load_gguf(
         meta, backend = _read_gguf_metadata(source.path)
         _forget_fp32_conversion(source.path)
         _write_cache(cache, meta, backend)
-    config = _config_from_meta(meta["config"])
-    family = family_for(meta["architecture"])
+    config = ModelConfig.from_json(meta["config"])
+    family = family_for_model(meta["architecture"], meta["chat_template"], _has(backend))
     reader = FileReader(source.path)
     try:
         sources = gguf_tensors(meta["tensors"], meta["architecture"], config, reader)
@@ -165,12 +165,6 @@ def _load_gguf(
         eos_token=meta["eos_token"],
     )
     return _loaded(source, config, family, tokenizer, network, plan, {})
-
-
-def _config_from_meta(fields: dict[str, Any]) -> ModelConfig:
-    """meta.json's config (JSON keeps tuples as lists)."""
-    tuples = {key: tuple(value) for key, value in fields.items() if isinstance(value, list)}
-    return ModelConfig(**{**fields, **tuples})
 
 
 def _read_gguf_metadata(path: Path) -> tuple[dict[str, Any], TokenizerBackend]:
@@ -257,14 +251,18 @@ def _load_hf_dir(
 ) -> LoadedModel:
     raw = read_json(source.path / "config.json")
     config = config_from_hf(raw)
-    family = family_for(str(raw.get("model_type") or config.architecture))
-    network = _network(config, safetensors_tensors(source.path, config), plan, prepare, progress)
     settings = read_json(source.path / "tokenizer_config.json")
     template_file = source.path / "chat_template.jinja"
     template = settings.get("chat_template")
     if template_file.is_file():
         template = template_file.read_text()
+    if not isinstance(template, str):
+        template = None  # a list of named templates (rare): the family's default
     backend = _hf_tokenizer_backend(source.path)
+    family = family_for_model(
+        str(raw.get("model_type") or config.architecture), template, _has(backend)
+    )
+    network = _network(config, safetensors_tensors(source.path, config), plan, prepare, progress)
     bos, eos = _token_text(settings.get("bos_token")), _token_text(settings.get("eos_token"))
     generation = read_json(source.path / "generation_config.json")
     eos_value = generation.get("eos_token_id", raw.get("eos_token_id"))
@@ -277,7 +275,7 @@ def _load_hf_dir(
     tokenizer = _tokenizer(
         backend,
         family,
-        template=template if isinstance(template, str) else None,
+        template=template,
         eos_ids=eos_ids,
         add_bos=bool(add_bos),
         bos_token=bos,
@@ -292,6 +290,11 @@ def _hf_tokenizer_backend(directory: Path) -> TokenizerBackend:
     from transformers import AutoTokenizer  # sentencepiece-only checkpoints: convert
 
     return AutoTokenizer.from_pretrained(str(directory)).backend_tokenizer
+
+
+def _has(backend: TokenizerBackend) -> Callable[[str], bool]:
+    """Whether the vocabulary holds a token (the family's dialect check asks a few)."""
+    return lambda token: backend.token_to_id(token) is not None
 
 
 def _token_text(value: Any) -> str | None:
@@ -387,6 +390,7 @@ def _tokenizer(
         add_bos_token=add_bos,
         bos_token=bos_token,
         eos_token=eos_token,
+        markup_tokens=family.markup_tokens,
     )
 
 

@@ -41,6 +41,7 @@ from modelhost.inference.admission import working_bytes
 from modelhost.models import footprint
 from modelhost.models.config import ModelConfig
 from modelhost.models.embedded import EMBEDDED, EMBEDDED_ENCODERS
+from modelhost.models.families import family_for
 from modelhost.models.footprint import held_bytes, unsupported_tensor
 from modelhost.models.gguf_header import GGUFFile
 from modelhost.models.hf_config import config_from_hf, read_json
@@ -230,7 +231,10 @@ class ModelRegistry:
 
     def _read_model(self, model_id: str, path: Path, root: Path) -> ModelEntry | None:
         if path.suffix == ".gguf":
-            config, architecture, tensors, size = _read_gguf(path)
+            try:
+                config, architecture, tensors, size = _read_gguf(path)
+            except UnservableArchitecture as exc:
+                return _refused(model_id, path, "gguf", exc, path.stat().st_size)
             fmt = "gguf"
         elif _is_whisper_dir(path):
             return self._transcriber(model_id, path)
@@ -241,10 +245,15 @@ class ModelRegistry:
             raw = read_json(path / "config.json")
             if raw.get("model_type") in _ENCODER_TYPES:
                 return self._encoder(model_id, path, files, raw)
-            config = config_from_hf(raw)
-            architecture = str(raw.get("model_type") or config.architecture)
-            tensors = [t for f in files for t in _safetensors_tensors(f)]
             size = sum(f.stat().st_size for f in files)
+            architecture = str(raw.get("model_type") or "llama")
+            try:
+                family_for(architecture)
+                config = config_from_hf(raw)
+            except ValueError as exc:  # an unknown architecture, or rotary variant
+                refusal = UnservableArchitecture(architecture, str(exc))
+                return _refused(model_id, path, "safetensors", refusal, size)
+            tensors = [t for f in files for t in _safetensors_tensors(f)]
             fmt = "safetensors"
         shape = self.shape
         weights = held_bytes(((t[1], t[2]) for t in tensors), shape.quantize, cuda=shape.cuda)
@@ -289,6 +298,29 @@ class ModelRegistry:
         )
 
 
+class UnservableArchitecture(ValueError):
+    """A model this server has no exact implementation of: listed, refused when asked for."""
+
+    def __init__(self, architecture: str, reason: str) -> None:
+        super().__init__(reason)
+        self.architecture = architecture
+
+
+def _refused(
+    model_id: str, path: Path, fmt: str, refusal: UnservableArchitecture, size: int
+) -> ModelEntry:
+    return ModelEntry(
+        id=model_id,
+        path=path,
+        format=fmt,
+        architecture=refusal.architecture,
+        size_bytes=size,
+        weights_bytes=size,
+        estimate_bytes=size,
+        refusal=str(refusal),
+    )
+
+
 def _embedded_transcribers() -> dict[str, Callable[[], Path]]:
     """Whisper base, joined from its two packages (the transcription module knows how)."""
     try:
@@ -321,6 +353,7 @@ def estimate_bytes(config: ModelConfig, weights: int, shape: ServingShape) -> in
     return weights + kv + work
 
 
+_GGUF_META_VERSION = 2  # the cached config's layout
 # A tensor as the registry sees it: name, GGUF type, shape in PyTorch's order.
 TensorEntry = tuple[str, int, tuple[int, ...]]
 
@@ -332,16 +365,27 @@ def _read_gguf(path: Path) -> tuple[ModelConfig, str, list[TensorEntry], int]:
     cached = modelhost_home() / "cache" / "gguf-meta" / f"{file_cache_key(path)}.json"
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         meta = json.loads(cached.read_text())
-        fields = meta["config"]
-        if fields.get("layer_kinds") is not None:
-            fields["layer_kinds"] = tuple(fields["layer_kinds"])
-        tensors = [(name, kind, tuple(dims)) for name, kind, dims in meta["tensors"]]
-        return ModelConfig(**fields), meta["architecture"], tensors, size
+        if meta.get("version") == _GGUF_META_VERSION:
+            tensors = [(name, kind, tuple(dims)) for name, kind, dims in meta["tensors"]]
+            return ModelConfig.from_json(meta["config"]), meta["architecture"], tensors, size
 
     gguf_file = GGUFFile(path)
-    config, architecture = gguf_file.config(), gguf_file.architecture
+    architecture = gguf_file.architecture
+    try:
+        family_for(architecture)
+        config = gguf_file.config()
+    except ValueError as exc:  # an unknown architecture, or rotary variant
+        raise UnservableArchitecture(architecture, str(exc)) from exc
+    except (KeyError, TypeError) as exc:
+        reason = f"its {architecture} hyper-parameters cannot be read ({exc!r} is missing or bad)"
+        raise UnservableArchitecture(architecture, reason) from exc
     tensors = [(t["name"], t["type"], tuple(reversed(t["shape"]))) for t in gguf_file.tensors]
-    meta = {"config": asdict(config), "architecture": architecture, "tensors": tensors}
+    meta = {
+        "version": _GGUF_META_VERSION,
+        "config": asdict(config),
+        "architecture": architecture,
+        "tensors": tensors,
+    }
     with contextlib.suppress(OSError):  # a read-only home only costs the next scan its time
         cached.parent.mkdir(parents=True, exist_ok=True)
         partial = cached.with_suffix(f".{os.getpid()}.partial")

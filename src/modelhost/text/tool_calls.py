@@ -6,6 +6,12 @@ of a marker is held back, as the stop matcher does. From the marker on, text is 
 `bare_json`, output whose first non-space character is `{` or `[` is frozen from the start too:
 Llama-3-style calls (and a call forced by a grammar) are a bare JSON object.
 
+Families' own markers (families.py declares them): Qwen / Hermes / SmolLM3 `<tool_call>{..}
+</tool_call>`; Phi-4-mini `<|tool_call|>[{..}]<|/tool_call|>` and Granite the same list without the
+closing tag; Mistral `[TOOL_CALLS][{..}]` (v3) or `[TOOL_CALLS]name[ARGS]{..}` (later tokenizers,
+one marker per call, `[CALL_ID]id` optionally between). A marker with an empty end runs to the
+next start marker or the end of the text.
+
 Gemma writes its calls as Python in a fenced block (`TOOL_CODE`: ```tool_code, then
 `get_weather(city="Paris")`, then ```). That is read with `ast`, never run: only plain calls whose
 arguments are all keyword literals count; anything else stays text.
@@ -30,6 +36,9 @@ GENERIC_MARKERS: tuple[tuple[str, str], ...] = (
     ("<function=", "</function>"),
 )
 TOOL_CODE = ("```tool_code", "```")  # Gemma's fenced Python calls
+MISTRAL_START = "[TOOL_CALLS]"
+_MISTRAL_ARGS = "[ARGS]"
+_MISTRAL_CALL_ID = "[CALL_ID]"
 _PYTHON_TAG = "<|python_tag|>"  # Llama 3 prefixes some JSON calls with it
 _XML_FUNCTION = re.compile(r"<function=([^>\s]+)>(.*?)(?:</function>|$)", re.DOTALL)
 _XML_PARAMETER = re.compile(
@@ -113,7 +122,7 @@ class ToolCallParser:
         body = text.strip()
         if body.startswith(_PYTHON_TAG):
             body = body[len(_PYTHON_TAG) :].strip()
-        if body.startswith(("{", "[")):
+        if body.startswith(("{", "[")) and not body.startswith(self._starts):
             return self._bare(body)
         calls: list[ToolCall] = []
         while body:
@@ -121,13 +130,19 @@ class ToolCallParser:
             if pair is None:
                 return None  # prose after the markup: not a clean call
             start, end = pair
-            close = body.find(end, len(start))
-            segment = body[: close + len(end)] if close != -1 else body  # truncated: last one
+            if end:
+                close = body.find(end, len(start))
+                segment = body[: close + len(end)] if close != -1 else body  # truncated: last
+            else:  # runs to the next call's marker
+                close = body.find(start, len(start))
+                segment = body[:close] if close != -1 else body
             body = body[len(segment) :].strip()
             if start == "<function=":
                 parsed = _xml_calls(segment)
             elif start == TOOL_CODE[0]:
                 parsed = _python_calls(segment, start, end, self._names)
+            elif start == MISTRAL_START:
+                parsed = _mistral_calls(segment[len(start) :])
             else:
                 parsed = _json_call(segment, start, end)
             if parsed is None:
@@ -136,18 +151,13 @@ class ToolCallParser:
         return tuple(calls) or None
 
     def _bare(self, body: str) -> tuple[ToolCall, ...] | None:
-        try:
-            value = json.loads(body)
-        except ValueError:
-            return None
-        items = value if isinstance(value, list) else [value]
-        calls = [_call_from(item) for item in items]
-        if not calls or any(call is None for call in calls):
+        calls = _json_calls(body)
+        if calls is None:
             return None
         # Bare JSON is also what a plain JSON answer looks like: only a known tool counts.
-        if self._names and any(call.name not in self._names for call in calls if call):
+        if self._names and any(call.name not in self._names for call in calls):
             return None
-        return tuple(call for call in calls if call is not None)
+        return tuple(calls)
 
     def _shown(self, text: str) -> str:
         if text.strip():
@@ -169,11 +179,32 @@ def _json_call(segment: str, start: str, end: str) -> list[ToolCall] | None:
     inner = inner.strip()
     if inner.startswith("<function="):  # some Qwen variants nest the XML form in the tag
         return _xml_calls(inner)
+    return _json_calls(inner)
+
+
+def _json_calls(text: str) -> list[ToolCall] | None:
+    """One call object, or a list of them (Phi, Granite, Mistral v3), as JSON text."""
     try:
-        value = json.loads(inner)
+        value = json.loads(text)
     except ValueError:
         return None
-    call = _call_from(value)
+    calls = [_call_from(item) for item in (value if isinstance(value, list) else [value])]
+    if not calls or any(call is None for call in calls):
+        return None
+    return [call for call in calls if call is not None]
+
+
+def _mistral_calls(inner: str) -> list[ToolCall] | None:
+    """After one `[TOOL_CALLS]`: a JSON list (v3), or `name[ARGS]{..}` with an optional
+    `[CALL_ID]id` after the name (later tokenizers)."""
+    inner = inner.strip()
+    if inner.startswith(("[", "{")):
+        return _json_calls(inner)
+    head, found, arguments = inner.partition(_MISTRAL_ARGS)
+    name = head.partition(_MISTRAL_CALL_ID)[0].strip()
+    if not found or not name or any(c.isspace() for c in name):
+        return None
+    call = _call_from({"name": name, "arguments": arguments.strip()})
     return None if call is None else [call]
 
 

@@ -58,8 +58,16 @@ def _append(out: list[dict[str, Any]], role: str, text: str) -> None:
 
 
 def _call_line(call: Mapping[str, Any]) -> str:
+    name, arguments = call_parts(call)
+    # repr of JSON values is a Python literal: the same form the model writes and we parse.
+    keywords = ", ".join(f"{key}={value!r}" for key, value in arguments.items())
+    return f"{name}({keywords})"
+
+
+def call_parts(call: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """A conversation's tool call (OpenAI's shape or a bare one) as (name, arguments object);
+    arguments that are JSON text are parsed, anything not an object counts as none."""
     function = call.get("function", call)
-    name = function.get("name", "")
     arguments: Any = function.get("arguments") or {}
     if isinstance(arguments, str):
         try:
@@ -68,9 +76,7 @@ def _call_line(call: Mapping[str, Any]) -> str:
             arguments = {}
     if not isinstance(arguments, dict):
         arguments = {}
-    # repr of JSON values is a Python literal: the same form the model writes and we parse.
-    keywords = ", ".join(f"{key}={value!r}" for key, value in arguments.items())
-    return f"{name}({keywords})"
+    return str(function.get("name", "")), arguments
 
 
 def _function(tool: Mapping[str, Any]) -> Any:
