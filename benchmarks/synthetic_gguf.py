@@ -81,8 +81,7 @@ SHAPES = {
     "1b": Shape(hidden=2048, layers=16, heads=32, kv_heads=8, head_dim=64, ffn=8192, tied=True),
     "3b": Shape(hidden=3072, layers=28, heads=24, kv_heads=8, head_dim=128, ffn=8192, tied=True),
     "8b": Shape(hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128, ffn=14336, tied=False),
-    # Qwen3-30B-A3B: 128 experts of 768, 8 a token (~3.3B of 30.5B parameters active a token
-    # with its own 151936-token vocabulary; ~2.9B with SmolLM2's)
+    # Qwen3-30B-A3B: 128 experts of 768, 8 a token (3.3B of its 30.5B parameters active a token)
     "30b-a3b": Shape(
         hidden=2048,
         layers=48,
