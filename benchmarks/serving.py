@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/serving.py [--model smollm2-135m-instruct] [--tokens 128]
                                            [--prefix-tokens 500] [--repeats 3] [--threads N]
-                                           [--client httpx|socket] [--workers] [--out FILE]
+                                           [--client httpx|socket] [--workers] [--cluster]
+                                           [--out FILE]
 
 One process, one model, one engine: the same greedy stream (EOS ignored) is decoded straight
 from the engine and through a real HTTP server on 127.0.0.1 (the OpenAI chat route, streamed,
@@ -15,7 +16,14 @@ the cores, so the CPU a token of the server's event-loop thread (HTTP, SSE frami
 writes; with `--workers`, the front's and the worker's together) and of the client are reported
 beside it. Then a conversation with a `--prefix-tokens` system prompt: the second turn's time to
 first token against the first's (its prefix comes from the KV cache). Prints a table and writes
-JSON (default benchmarks/results/serving-<time>.json)."""
+JSON (default benchmarks/results/serving-<time>.json).
+
+`--cluster` (implies `--workers`) also serves the model through `modelhost serve --cluster`
+over a one-node Ray cluster started on this machine (`ray start --head --block` in its own
+process group, tests/cluster_nodes.py): its worker is a Ray actor's process reached over TCP
+with the cluster secret, and the front relays each token (no socket handoff across machines).
+Its streams alternate with the local worker's, and the table adds the cluster path's time per
+token and its difference from the local worker path's."""
 
 from __future__ import annotations
 
@@ -27,6 +35,7 @@ import os
 import re
 import socket
 import statistics
+import sys
 import threading
 import time
 import uuid
@@ -178,8 +187,14 @@ def main() -> None:
         action="store_true",
         help="serve the model from a worker process, as `modelhost serve` does",
     )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="also stream through `serve --cluster` on a one-node Ray cluster (implies --workers)",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    args.workers = args.workers or args.cluster
     share_the_gil_with_the_engine()  # as `modelhost serve` does where engines run
     torch.set_num_threads(args.threads)  # as `modelhost serve` sets them
 
@@ -200,12 +215,19 @@ def main() -> None:
 
     stream_in_child = http_stream_in_child if args.client == "httpx" else socket_stream_in_child
 
-    def http_stream(messages: list[dict[str, str]], tokens: int) -> tuple[float, float, float]:
-        return client.apply(stream_in_child, (url, messages, tokens))
+    def http_stream(
+        messages: list[dict[str, str]], tokens: int, at: str = url
+    ) -> tuple[float, float, float]:
+        return client.apply(stream_in_child, (at, messages, tokens))
 
+    cluster = start_cluster(args.model) if args.cluster else None
+    through_cluster: list[float] = []
+    cluster_front_cpu_s = 0.0
     try:
         hello = [{"role": "user", "content": "Tell me a long story."}]
         http_stream(hello, 8)  # warm-up (and, with --workers, the worker's start)
+        if cluster is not None:
+            http_stream(hello, 8, cluster[1].base_url)
         worker = host.peek(model_id) if host is not None else None
         worker_pid = worker.pid if worker is not None else None
         direct, served = [], []
@@ -218,6 +240,10 @@ def main() -> None:
             client_cpu_s += cpu_s
             served.append(per_token)
             direct.append(asyncio.run(engine_stream(app, hello, args.tokens)))
+            if cluster is not None:
+                front_before = process_cpu_s(cluster[1].process.pid)
+                through_cluster.append(http_stream(hello, args.tokens, cluster[1].base_url)[1])
+                cluster_front_cpu_s += process_cpu_s(cluster[1].process.pid) - front_before
         overhead = statistics.median(served) / statistics.median(direct) - 1
         streamed_tokens = args.repeats * args.tokens
 
@@ -234,12 +260,16 @@ def main() -> None:
         client.terminate()
         server.should_exit = True
         thread.join(timeout=30)
+        if cluster is not None:
+            cluster[1].stop()
+            cluster[0].stop()
 
     result = {
         "model": args.model,
         "threads": args.threads,
         "client": args.client,
-        "serving": "workers" if args.workers else "in-process",
+        "serving": ("cluster, " if args.cluster else "")
+        + ("workers" if args.workers else "in-process"),
         "tokens": args.tokens,
         "engine_ms_per_token": statistics.median(direct) * 1000,
         "http_ms_per_token": statistics.median(served) * 1000,
@@ -252,6 +282,15 @@ def main() -> None:
         "turn2_ttft_ms": statistics.median(second_ttft) * 1000,
     }
     result["turn2_over_turn1"] = result["turn2_ttft_ms"] / result["turn1_ttft_ms"]
+    if through_cluster:
+        result["cluster_ms_per_token"] = statistics.median(through_cluster) * 1000
+        result["cluster_minus_workers_ms_per_token"] = (
+            result["cluster_ms_per_token"] - result["http_ms_per_token"]
+        )
+        cluster_ms, workers_ms = result["cluster_ms_per_token"], result["http_ms_per_token"]
+        result["cluster_over_workers"] = cluster_ms / workers_ms
+        # The whole front process (its event loop, and Ray's threads in it), a relayed token.
+        result["cluster_front_cpu_us_per_token"] = cluster_front_cpu_s / streamed_tokens * 1e6
     result["server_loop_share"] = (
         result["server_loop_cpu_us_per_token"] / 1000 / result["http_ms_per_token"]
     )
@@ -264,11 +303,40 @@ def main() -> None:
         "client_cpu_us_per_token",
         "turn1_ttft_ms",
         "turn2_ttft_ms",
+        "cluster_ms_per_token",
+        "cluster_minus_workers_ms_per_token",
+        "cluster_front_cpu_us_per_token",
     ):
-        print(f"{key:<30} {result[key]:>10.1f}")
-    for key in ("http_overhead", "server_loop_share", "turn2_over_turn1"):
-        print(f"{key:<30} {result[key]:>10.1%}")
+        if key in result:
+            print(f"{key:<34} {result[key]:>10.3f}")
+    for key in ("http_overhead", "server_loop_share", "turn2_over_turn1", "cluster_over_workers"):
+        if key in result:
+            print(f"{key:<34} {result[key]:>10.1%}")
     write_result(result, args.out, "serving")
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user and system) process `pid` has used, all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_cluster(model: str) -> tuple[Any, Any]:
+    """A one-node Ray cluster on this machine and `serve --cluster` over it, serving `model`."""
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from cluster_nodes import ClusterFront, RayNodes
+
+    root = Path(tempfile.mkdtemp(prefix="modelhost-bench-cluster-"))
+    nodes = RayNodes(root, [100_000], [[]]).start()
+    try:
+        engine_flags = ["--batch", "8", "--hold", "0"]
+        front = ClusterFront(nodes, [model], root / "front", engine_flags).wait_ready()
+    except BaseException:
+        nodes.stop()
+        raise
+    return nodes, front
 
 
 def write_result(result: dict[str, Any], out: str | None, stem: str) -> None:

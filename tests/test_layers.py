@@ -32,7 +32,7 @@ LAYERS = {
 
 def package_of(name: str) -> str:
     """A top-level package or module of modelhost, the entry points taken as one package."""
-    if name.startswith("cli") or name in ("__main__", "serve_config"):
+    if name.startswith("cli") or name in ("__main__", "serve_config", "cluster"):
         return ENTRY_POINTS
     return name
 

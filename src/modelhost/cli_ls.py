@@ -5,12 +5,14 @@ WEIGHTS is what the loader keeps of the file (in `--quantize`'s mode), ESTIMATE 
 KV pool and one step's working memory. A model that cannot be served (an architecture or
 rotary variant not implemented, a tensor type the kernels lack) is SUPPORTED "no" and says why
 under the table. Residency is asked of a running server (`--url`); with none listening, the
-column says `-`.
+column says `-`. A cluster's front (`serve --cluster`) also says on which nodes each model is
+resident, and lists the models resident on other machines' disks too.
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from modelhost.inference.admission import BYTES_PER_GB
 from modelhost.models.modes import HELP as QUANTIZE_HELP
@@ -37,7 +39,8 @@ def run_ls(args: argparse.Namespace) -> int:
     budget = int(args.model_budget * BYTES_PER_GB) if args.model_budget else default_budget_bytes()
     shape = ServingShape(dtype_bytes=2 if cuda_available() else 4, quantize=quantize_mode(args))
     entries = ModelRegistry(args.paths, shape=shape).entries()
-    resident = _resident_ids(args.url)
+    served = _served_rows(args.url)
+    resident = None if served is None else {row["id"]: row for row in served}
     rows = [
         ("ID", "FORMAT", "ARCH", "SUPPORTED", "SIZE", "WEIGHTS", "ESTIMATE", "FITS", "RESIDENT")
     ]
@@ -53,9 +56,25 @@ def run_ls(args: argparse.Namespace) -> int:
                 _gb(entry.weights_bytes),
                 _gb(entry.estimate_bytes),
                 "refused" if entry.refusal is not None else fits,
-                "-" if resident is None else ("yes" if entry.id in resident else "no"),
+                "-" if resident is None else _resident_cell(resident.get(entry.id)),
             )
         )
+    local = {entry.id for entry in entries}
+    for remote in served or []:  # resident on a cluster node only
+        if remote["id"] not in local and remote.get("nodes"):
+            rows.append(
+                (
+                    remote["id"],
+                    str(remote.get("format", "?")),
+                    str(remote.get("architecture") or "?"),
+                    "no" if remote.get("refusal") else "yes",
+                    _gb(int(remote.get("size_bytes", 0))),
+                    "?",
+                    _gb(int(remote.get("estimate_bytes", 0))),
+                    "?",
+                    _resident_cell(remote),
+                )
+            )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print(
@@ -73,12 +92,21 @@ def _gb(num_bytes: int) -> str:
     return f"{num_bytes / BYTES_PER_GB:.2f} GB"
 
 
-def _resident_ids(url: str) -> set[str] | None:
+def _served_rows(url: str) -> list[dict[str, Any]] | None:
+    """The resident rows of the server at `url` (None: no server answered)."""
     import httpx
 
     try:
         response = httpx.get(f"{url.rstrip('/')}/v1/models", timeout=1.0)
         rows = response.json()["data"]
+        return [row for row in rows if isinstance(row, dict) and row.get("resident", True)]
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
         return None
-    return {row["id"] for row in rows if row.get("resident", True)}
+
+
+def _resident_cell(row: dict[str, Any] | None) -> str:
+    """`no`, `yes`, or on a cluster `yes: NODE, NODE`."""
+    if row is None:
+        return "no"
+    nodes = row.get("nodes")
+    return f"yes: {', '.join(nodes)}" if nodes else "yes"

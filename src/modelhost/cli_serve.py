@@ -82,6 +82,10 @@ def run_serve(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     settings = settings_from_args(args)
+    if getattr(args, "cluster", None):  # the only path that imports Ray
+        from modelhost.cluster.serve import run_cluster
+
+        return run_cluster(args, settings)
     names = list(args.models) or [DEFAULT_MODEL]
     registry = ModelRegistry(shape=serving_shape(args, settings))
     entries = [registry.resolve_argument(name) for name in names]
@@ -210,6 +214,20 @@ def _serve_routed(
         available=available_memory_bytes,
     )
     router = ModelRouter(host, registry, current=startup.id)
+    return serve_router(args, settings, router, start, mode, worker_samples)
+
+
+def serve_router(
+    args: argparse.Namespace,
+    settings: ServeSettings,
+    router: ModelRouter[Any],
+    start: Callable[[Any], Awaitable[None]],
+    mode: str,
+    worker_samples: WorkerSamples | None = None,
+) -> int:
+    """The app over `router`, served until a signal; `start(host)` runs before listening."""
+    host = router.host
+    startup_id = router.current
 
     async def start_all() -> None:
         try:  # opening the job store marks jobs a previous server left running as zombies
@@ -221,9 +239,11 @@ def _serve_routed(
             await pin_companion(router, "transcribe")
 
     app = create_routed_app(router, settings, start_all, worker_samples=worker_samples)
-    app.state.serving_mode = "workers" if mode else "in-process"
+    app.state.serving_mode = "cluster" if "cluster" in mode else "workers" if mode else "in-process"
     budget_text = f"{host.budget_bytes / BYTES_PER_GB:.1f} GB model budget{mode}"
-    print(f"modelhost: serving {startup.id} on http://{args.host}:{args.port}/v1 ({budget_text})",
+    if "cluster" in mode:  # its nodes and their budgets join once it starts
+        budget_text = mode.removeprefix(", ")
+    print(f"modelhost: serving {startup_id} on http://{args.host}:{args.port}/v1 ({budget_text})",
           file=sys.stderr)  # fmt: skip
     started = serve(
         app,

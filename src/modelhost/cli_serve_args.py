@@ -97,4 +97,35 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         help="CPU threads for engine steps that compute many prompt tokens, and for the native "
         "weight kernels of every step (default: all cores)",
     )  # fmt: skip
+    cluster = parser.add_argument_group("cluster (needs `pip install 'modelhost[cluster]'`)")
+    cluster.add_argument(
+        "--cluster", default=None, metavar="HEAD:PORT",
+        help="serve the models of every node of this Ray cluster (`ray start --head` made it; "
+        "`ray start --address HEAD:PORT` joins a machine to it)",
+    )  # fmt: skip
+    cluster.add_argument(
+        "--node-budget", type=float, default=None, metavar="GB",
+        help="decimal GB for the models of each node that advertises no modelhost_budget_mb "
+        "resource (default: 70%% of its RAM, or of its GPU memory)",
+    )  # fmt: skip
+    cluster.add_argument(
+        "--replicas", action="append", default=[], metavar="MODEL=N",
+        help="keep N copies of MODEL on distinct nodes (repeatable)",
+    )  # fmt: skip
+    cluster.add_argument(
+        "--cluster-token-file", default=None, metavar="PATH",
+        help="the secret every request to a node's worker carries (a 0600 file; default: one "
+        "the cluster's first front made, kept in the cluster's key-value store)",
+    )  # fmt: skip
     return parser
+
+
+def parse_replicas(values: list[str]) -> dict[str, int]:
+    """`--replicas MODEL=N` (repeatable) as {model: N}."""
+    replicas: dict[str, int] = {}
+    for value in values:
+        model, _, count = value.rpartition("=")
+        if not model or not count.isdigit() or int(count) < 1:
+            raise SystemExit(f"modelhost serve: --replicas takes MODEL=N (N >= 1), not '{value}'")
+        replicas[model] = int(count)
+    return replicas

@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from modelhost.residency.supervisor import (
     MAX_RESTARTS,
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from modelhost.server.settings import ServeSettings
 
 WORKER_COMMAND = (sys.executable, "-m", "modelhost.cli_worker")
+TCP_PORT_FILE = "tcp-port"  # beside the socket: the port of `--listen`
 
 
 # ---------------------------------------------------------------------------------------------
@@ -89,10 +90,7 @@ def worker_loader(
             raise
         unit = WorkerUnit(entry.id, entry.weights_bytes, worker)
         unit.load_ms = (time.perf_counter() - started) * 1000
-        listed = await unit.get_json("/v1/models")
-        rows = listed.get("data") if listed is not None else None
-        if isinstance(rows, list) and rows and isinstance(rows[0], dict):
-            unit.card_row = rows[0]  # what /v1/models lists for it (fixed for its lifetime)
+        await unit.read_card()
         return unit
 
     return load
@@ -113,6 +111,21 @@ def bind_private_socket(path: str) -> socket.socket:
     os.chmod(path, 0o600)
     sock.listen(128)
     sock.set_inheritable(False)
+    return sock
+
+
+def bind_tcp(host: str, port_file: Path) -> socket.socket:
+    """A listening TCP socket on `host` at a free port, the port written to `port_file`."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # Each token is a small write: without this, Nagle holds one back until the front's delayed
+    # ACK (40-200 ms a token). Linux passes the option on to the accepted connections.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind((host, 0))
+    sock.listen(128)
+    sock.set_inheritable(False)
+    port_file.write_text(str(sock.getsockname()[1]))  # read once the worker answers /health
     return sock
 
 
@@ -137,6 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--operations", default="generate", help="comma-separated, as listed")
     parser.add_argument("--config", default="{}")
     parser.add_argument("--log-level", default="warning")
+    parser.add_argument(
+        "--listen", default=None, metavar="HOST",
+        help="also serve on TCP at HOST (a free port, written beside the socket as "
+        f"{TCP_PORT_FILE}), each request needing the cluster secret from the environment",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     exit_with_parent(args.socket)
     logging.basicConfig(  # its request lines join the parent's log (they share stderr)
@@ -176,14 +194,21 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(stage, settings)
     sock = bind_private_socket(args.socket)
     handoff = SocketReceiver(bind_private_socket(handoff_socket_path(args.socket)))
+    served: Any = StreamHandoff(app, handoff)
+    sockets = [sock]
+    if args.listen is not None:  # a cluster node's worker: its front is on another machine
+        from modelhost.server.cluster_secret import ClusterSecretGuard, secret_from_env
+
+        served = ClusterSecretGuard(served, secret_from_env() or "")
+        sockets.append(bind_tcp(args.listen, Path(args.socket).with_name(TCP_PORT_FILE)))
     uv_config = uvicorn.Config(
-        StreamHandoff(app, handoff),
+        served,
         log_level=args.log_level,
         access_log=False,
         timeout_graceful_shutdown=5,
         lifespan="on",
     )
-    Server(uv_config, drain=app.state.drain).run(sockets=[sock])
+    Server(uv_config, drain=app.state.drain).run(sockets=sockets)
     return 0
 
 

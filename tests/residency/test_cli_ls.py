@@ -39,3 +39,27 @@ def test_ls_lists_a_model_it_cannot_serve_as_refused_and_says_why(
     rows = {line.split()[0]: line.split() for line in table}
     assert rows["tiny-iq"][-2] == "refused"
     assert "tiny-iq cannot be served: tensor blk.1.ffn_up.weight is IQ4_NL" in "\n".join(lines)
+
+
+def test_ls_says_on_which_cluster_nodes_each_model_is_resident(
+    tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from live_server import LiveServer
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    rows = [
+        {"id": "smollm2-135m-instruct", "resident": True, "nodes": ["10.0.0.1/aa", "10.0.0.2/bb"]},
+        {"id": "far-away", "resident": True, "nodes": ["10.0.0.2/bb"], "format": "gguf"},
+        {"id": "gemma-3-270m", "resident": False},
+    ]
+    listing = Route("/v1/models", lambda request: JSONResponse({"data": rows}))
+    with LiveServer(Starlette(routes=[listing])) as front:
+        assert main(["ls", str(tmp_path), "--url", front.base_url]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    table = {line.split()[0]: line for line in lines[1:] if line.strip()}
+    assert table["smollm2-135m-instruct"].endswith("yes: 10.0.0.1/aa, 10.0.0.2/bb")
+    assert table["gemma-3-270m"].endswith("no")
+    assert table["far-away"].split()[1] == "gguf"  # on another node's disk only
+    assert table["far-away"].endswith("yes: 10.0.0.2/bb")

@@ -342,6 +342,10 @@ class ResidencyHost(Generic[U]):
     def _free(self, except_id: str | None) -> int:
         return max(0, self.budget_bytes - self.used_bytes(except_id))
 
+    async def refresh(self) -> None:
+        """Take every resident's current reading (before asking `plan` about a new model)."""
+        await self._refresh()
+
     async def _refresh(self) -> None:
         """Ask every resident for a current reading before deciding who fits."""
         ready = [s.unit for s in self._slots.values() if s.state == "ready" and s.unit is not None]

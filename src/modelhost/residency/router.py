@@ -44,6 +44,7 @@ class ListedModel:
     current: bool
     state: str = "available"  # or what the host says: loading, ready, draining
     progress: float | None = None  # while loading: the fraction of its weights read
+    nodes: tuple[str, ...] = ()  # in a cluster: the nodes that hold it
 
 
 class ModelRouter(Generic[U]):
@@ -112,20 +113,24 @@ class ModelRouter(Generic[U]):
 
     def listing(self) -> list[ListedModel]:
         """Every local model: the current one first, then the other resident ones, then the rest."""
-        held = {m.id: m for m in self.host.resident()}
+        resident = self.host.resident()
+        held = {m.id: m for m in resident}
         rows = []
         for entry in self.registry.entries():
             model = held.get(entry.id)
             state = model.state if model is not None else "available"
             progress = model.progress if model is not None else None
             unit, current = self.host.peek(entry.id), entry.id == self.current
-            rows.append(ListedModel(entry, unit, state == "ready", current, state, progress))
+            nodes = tuple(m.node for m in resident if m.id == entry.id and m.node is not None)
+            rows.append(ListedModel(entry, unit, state == "ready", current, state, progress, nodes))
         return sorted(rows, key=lambda row: (not row.current, not row.resident))
 
     def residency(self) -> dict[str, Any]:
         """`/stats.models`: the current model, the budget and what is resident."""
         models = self.host.resident()
+        nodes = getattr(self.host, "nodes_view", None)  # a cluster's members
         return {
+            **({"nodes": nodes()} if nodes is not None else {}),
             "current": self.current,
             "budget_bytes": self.host.budget_bytes,
             "resident_bytes": sum(m.bytes for m in models),
@@ -138,6 +143,7 @@ class ModelRouter(Generic[U]):
                     "leases": m.leases,
                     "last_used_at": m.last_used_at,
                     **({"progress": round(m.progress, 4)} if m.progress is not None else {}),
+                    **({"node": m.node} if m.node is not None else {}),
                 }
                 for m in models
             ],

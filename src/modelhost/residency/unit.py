@@ -90,6 +90,7 @@ class ResidentModel:
     operations: tuple[str, ...] = field(default=())
     role: str = "primary"
     progress: float | None = None  # while loading: the fraction of its weights read
+    node: str | None = None  # in a cluster: the node that holds it
 
 
 class Pause:

@@ -141,16 +141,21 @@ class _Body(httpx.AsyncByteStream):
 
 
 class WorkerTransport(httpx.AsyncBaseTransport):
-    """httpx's transport to the worker listening on `socket_path`."""
+    """httpx's transport to the worker listening on `socket_path`, or on TCP at `address`
+    (a cluster node's worker)."""
 
-    def __init__(self, socket_path: str) -> None:
+    def __init__(self, socket_path: str = "", *, address: tuple[str, int] | None = None) -> None:
         self.socket_path = socket_path
+        self.address = address
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         timeouts = request.extensions.get("timeout", {})
         try:
             async with asyncio.timeout(timeouts.get("connect")):
-                reader, writer = await asyncio.open_unix_connection(self.socket_path)
+                if self.address is not None:
+                    reader, writer = await asyncio.open_connection(*self.address)
+                else:
+                    reader, writer = await asyncio.open_unix_connection(self.socket_path)
         except TimeoutError as exc:
             raise httpx.ConnectTimeout(str(exc), request=request) from exc
         except OSError as exc:

@@ -21,6 +21,8 @@ DRAIN_ANSWER_S = 2.0  # a forced drain answers at once; a worker that does not i
 
 class WorkerUnit:
     resumed = False
+    hands_off = True  # a stream's client socket may be passed to the worker (same machine)
+    node: str | None = None  # in a cluster: the node the worker runs on
 
     def __init__(self, model_id: str, weights_bytes: int, worker: WorkerProcess) -> None:
         self._model_id = model_id
@@ -109,6 +111,13 @@ class WorkerUnit:
             )
             self._client_socket = socket_path
         return self._client
+
+    async def read_card(self) -> None:
+        """Ask the worker for the row `/v1/models` lists for it (fixed for its lifetime)."""
+        listed = await self.get_json("/v1/models")
+        rows = listed.get("data") if listed is not None else None
+        if isinstance(rows, list) and rows and isinstance(rows[0], dict):
+            self.card_row = rows[0]
 
     async def get_json(self, path: str) -> dict[str, Any] | None:
         """A GET on the worker (its /stats), or None when it cannot be reached or answers

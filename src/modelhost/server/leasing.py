@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from modelhost.inference.contracts import RequestCancelled
+from modelhost.residency.cluster import request_body
 from modelhost.residency.router import ModelRouter
 from modelhost.residency.unit import ResidencyError
 from modelhost.residency.worker_unit import WorkerUnit
@@ -63,6 +64,7 @@ class ModelLeasing:
                 await self.app(scope, replay_body(body, receive), send)
                 return
             model_id = active.model_id
+        request_body.set(body)  # a cluster's replicas are chosen by the conversation's prefix
         acquiring = asyncio.create_task(self.router.acquire(model_id))
         gone = asyncio.create_task(wait_for_disconnect(receive))
         await asyncio.wait({acquiring, gone}, return_when=asyncio.FIRST_COMPLETED)

@@ -9,7 +9,7 @@ OpenAI's shape; `unload` refuses a model that is answering a request unless `?fo
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, cast
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -76,6 +76,10 @@ async def engine(request: Request) -> Response:
         unit = router.host.peek(model.id)
         worker = getattr(unit, "worker", None)
         row: dict[str, Any] = {"id": model.id, "role": model.role, "state": model.state}
+        if model.node is not None:  # a cluster's: each replica on its node
+            row["node"] = model.node
+            unit = cast(Any, router.host).peek_on(model.id, model.node)
+            worker = getattr(unit, "worker", None)
         if worker is not None:
             row.update(pid=worker.pid, worker_state=worker.state, restarts=worker.restarts)
             row["socket"] = worker.socket_path if worker.directory is not None else None

@@ -108,6 +108,8 @@ def listed_row(listed: ListedModel) -> dict[str, Any]:
         extra["progress"] = round(listed.progress, 4)
     if entry.refusal is not None:
         extra["refusal"] = entry.refusal
+    if listed.nodes:  # a cluster's: where it is resident
+        extra["nodes"] = list(listed.nodes)
     return {
         **row,
         "resident": listed.resident,

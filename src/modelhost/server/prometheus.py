@@ -348,9 +348,11 @@ class ServingCollector:
 
     @staticmethod
     def _units(router: Any) -> Iterator[tuple[str, Any]]:
+        seen = set()  # a cluster lists each replica of a model: one series a model
         for resident in router.host.resident():
             unit = router.host.peek(resident.id)
-            if unit is not None:
+            if unit is not None and resident.id not in seen:
+                seen.add(resident.id)
                 yield resident.id, unit
 
     def _residency(self) -> Iterator[Metric]:
@@ -360,8 +362,11 @@ class ServingCollector:
         resident = GaugeMetricFamily(
             "modelhost_resident_bytes", "Bytes each resident model holds", labels=["model", "state"]
         )
-        for model in router.host.resident():
-            resident.add_metric([model.id, model.state], model.bytes)
+        held: dict[tuple[str, str], int] = {}
+        for model in router.host.resident():  # a cluster's replicas of one model: summed
+            held[(model.id, model.state)] = held.get((model.id, model.state), 0) + model.bytes
+        for (model_id, state), num_bytes in held.items():
+            resident.add_metric([model_id, state], num_bytes)
         yield resident
         yield GaugeMetricFamily(
             "modelhost_residency_budget_bytes",

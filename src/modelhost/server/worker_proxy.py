@@ -22,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from modelhost.inference.contracts import SERVER_SHUTTING_DOWN, EngineUnavailable
 from modelhost.residency.worker_unit import WorkerUnit
+from modelhost.server.cluster_secret import SECRET_HEADER
 from modelhost.server.http import ErrorShape, stream_status, wait_for_disconnect
 from modelhost.server.http_server import TRANSPORT_EXTENSION
 from modelhost.server.request_context import current_request
@@ -57,11 +58,13 @@ HOP_BY_HOP = frozenset(
         "upgrade",
         "host",
         "content-length",
+        SECRET_HEADER,  # the front's own, to a cluster's worker; never a client's
     }
 )
 # Set again by the front server on every response: relayed too, a client would see two of each.
 FRONT_RESPONSE_HEADERS = frozenset({"date", "server"})
 PID_HEADER = "x-modelhost-worker-pid"
+NODE_HEADER = "x-modelhost-node"
 
 
 def unavailable_body(model_id: str, why: str) -> dict[str, Any]:
@@ -95,7 +98,8 @@ async def proxy(
     headers = [
         (k, v) for k, v in scope.get("headers", []) if k.decode("latin-1").lower() not in HOP_BY_HOP
     ]
-    token = secrets.token_hex(16).encode() if _client_transport(scope) else None
+    hands_off = unit.hands_off and _client_transport(scope) is not None
+    token = secrets.token_hex(16).encode() if hands_off else None
     if token is not None:
         headers.append((HANDOFF_HEADER, token))
     query = scope.get("query_string", b"").decode("latin-1")
@@ -138,6 +142,8 @@ async def relay(
         if k.decode("latin-1").lower() not in HOP_BY_HOP | FRONT_RESPONSE_HEADERS
     ]
     out_headers.append((PID_HEADER.encode(), str(unit.pid).encode()))
+    if unit.node is not None:
+        out_headers.append((NODE_HEADER.encode(), unit.node.encode()))
     is_stream = upstream.headers.get("content-type", "").startswith("text/event-stream")
     ready = token is not None and header_value(upstream.headers.raw, HANDOFF_HEADER) == READY
     if ready:

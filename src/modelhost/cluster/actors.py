@@ -1,0 +1,132 @@
+"""The two Ray actors a cluster runs on each node, pinned there (hard node affinity, no CPUs).
+
+- `NodeAgent`, one per node: what the node holds (its registry, as `modelhost ls` sees it there:
+  `MODELHOST_HOME/models`, the Hugging Face cache, the embedded models), its memory, its address.
+- `ModelWorker`, one per resident model: it spawns and owns today's worker process on its node
+  (`modelhost.cli_worker`, the same `WorkerProcess` a single machine uses, with its 3-per-minute
+  restart rule), which listens on its private Unix socket and on the node's cluster address
+  (`--listen`), guarded by the cluster secret. Tokens go from that worker to the front as
+  HTTP/SSE over TCP; Ray carries only control calls (start, health, measure, stop).
+
+Both read their node's environment: the `ray start` that made the node chose MODELHOST_HOME.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from modelhost.residency.registry import ModelEntry, ModelRegistry, ServingShape
+from modelhost.residency.supervisor import WorkerFailed, WorkerProcess
+from modelhost.server.cluster_secret import SECRET_ENV
+
+TCP_PORT_FILE = "tcp-port"  # cli_worker's, beside its socket (not imported: it loads the server)
+
+
+def node_address() -> str:
+    return str(ray.util.get_node_ip_address())
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class NodeAgent:
+    def __init__(self, shape: dict[str, Any], paths: list[str]) -> None:
+        self.registry = ModelRegistry(paths, shape=ServingShape(**shape))
+
+    def describe(self) -> dict[str, Any]:
+        from modelhost.serve_config import available_memory_bytes, default_budget_bytes
+
+        return {
+            "address": node_address(),
+            "default_budget_bytes": default_budget_bytes(),
+            "available_bytes": available_memory_bytes(),
+            "home": os.environ.get("MODELHOST_HOME"),
+        }
+
+    def models(self) -> list[ModelEntry]:
+        return self.registry.entries()
+
+    def available_bytes(self) -> int | None:
+        from modelhost.serve_config import available_memory_bytes
+
+        return available_memory_bytes()
+
+    def ping(self) -> bool:
+        return True
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class ModelWorker:
+    """One model's worker process on this node (an async actor: its calls share one loop)."""
+
+    def __init__(self) -> None:
+        self.worker: WorkerProcess | None = None
+        self.address = node_address()
+        # Ray gives its own worker processes OMP_NUM_THREADS=1 (no num_cpus asked); the model's
+        # worker is not one of them: it sizes its threads as on a single machine (--threads).
+        os.environ.pop("OMP_NUM_THREADS", None)
+
+    async def start(
+        self, arguments: list[str], secret: str, env: dict[str, str], start_timeout_s: float
+    ) -> dict[str, Any]:
+        """Spawn the worker (`cli_worker` `arguments`) and wait until it answers."""
+        command = [sys.executable, "-m", "modelhost.cli_worker", *arguments]
+        self.worker = WorkerProcess(
+            [*command, "--listen", self.address],
+            env={**env, SECRET_ENV: secret},
+            start_timeout_s=start_timeout_s,
+        )
+        try:
+            await self.worker.start()
+        except WorkerFailed as exc:
+            await self.worker.stop()
+            raise RuntimeError(str(exc)) from None
+        return self.where()
+
+    def where(self) -> dict[str, Any]:
+        """The worker's TCP address, process and restarts (the port changes on a restart)."""
+        assert self.worker is not None
+        port_file = Path(self.worker.socket_path).with_name(TCP_PORT_FILE)
+        return {
+            "host": self.address,
+            "port": int(port_file.read_text()),
+            "pid": self.worker.pid,
+            "restarts": self.worker.restarts,
+            "state": self.worker.state,
+        }
+
+    async def ensure_alive(self) -> dict[str, Any] | None:
+        """Respawn a dead worker when its restarts allow; its address, or None."""
+        if self.worker is None or not await self.worker.ensure_alive():
+            return None
+        return self.where()
+
+    async def wait_dead(self, timeout_s: float) -> bool:
+        return self.worker is None or await self.worker.wait_dead(timeout_s)
+
+    def rss_bytes(self) -> int | None:
+        return self.worker.rss_bytes() if self.worker is not None else None
+
+    def exhausted(self) -> bool:
+        return self.worker is None or self.worker.exhausted()
+
+    async def interrupt(self) -> None:
+        """End the worker's requests now (the front's forced shutdown)."""
+        import httpx
+
+        if self.worker is None or not self.worker.alive():
+            return
+        try:
+            transport = httpx.AsyncHTTPTransport(uds=self.worker.socket_path)
+            async with httpx.AsyncClient(transport=transport, base_url="http://w") as client:
+                body = {"timeout_ms": 0, "force": True}
+                (await client.post("/admin/drain", json=body, timeout=2.0)).raise_for_status()
+        except httpx.HTTPError:
+            self.worker.kill_now()
+
+    async def stop(self) -> None:
+        if self.worker is not None:
+            await self.worker.stop()

@@ -1,0 +1,220 @@
+"""`modelhost serve --cluster` over a Ray cluster simulated on this machine: two nodes, each its own
+`ray start` process group and MODELHOST_HOME, the front a `modelhost serve` process, and the
+official SDKs as clients.
+
+One cluster for the module (Ray is heavy on two cores). The node `small` (the head) has room
+for one worker process (~330 MB resident for a tiny model), `large` for many. Both hold tiny-a
+and tiny-b; only `small` holds tiny-c. The front keeps two replicas of tiny-a. The tests run in
+file order; the last one kills `large`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+from cluster_nodes import ClusterFront, RayNodes
+from tiny_models import make_tiny_checkpoint
+
+pytest.importorskip("ray")
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(600)]
+
+SMALL_MB, LARGE_MB = 300, 3000
+SPEECH = Path(__file__).resolve().parents[1] / "fixtures" / "audio" / "deliver-umbrellas.en.ogg"
+FRONT_ARGUMENTS = ["tiny-a", "--replicas", "tiny-a=2", "--hold", "0"]
+FIRST_TURN = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}]
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    models_dir: Path, smollm2: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    root = tmp_path_factory.mktemp("cluster")
+    only_small = make_tiny_checkpoint(root / "models" / "tiny-c", "qwen3", smollm2)
+    shared = [models_dir / "tiny-a", models_dir / "tiny-b"]
+    nodes = RayNodes(root, [SMALL_MB, LARGE_MB], [[*shared, only_small], shared]).start()
+    world: dict[str, Any] = {"nodes": nodes, "root": root}
+    try:
+        front = ClusterFront(nodes, FRONT_ARGUMENTS, root / "front").wait_ready()
+        world.update(front=front, url=front.base_url)
+        members = httpx.get(f"{front.base_url}/stats").json()["models"]["nodes"]
+        by_budget = {row["budget_bytes"]: row["node"] for row in members}
+        world.update(small=by_budget[SMALL_MB * 1_000_000], large=by_budget[LARGE_MB * 1_000_000])
+        yield world
+    finally:
+        if "front" in world:
+            world["front"].stop()
+        nodes.stop()
+
+
+@pytest.fixture(scope="module")
+def client(cluster: dict[str, Any]) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{cluster['url']}/v1", api_key="x", max_retries=0) as client:
+        yield client
+
+
+def nodes_of(url: str, model_id: str) -> list[str]:
+    rows = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
+    return sorted(next(row for row in rows if row["id"] == model_id).get("nodes", []))
+
+
+def chat(url: str, model: str, messages: list[dict[str, str]], **extra: Any) -> httpx.Response:
+    body = {"model": model, "messages": messages, "max_tokens": 4, **extra}
+    response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=180)
+    assert response.status_code == 200, response.text
+    return response
+
+
+def test_a_replicated_model_is_listed_on_two_nodes_with_each_nodes_budget(cluster):
+    url = cluster["url"]
+    assert nodes_of(url, "tiny-a") == sorted([cluster["small"], cluster["large"]])
+    assert nodes_of(url, "tiny-c") == []  # on small's disk, not resident
+    models = httpx.get(f"{url}/stats").json()["models"]
+    assert {row["node"] for row in models["resident"]} == {cluster["small"], cluster["large"]}
+    assert models["budget_bytes"] == (SMALL_MB + LARGE_MB) * 1_000_000
+    engine = httpx.get(f"{url}/engine").json()
+    assert engine["mode"] == "cluster"
+    metrics = httpx.get(f"{url}/metrics").text
+    assert metrics.count('modelhost_resident_bytes{model="tiny-a",state="ready"}') == 1
+    assert {row["node"] for row in engine["workers"]} == {cluster["small"], cluster["large"]}
+
+
+def test_the_second_turn_of_a_conversation_goes_to_the_replica_holding_its_prefix(cluster):
+    url = cluster["url"]
+    first = chat(url, "tiny-a", FIRST_TURN)
+    reply = first.json()["choices"][0]["message"]["content"]
+    turns = [*FIRST_TURN, {"role": "assistant", "content": reply}]
+    second = chat(url, "tiny-a", [*turns, {"role": "user", "content": "And then?"}])
+    assert second.headers["x-modelhost-node"] == first.headers["x-modelhost-node"]
+    assert second.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+def test_conversations_are_spread_over_the_replicas(cluster):
+    served = {
+        chat(
+            cluster["url"], "tiny-a", [{"role": "user", "content": f"Topic {i}"}], max_tokens=1
+        ).headers["x-modelhost-node"]
+        for i in range(12)
+    }  # each lands on either replica by its own hash: all on one is 1 in 2048
+    assert served == {cluster["small"], cluster["large"]}
+
+
+def test_every_sdk_surface_answers_through_the_cluster(cluster, client):
+    url = cluster["url"]
+    chat_reply = client.chat.completions.create(
+        model="tiny-a", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+    )
+    assert chat_reply.model == "tiny-a" and chat_reply.usage.completion_tokens > 0
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny-a", messages=[{"role": "user", "content": "hi"}], max_tokens=3, stream=True
+        )
+    )
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    completion = client.completions.create(model="tiny-a", prompt="Once", max_tokens=3)
+    assert completion.choices[0].finish_reason in ("stop", "length")
+    response = client.responses.create(model="tiny-a", input="hi", max_output_tokens=3)
+    assert response.status == "completed" or response.incomplete_details is not None
+    embedded = client.embeddings.create(model="all-minilm-l6-v2", input=["a", "b"])
+    assert len(embedded.data) == 2 and len(embedded.data[0].embedding) == 384
+    with anthropic.Anthropic(base_url=url, api_key="x", max_retries=0) as claude:
+        message = claude.messages.create(
+            model="tiny-a", max_tokens=3, messages=[{"role": "user", "content": "hi"}]
+        )
+    assert message.stop_reason in ("end_turn", "max_tokens")
+    question = {"type": "predicate", "name": "refund", "instructions": "Money back?"}
+    decided = httpx.post(
+        f"{url}/v1/decisions",
+        json={"model": "tiny-a", "input": "I want a refund", "questions": [question]},
+        timeout=120,
+    )
+    assert decided.status_code == 200, decided.text
+    assert [answer["name"] for answer in decided.json()["answers"]] == ["refund"]
+
+
+def test_speech_is_transcribed_through_the_cluster(cluster, client):
+    with SPEECH.open("rb") as clip:
+        text = client.audio.transcriptions.create(model="whisper-1", file=clip).text
+    assert "umbrellas" in text.lower()
+
+
+def test_a_front_that_restarts_finds_the_models_resident_on_the_nodes(cluster):
+    before = {m: nodes_of(cluster["url"], m) for m in ("tiny-a", "all-minilm-l6-v2")}
+    os.killpg(cluster["front"].process.pid, signal.SIGKILL)  # no drain: as if it crashed
+    cluster["front"].process.wait()
+    front = ClusterFront(cluster["nodes"], FRONT_ARGUMENTS, cluster["root"] / "front")
+    cluster.update(front=front.wait_ready(), url=front.base_url)
+    after = {m: nodes_of(cluster["url"], m) for m in ("tiny-a", "all-minilm-l6-v2")}
+    assert after == before
+    assert len(after["tiny-a"]) == 2
+    engine = httpx.get(f"{cluster['url']}/engine").json()
+    assert len([row for row in engine["workers"] if row["id"] == "tiny-a"]) == 2  # none new
+
+
+def test_a_new_model_loads_on_the_node_with_the_most_free_budget(cluster):
+    served = chat(cluster["url"], "tiny-b", FIRST_TURN)
+    assert served.headers["x-modelhost-node"] == cluster["large"]
+    assert nodes_of(cluster["url"], "tiny-b") == [cluster["large"]]
+
+
+def test_a_model_only_one_node_has_evicts_there_and_leaves_the_other_node_alone(cluster):
+    url = cluster["url"]
+    served = chat(url, "tiny-c", FIRST_TURN)
+    assert served.headers["x-modelhost-node"] == cluster["small"]
+    assert nodes_of(url, "tiny-c") == [cluster["small"]]
+    assert nodes_of(url, "tiny-a") == [cluster["large"]]  # small's replica made room
+    assert nodes_of(url, "tiny-b") == [cluster["large"]]
+
+
+def test_a_worker_refuses_a_request_without_the_cluster_secret(cluster):
+    workers = httpx.get(f"{cluster['url']}/engine").json()["workers"]
+    address = next(row["socket"] for row in workers if row["id"] == "tiny-b")
+    assert address.startswith("tcp://")
+    base = "http://" + address.removeprefix("tcp://")
+    body = {"model": "tiny-b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for headers in ({}, {"x-modelhost-cluster-secret": "a guess"}):
+        refused = httpx.post(f"{base}/v1/chat/completions", json=body, headers=headers)
+        assert refused.status_code == 401
+        assert refused.json()["error"]["code"] == "cluster_secret_required"
+    # A client's own secret header is never passed on: the front's is.
+    through = httpx.post(
+        f"{cluster['url']}/v1/chat/completions",
+        json=body,
+        headers={"x-modelhost-cluster-secret": "a guess"},
+        timeout=60,
+    )
+    assert through.status_code == 200
+
+
+def test_a_node_that_dies_mid_stream_ends_it_with_the_error_frame_and_its_model_moves(cluster):
+    url, nodes = cluster["url"], cluster["nodes"]
+    workers = httpx.get(f"{url}/engine").json()["workers"]
+    pids = [row["pid"] for row in workers if row["node"] == cluster["large"]]
+    body = {"model": "tiny-b", "messages": FIRST_TURN, "max_tokens": 400, "stream": True}
+    frames = []
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as stream:
+        assert stream.headers["x-modelhost-node"] == cluster["large"]
+        lines = stream.iter_lines()
+        frames.append(next(line for line in lines if line.startswith("data:")))
+        nodes.kill(1)  # the large node's Ray processes, and the worker processes on it
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        frames += [line for line in lines if line.startswith("data:")]
+    killed_at = time.monotonic()
+    last = json.loads(frames[-1].removeprefix("data:"))
+    assert last["error"]["code"] == "engine_unavailable", frames[-3:]
+    while cluster["large"] in nodes_of(url, "tiny-b"):
+        assert time.monotonic() - killed_at < 10, "the dead node is still listed"
+        time.sleep(0.5)
+    moved = chat(url, "tiny-b", FIRST_TURN)
+    assert moved.headers["x-modelhost-node"] == cluster["small"]
+    assert nodes_of(url, "tiny-b") == [cluster["small"]]

@@ -1,0 +1,43 @@
+"""What `--cluster` adds without starting a cluster: single-machine serving never imports Ray,
+and the cluster's flags refuse what they cannot use."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from modelhost.cli_serve_args import parse_replicas
+from modelhost.server.cluster_secret import read_token_file
+
+SINGLE_MACHINE_IMPORTS = """
+import sys
+import modelhost.cli, modelhost.cli_serve, modelhost.cli_worker, modelhost.cli_ls
+import modelhost.server.app, modelhost.server.leasing, modelhost.server.worker_proxy
+import modelhost.residency.cluster
+assert "ray" not in sys.modules, sorted(m for m in sys.modules if m.startswith("ray"))
+"""
+
+
+def test_serving_on_one_machine_never_imports_ray():
+    done = subprocess.run([sys.executable, "-c", SINGLE_MACHINE_IMPORTS], capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()
+
+
+def test_replicas_are_read_as_model_and_count():
+    assert parse_replicas(["org/model=2", "tiny=1"]) == {"org/model": 2, "tiny": 1}
+    for bad in ("tiny", "tiny=0", "=2", "tiny=two"):
+        with pytest.raises(SystemExit, match="MODEL=N"):
+            parse_replicas([bad])
+
+
+def test_a_token_file_others_can_read_is_refused(tmp_path: Path):
+    token = tmp_path / "token"
+    token.write_text("s3cret-of-the-cluster-0123456789\n")
+    token.chmod(0o644)
+    with pytest.raises(SystemExit, match="chmod 600"):
+        read_token_file(token)
+    token.chmod(0o600)
+    assert read_token_file(token) == "s3cret-of-the-cluster-0123456789"
