@@ -1,6 +1,6 @@
 """Llama-shaped GGUF files with random weights and SmolLM2's real tokenizer (issue 26).
 
-    python benchmarks/synthetic_gguf.py --shape {tiny,1b,3b,8b} --type Q4_K_M -o FILE
+    python benchmarks/synthetic_gguf.py --shape {tiny,1b,3b,8b,30b-a3b} --type Q4_K_M -o FILE
                                         [--layers N] [--seed S]
 
 What a model costs to load, hold and run (memory, load time, bytes read a token) depends on its
@@ -63,6 +63,15 @@ class Shape:
     context: int = 8192
     rope_theta: float = 500000.0
     rms_eps: float = 1e-5
+    # A mixture of experts (Qwen3-MoE, GGUF `qwen3moe`): every layer's MLP is `experts` SwiGLU
+    # experts of width `expert_ffn`, `experts_used` a token, behind a router; q/k norms.
+    experts: int = 0
+    experts_used: int = 0
+    expert_ffn: int = 0
+
+    @property
+    def architecture(self) -> str:
+        return "qwen3moe" if self.experts else "llama"
 
 
 # Llama 3.2 1B / 3B and Llama 3.1 8B, with SmolLM2's vocabulary; `tiny` is the narrowest shape
@@ -72,6 +81,21 @@ SHAPES = {
     "1b": Shape(hidden=2048, layers=16, heads=32, kv_heads=8, head_dim=64, ffn=8192, tied=True),
     "3b": Shape(hidden=3072, layers=28, heads=24, kv_heads=8, head_dim=128, ffn=8192, tied=True),
     "8b": Shape(hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128, ffn=14336, tied=False),
+    # Qwen3-30B-A3B: 128 experts of 768, 8 a token (3.3B of its 30.5B parameters active a token)
+    "30b-a3b": Shape(
+        hidden=2048,
+        layers=48,
+        heads=32,
+        kv_heads=4,
+        head_dim=128,
+        ffn=6144,
+        tied=False,
+        rope_theta=1_000_000.0,
+        rms_eps=1e-6,
+        experts=128,
+        experts_used=8,
+        expert_ffn=768,
+    ),  # fmt: skip
 }
 
 
@@ -111,17 +135,20 @@ class TensorSpec:
     cols: int  # input width (ne[0]), the dimension blocks run along
     qtype: GGMLQuantizationType
     norm: bool = False
+    experts: int = 0  # a mixture of experts' 3-D tensor: [experts, rows, cols]
 
     @property
     def nbytes(self) -> int:
         block, size = GGML_QUANT_SIZES[self.qtype]
-        return self.rows * self.cols // block * size
+        return max(1, self.experts) * self.rows * self.cols // block * size
 
     @property
     def byte_shape(self) -> tuple[int, ...]:
         """numpy's shape of the raw bytes, as GGUFWriter.add_tensor_info takes it."""
-        row_bytes = self.nbytes // self.rows
-        return (row_bytes,) if self.norm else (self.rows, row_bytes)
+        row_bytes = self.nbytes // self.rows // max(1, self.experts)
+        if self.norm:
+            return (row_bytes,)
+        return (self.experts, self.rows, row_bytes) if self.experts else (self.rows, row_bytes)
 
 
 def use_more_bits(layer: int, layers: int) -> bool:
@@ -134,13 +161,18 @@ def mixture_types(kind: str, layer: int | None, layers: int, mixture: Mixture, t
     """The type llama.cpp's quantizer gives weight `kind` (of layer `layer`) in a Q4_K_M /
     Q5_K_M file of a dense Llama, or `mixture.base` for a uniform type:
     - the output projection (output.weight, or token_embd.weight when tied) in Q6_K;
-    - attn_v and ffn_down in Q6_K in the layers `use_more_bits` picks;
+    - attn_v and ffn_down in Q6_K in the layers `use_more_bits` picks (a mixture of experts'
+      ffn_down_exps too);
     - everything else, an untied token_embd included, in the base type."""
     if mixture.more_bits is None:
         return mixture.base
     if kind == "output" or (kind == "token_embd" and tied):
         return mixture.more_bits
-    if kind in ("attn_v", "ffn_down") and layer is not None and use_more_bits(layer, layers):
+    if (
+        kind in ("attn_v", "ffn_down", "ffn_down_exps")
+        and layer is not None
+        and use_more_bits(layer, layers)
+    ):
         return mixture.more_bits
     return mixture.base
 
@@ -156,12 +188,38 @@ def tensor_plan(shape: Shape, qtype: str) -> list[TensorSpec]:
             raise ValueError(f"{name}: width {cols} is not a multiple of {qtype.name}'s block")
         return TensorSpec(name, rows, cols, qtype)
 
-    def norm(name: str) -> TensorSpec:
-        return TensorSpec(name, 1, shape.hidden, Q.F32, norm=True)
+    def norm(name: str, width: int = shape.hidden) -> TensorSpec:
+        return TensorSpec(name, 1, width, Q.F32, norm=True)
+
+    def experts(name: str, kind: str, layer: int, rows: int, cols: int) -> TensorSpec:
+        spec = weight(name, kind, layer, rows, cols)
+        return replace(spec, experts=shape.experts)
 
     plan = [weight("token_embd.weight", "token_embd", None, shape.vocab, shape.hidden)]
     for i in range(shape.layers):
         blk = f"blk.{i}."
+        if shape.experts:  # llama.cpp keeps the router in F32, as it keeps norms
+            plan += [
+                norm(blk + "attn_norm.weight"),
+                experts(
+                    blk + "ffn_down_exps.weight", "ffn_down_exps", i, shape.hidden, shape.expert_ffn
+                ),
+                experts(
+                    blk + "ffn_gate_exps.weight", "ffn_gate_exps", i, shape.expert_ffn, shape.hidden
+                ),
+                TensorSpec(blk + "ffn_gate_inp.weight", shape.experts, shape.hidden, Q.F32),
+                experts(
+                    blk + "ffn_up_exps.weight", "ffn_up_exps", i, shape.expert_ffn, shape.hidden
+                ),
+                norm(blk + "ffn_norm.weight"),
+                weight(blk + "attn_k.weight", "attn_k", i, kv_width, shape.hidden),
+                norm(blk + "attn_k_norm.weight", shape.head_dim),
+                weight(blk + "attn_output.weight", "attn_output", i, shape.hidden, q_width),
+                weight(blk + "attn_q.weight", "attn_q", i, q_width, shape.hidden),
+                norm(blk + "attn_q_norm.weight", shape.head_dim),
+                weight(blk + "attn_v.weight", "attn_v", i, kv_width, shape.hidden),
+            ]
+            continue
         plan += [
             norm(blk + "attn_norm.weight"),
             weight(blk + "ffn_down.weight", "ffn_down", i, shape.hidden, shape.ffn),
@@ -187,8 +245,9 @@ def tensor_chunks(spec: TensorSpec, rng: np.random.Generator) -> Iterator[np.nda
         return
     block = GGML_QUANT_SIZES[spec.qtype][0]
     rows_per_chunk = max(1, CHUNK_ELEMENTS // spec.cols)
-    for start in range(0, spec.rows, rows_per_chunk):
-        rows = min(rows_per_chunk, spec.rows - start)
+    all_rows = max(1, spec.experts) * spec.rows
+    for start in range(0, all_rows, rows_per_chunk):
+        rows = min(rows_per_chunk, all_rows - start)
         if spec.qtype in BLOCK_TYPES:
             yield random_blocks(spec.qtype, rows * spec.cols // block, WEIGHT_STD, rng)
             continue
@@ -213,7 +272,8 @@ def add_metadata(
     writer: GGUFWriter, shape: Shape, shape_name: str, qtype: str, tokenizer: bool
 ) -> None:
     writer.add_type("model")
-    writer.add_name(f"Synthetic Llama {shape_name} {qtype}")
+    family = "Qwen3-MoE" if shape.experts else "Llama"
+    writer.add_name(f"Synthetic {family} {shape_name} {qtype}")
     writer.add_description(
         "Random weights (benchmarks/synthetic_gguf.py): for measuring cost, not quality"
     )
@@ -231,6 +291,10 @@ def add_metadata(
     writer.add_rope_dimension_count(shape.head_dim)
     writer.add_rope_freq_base(shape.rope_theta)
     writer.add_layer_norm_rms_eps(shape.rms_eps)
+    if shape.experts:
+        writer.add_expert_count(shape.experts)
+        writer.add_expert_used_count(shape.experts_used)
+        writer.add_expert_feed_forward_length(shape.expert_ffn)
     for field in tokenizer_fields() if tokenizer else ():
         sub_type = field.types[1] if len(field.types) > 1 else None
         writer.add_key_value(field.key, field.value, field.types[0], sub_type=sub_type)
@@ -260,7 +324,7 @@ def write_synthetic_gguf(
     # GGUFWriter writes the header, metadata and tensor table; the data section is appended
     # here, chunk by chunk, at the offsets that table promised (each tensor padded to the
     # alignment), since the writer only takes whole tensors.
-    writer = GGUFWriter(path, "llama")
+    writer = GGUFWriter(path, dims.architecture)
     add_metadata(writer, dims, shape_name, qtype, tokenizer)
     for spec in plan:
         writer.add_tensor_info(

@@ -1,13 +1,15 @@
 """A tiny Hugging Face checkpoint (tests/tiny_models.py) written again as GGUF, the way
 llama.cpp's converter writes that family: its tensor names (gguf's own name map), its metadata
 keys, its q/k row interleaving, Gemma's (1 + w) norms stored as such, and the rotary tensors
-it adds (Llama 3.1's rope_freqs, Phi-3's longrope factors). Written here from llama.cpp's
+it adds (Llama 3.1's rope_freqs, Phi-3's longrope factors), a mixture of experts' per-expert
+weights stacked into one 3-D tensor each and its router kept in F32. Written here from llama.cpp's
 conversion rules, not from modelhost's loader, so the loader is checked against them."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ GGUF_ARCHITECTURES = {
     "gemma3_text": "gemma3",
     "smollm3": "smollm3",
     "granite": "granite",
+    "qwen3_moe": "qwen3moe",
 }
 PERMUTED = ("llama", "smollm3", "granite")  # LlamaModel's subclasses in the converter
 GEMMA = ("gemma2", "gemma3")
@@ -41,11 +44,15 @@ def write_gguf_from_hf(directory: Path, path: Path, qtype: str = "F32") -> Path:
     writer = gguf.GGUFWriter(path, arch)
     _metadata(writer, raw, arch)
     names = gguf.get_tensor_name_map(_arch_enum(arch), raw["num_hidden_layers"])
-    for name, tensor in load_file(str(directory / "model.safetensors")).items():
+    # llama.cpp's qwen3moe has no dense layers; a checkpoint's (mlp_only_layers) keep qwen3's
+    dense_names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3, raw["num_hidden_layers"])
+    tensors = _experts_stacked(load_file(str(directory / "model.safetensors")))
+    for name, tensor in tensors.items():
         if name == "lm_head.weight" and raw.get("tie_word_embeddings"):
             continue
         value = _converted(name, tensor.float(), raw, arch)
         gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        gguf_name = gguf_name or dense_names.get_name(name, try_suffixes=(".weight", ".bias"))
         assert gguf_name is not None, name
         _add(writer, gguf_name, value.numpy(), qtype)
     for gguf_name, values in _rotary_tensors(raw):
@@ -55,6 +62,26 @@ def write_gguf_from_hf(directory: Path, path: Path, qtype: str = "F32") -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _experts_stacked(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Per-expert weights (`mlp.experts.N.gate_proj.weight`) stacked by expert into one
+    [experts, out, in] tensor each (`mlp.experts.gate_proj.weight`), as the converter does."""
+    stacked: dict[str, dict[int, torch.Tensor]] = {}
+    kept: dict[str, torch.Tensor] = {}
+    for name, tensor in tensors.items():
+        match = _EXPERT.match(name)
+        if match is None:
+            kept[name] = tensor
+            continue
+        prefix, expert, part = match.groups()
+        stacked.setdefault(f"{prefix}.experts.{part}", {})[int(expert)] = tensor
+    for name, by_expert in stacked.items():
+        kept[name] = torch.stack([by_expert[e] for e in sorted(by_expert)])
+    return kept
+
+
+_EXPERT = re.compile(r"(model\.layers\.\d+\.mlp)\.experts\.(\d+)\.(\w+_proj\.weight)$")
 
 
 def _arch_enum(arch: str) -> gguf.MODEL_ARCH:
@@ -88,6 +115,11 @@ def _metadata(writer: gguf.GGUFWriter, raw: dict[str, Any], arch: str) -> None:
         scale = raw["max_position_embeddings"] / raw["original_max_position_embeddings"]
         attn = math.sqrt(1 + math.log(scale) / math.log(raw["original_max_position_embeddings"]))
         writer.add_rope_scaling_attn_factors(attn if scale > 1 else 1.0)
+    experts = raw.get("num_experts") or raw.get("num_local_experts")
+    if experts:
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(raw["num_experts_per_tok"])
+        writer.add_expert_feed_forward_length(raw["moe_intermediate_size"])
     if arch == "granite":
         writer.add_attention_scale(raw["attention_multiplier"])
         writer.add_embedding_scale(raw["embedding_multiplier"])
@@ -145,7 +177,7 @@ def _rotary_tensors(raw: dict[str, Any]) -> list[tuple[str, list[float]]]:
 
 
 def _add(writer: gguf.GGUFWriter, name: str, value: np.ndarray, qtype: str) -> None:
-    if qtype == "F32" or value.ndim == 1:
+    if qtype == "F32" or value.ndim == 1 or "ffn_gate_inp" in name:  # norms, routers
         writer.add_tensor(name, value.astype(np.float32))
         return
     kind = gguf.GGMLQuantizationType[qtype]

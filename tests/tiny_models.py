@@ -101,6 +101,20 @@ ARCHITECTURES = {
             logits_scaling=8.0,
         ),
     ),
+    # Eight experts, two a token, the middle layer dense: routing, renormalised weights and
+    # the dense/sparse layer mix all show; positions past the long parity prompt (~700 tokens).
+    "qwen3_moe": (
+        transformers.Qwen3MoeConfig,
+        transformers.Qwen3MoeForCausalLM,
+        dict(
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,
+            mlp_only_layers=[1],
+            max_position_embeddings=1024,
+        ),
+    ),
 }
 
 

@@ -180,3 +180,19 @@ def test_the_metadata_reader_reads_what_ggufs_reader_reads(tmp_path):
     assert ours == {
         k: (f.contents(), list(f.types)) for k, f in theirs if not k.startswith("GGUF.")
     }
+
+
+def test_the_30b_a3b_plan_has_qwen3moe_experts_in_llama_cpps_q4_k_m_types():
+    shape = synthetic_gguf.SHAPES["30b-a3b"]
+    plan = {spec.name: spec for spec in synthetic_gguf.tensor_plan(shape, "Q4_K_M")}
+    gate, down = plan["blk.0.ffn_gate_exps.weight"], plan["blk.7.ffn_down_exps.weight"]
+    assert (gate.experts, gate.rows, gate.cols, gate.qtype) == (128, 768, 2048, Q.Q4_K)
+    assert gate.byte_shape == (128, 768, 2048 // 256 * 144)
+    assert plan["blk.0.ffn_down_exps.weight"].qtype == Q.Q6_K  # use_more_bits: 0, not 7
+    assert (down.experts, down.rows, down.cols, down.qtype) == (128, 2048, 768, Q.Q4_K)
+    router = plan["blk.0.ffn_gate_inp.weight"]
+    assert (router.rows, router.cols, router.qtype) == (128, 2048, Q.F32)
+    assert plan["blk.0.attn_q_norm.weight"].cols == 128
+    assert "blk.0.ffn_gate.weight" not in plan
+    # Qwen3-30B-A3B's Q4_K_M is 18.6 GB with its own vocabulary (151936 tokens: ~0.3 GB more)
+    assert 18.0e9 < sum(spec.nbytes for spec in plan.values()) < 18.6e9

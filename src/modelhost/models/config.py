@@ -49,6 +49,21 @@ class ModelConfig:
     residual_multiplier: float = 1.0
     attention_multiplier: float | None = None  # the attention scale itself, where given
     logits_scaling: float = 1.0  # logits are divided by it
+    # Mixture of experts (Qwen3-MoE, models/moe.py): 0 experts means every MLP is dense
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False  # renormalise the chosen experts' weights to sum to 1
+    decoder_sparse_step: int = 1  # every Nth layer is sparse ...
+    mlp_only_layers: tuple[int, ...] = ()  # ... except these, which keep a dense MLP
+
+    def is_sparse_layer(self, layer: int) -> bool:
+        """Whether this layer's MLP is a mixture of experts."""
+        return (
+            self.num_experts > 0
+            and layer not in self.mlp_only_layers
+            and (layer + 1) % self.decoder_sparse_step == 0
+        )
 
     @classmethod
     def from_json(cls, fields: dict[str, Any]) -> ModelConfig:

@@ -12,6 +12,7 @@ from modelhost.models.batch import ForwardBatch, KVCache
 from modelhost.models.config import ModelConfig
 from modelhost.models.fused_decode import FusedDecode
 from modelhost.models.layers import Attention, GatedMLP, RMSNorm, Rotary
+from modelhost.models.moe import SparseMoE
 
 
 class DecoderBlock(nn.Module):
@@ -19,7 +20,7 @@ class DecoderBlock(nn.Module):
     order models/fused_decode.py reads them; its forward takes (x, rope, batch, kv)."""
 
     self_attn: Attention
-    mlp: GatedMLP
+    mlp: GatedMLP | SparseMoE  # a mixture of experts in sparse layers (models/moe.py)
 
     def native_norms(self) -> tuple[RMSNorm | None, ...]:
         """Norms at (input, attention output, MLP input, MLP output); None where none."""

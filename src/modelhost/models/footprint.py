@@ -65,8 +65,10 @@ def held_bytes(tensors: Iterable[tuple[int, tuple[int, ...]]], mode: str, *, cud
     tensors) or bf16 on CUDA otherwise."""
     total = 0
     for qtype, shape in tensors:
-        if len(shape) == 2 and mode != "none" and not cuda and qtype in PACKED_TYPES:
-            total += packed_bytes(target_type(qtype, mode), *shape)
+        if len(shape) in (2, 3) and mode != "none" and not cuda and qtype in PACKED_TYPES:
+            # a mixture of experts' [experts, out, in] tensor: one packed weight an expert
+            experts = shape[0] if len(shape) == 3 else 1
+            total += experts * packed_bytes(target_type(qtype, mode), *shape[-2:])
         else:
             total += math.prod(shape) * (2 if cuda else 4)
     return total
@@ -76,7 +78,7 @@ def unsupported_tensor(tensors: Iterable[tuple[str, int, int]]) -> str | None:
     """Why a checkpoint cannot be run, from its tensors (name, GGUF type, dimensions): the
     first matrix in a type the kernels do not take, else None."""
     for name, qtype, dims in tensors:
-        if dims == 2 and qtype not in PACKED_TYPES:
+        if dims in (2, 3) and qtype not in PACKED_TYPES:  # 3: experts' matrices
             import gguf  # only for the refusal's type name
 
             try:

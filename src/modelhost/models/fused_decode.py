@@ -21,6 +21,7 @@ from torch import nn
 
 from modelhost.models import native
 from modelhost.models.batch import ForwardBatch, KVCache
+from modelhost.models.layers import GatedMLP
 from modelhost.models.packed import QuantLinear
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ class NativeLayer(ctypes.Structure):
         ("kv_heads", _i64),
         ("dim", _i64),
         ("window", _i64),
+        ("moe", _ptr),  # a mixture of experts' NativeMoE (models/moe.py), else null
     ]
 
 
@@ -182,8 +184,19 @@ def _fp32(tensor: torch.Tensor | None) -> int | None:
 
 def _layer(block: DecoderBlock, rope: str, residual_scale: float) -> NativeLayer | None:
     attn, mlp = block.self_attn, block.mlp
-    linears = [_linear(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
-    if any(spec is None for spec in linears) or mlp.native_act is None:
+    moe = None
+    if isinstance(mlp, GatedMLP):
+        if mlp.native_act is None:
+            return None
+        mlp_linears = [_linear(mlp.gate_up_proj), _linear(mlp.down_proj)]
+    else:  # a mixture of experts (models/moe.py): mh_moe, in place of gate_up and down
+        experts = mlp.native_experts()
+        if experts is None:
+            return None
+        moe = ctypes.addressof(experts.description)
+        mlp_linears = [NativeLinear(), NativeLinear()]
+    linears = [_linear(attn.qkv_proj), _linear(attn.o_proj), *mlp_linears]
+    if any(spec is None for spec in linears):
         return None
     if not attn.native_ready():
         return None
@@ -213,10 +226,11 @@ def _layer(block: DecoderBlock, rope: str, residual_scale: float) -> NativeLayer
         scale=attn.scale,
         softcap=attn.softcap or 0.0,
         residual_scale=residual_scale,
-        act=mlp.native_act,
+        act=mlp.native_act if isinstance(mlp, GatedMLP) else 0,
         rope=ROPE_KINDS.index(rope),
         heads=attn.num_heads,
         kv_heads=attn.num_kv_heads,
         dim=attn.head_dim,
         window=attn.window or 0,
+        moe=moe,
     )

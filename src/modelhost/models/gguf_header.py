@@ -46,7 +46,7 @@ class GGUFFile:
             model_type=arch,
             vocab_size=int(vocab),
             hidden_size=hidden,
-            intermediate_size=int(self.arch_field("feed_forward_length")),
+            intermediate_size=int(self.arch_field("feed_forward_length", 0)),
             num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=int(self.arch_field("attention.head_count_kv", num_heads)),
@@ -79,6 +79,9 @@ class GGUFFile:
         for key, name in _MULTIPLIERS.items():
             if self.arch_field(key) is not None:
                 fields[name] = float(self.arch_field(key))
+        expert_count = int(self.arch_field("expert_count", 0) or 0)
+        if expert_count:
+            fields.update(self._experts(expert_count, tensor_names))
         return ModelConfig(**fields)
 
     def _rope_fields(self, head_dim: int, tensor_names: set[str]) -> dict[str, Any]:
@@ -114,6 +117,20 @@ class GGUFFile:
         )
         return tuple(float(v) for v in values)
 
+    def _experts(self, count: int, tensor_names: set[str]) -> dict[str, Any]:
+        """A mixture-of-experts file's fields (llama.cpp's `qwen3moe` keys). Its layers without
+        a router keep a dense MLP; llama.cpp renormalises the chosen experts' weights unless
+        `expert_weights_norm` says otherwise."""
+        layers = int(self.arch_field("block_count"))
+        dense = (i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in tensor_names)
+        return dict(
+            num_experts=count,
+            num_experts_per_tok=int(self.arch_field("expert_used_count")),
+            moe_intermediate_size=int(self.arch_field("expert_feed_forward_length")),
+            norm_topk_prob=bool(self.arch_field("expert_weights_norm", True)),
+            mlp_only_layers=tuple(dense),
+        )
+
 
 # GGUF keys of Granite's multipliers and ModelConfig's names for them.
 _MULTIPLIERS = {
@@ -122,7 +139,6 @@ _MULTIPLIERS = {
     "attention.scale": "attention_multiplier",
     "logit_scale": "logits_scaling",
 }
-
 
 # GGUF metadata value types: struct formats of the fixed-size ones (8 is a string, 9 an array).
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",

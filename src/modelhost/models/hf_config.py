@@ -80,6 +80,8 @@ def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
             fields[name] = float(raw[name])
     if raw.get("attention_multiplier") is not None:
         fields["attention_multiplier"] = float(raw["attention_multiplier"])
+    if _expert_count(raw) > 0:
+        fields.update(_experts(raw))
     return ModelConfig(**fields)
 
 
@@ -146,3 +148,20 @@ def llama3_freq_factors(rope: dict[str, Any], theta: float, dim: int) -> tuple[f
             smooth = (original / wavelength - low) / (high - low)
             divisors.append(1 / ((1 - smooth) / factor + smooth))
     return tuple(divisors)
+
+
+def _expert_count(raw: dict[str, Any]) -> int:
+    # Qwen's own configs say `num_experts`; transformers 5 writes `num_local_experts`.
+    return int(raw.get("num_experts") or raw.get("num_local_experts") or 0)
+
+
+def _experts(raw: dict[str, Any]) -> dict[str, Any]:
+    """A mixture-of-experts config's fields (Qwen3-MoE's names)."""
+    return dict(
+        num_experts=_expert_count(raw),
+        num_experts_per_tok=int(raw["num_experts_per_tok"]),
+        moe_intermediate_size=int(raw["moe_intermediate_size"]),
+        norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+        decoder_sparse_step=int(raw.get("decoder_sparse_step") or 1),
+        mlp_only_layers=tuple(int(layer) for layer in raw.get("mlp_only_layers") or ()),
+    )

@@ -4,12 +4,12 @@ SwiGLU, rotary grouped-query attention; the variants differ only in configuratio
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from modelhost.models.batch import ForwardBatch, KVCache
 from modelhost.models.config import ModelConfig
 from modelhost.models.decoder import DecoderBlock, DecoderLM
-from modelhost.models.layers import Attention, GatedMLP, RMSNorm
+from modelhost.models.layers import Attention, RMSNorm
+from modelhost.models.moe import sparse_or_dense_mlp
 
 
 class LlamaBlock(DecoderBlock):
@@ -26,7 +26,7 @@ class LlamaBlock(DecoderBlock):
             scale=config.attention_scale(),
             window=config.sliding_window if config.is_sliding_layer(layer) else None,
         )
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, F.silu)
+        self.mlp = sparse_or_dense_mlp(config, layer)  # Qwen3-MoE's layers: experts
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.residual_multiplier = config.residual_multiplier  # Granite's; 1 elsewhere

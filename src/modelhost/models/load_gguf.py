@@ -32,6 +32,14 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",  # a mixture of experts' router
+}
+# A mixture of experts' weights, one 3-D tensor [experts, out, in] each, read as one 2-D
+# tensor per expert (Hugging Face's per-expert names).
+_EXPERT_NAMES = {
+    "ffn_gate_exps": "gate_proj",
+    "ffn_up_exps": "up_proj",
+    "ffn_down_exps": "down_proj",
 }
 # Llama places its MLP norm after attention; Gemma has four norms per block.
 _NORM_NAMES = {
@@ -125,6 +133,9 @@ def gguf_tensors(
         part_names = {**part_names, **_FUSED_NAMES}
     found: dict[str, GGUFTensor] = {}
     for entry in table:
+        if len(entry["shape"]) == 3:
+            found.update(_expert_tensors(entry, reader))
+            continue
         name = _hf_name(entry["name"], part_names)
         if name is None:
             continue
@@ -137,6 +148,22 @@ def gguf_tensors(
             elif name.endswith("k_proj.weight"):
                 order = _unpermuted_rows(rows, config.num_kv_heads)
         found[name] = GGUFTensor(reader, name, entry, order)
+    return found
+
+
+def _expert_tensors(entry: dict[str, Any], reader: FileReader) -> dict[str, GGUFTensor]:
+    """A 3-D expert tensor as one tensor per expert, each its slice of the file."""
+    match = _BLOCK.match(entry["name"])
+    part = _EXPERT_NAMES.get(match.group(2)) if match else None
+    if match is None or part is None:
+        return {}
+    count = entry["shape"][2]
+    size = entry["nbytes"] // count
+    found = {}
+    for expert in range(count):
+        name = f"model.layers.{match.group(1)}.mlp.experts.{expert}.{part}.weight"
+        one = {**entry, "shape": entry["shape"][:2], "offset": entry["offset"] + expert * size}
+        found[name] = GGUFTensor(reader, name, {**one, "nbytes": size}, None)
     return found
 
 

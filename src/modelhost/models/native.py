@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("native_kernels.cpp")
 HEADERS = [
     Path(__file__).with_name(name)
-    for name in ("native_avx2.h", "native_qlinear.h", "native_repack.h")
+    for name in ("native_avx2.h", "native_qlinear.h", "native_repack.h", "native_moe.h")
 ]
 FLAGS = ["-O3", "-shared", "-fPIC", "-std=c++17", "-fopenmp"]
 # Builds of the one source, the first whose CPU check passes loads: each is built once.
@@ -93,6 +93,9 @@ class Kernels:
         self._layers = library.mh_decode_layers
         self._layers.argtypes = [p, p, i64, p]
         self._layers.restype = None
+        self._moe = library.mh_moe
+        self._moe.argtypes = [p, i64, i64, p, p, ctypes.c_int]
+        self._moe.restype = None
         self._choose = library.mh_choose_tokens
         self._choose.argtypes = [p, i64, i64, p, p, p, ctypes.c_int]
         self._choose.restype = None
@@ -140,6 +143,16 @@ class Kernels:
         )  # fmt: skip
         if status != 0:
             raise ValueError(f"cannot repack a {out} x {width} tensor of GGUF type {format}")
+
+    def moe(self, x: torch.Tensor, description: ctypes.Structure) -> torch.Tensor:
+        """mh_moe: a mixture-of-experts MLP (routing and experts) of x [rows, width] (fp32
+        contiguous), described by models/moe.py's NativeMoE."""
+        rows, width = x.shape
+        out = torch.empty_like(x)
+        self._moe(
+            x.data_ptr(), rows, width, ctypes.byref(description), out.data_ptr(), self.threads
+        )  # fmt: skip
+        return out
 
     def choose_tokens(
         self,

@@ -602,6 +602,8 @@ extern "C" void mh_gated_activation(const float* gate_up, int64_t rows, int64_t 
     }
 }
 
+#include "native_moe.h"  // a mixture of experts' MLP (mh_moe), which decode steps run too
+
 // A whole decode step through the decoder layers, one call instead of ~15 a layer: for rows of
 // one generated token each, hidden [rows, width] is updated in place. The structs mirror
 // models/native.py's ctypes declarations.
@@ -625,6 +627,7 @@ struct NativeLayer {
     int32_t act;                      // mh_gated_activation's
     int32_t rope;                     // which of the step's rotary tables: 0 global, 1 local, 2 none
     int64_t heads, kv_heads, dim, window;  // window > 0: sliding
+    const NativeMoE* moe;             // or null: the MLP is a mixture of experts (no gate_up/down)
 };
 
 struct NativeStep {
@@ -704,9 +707,14 @@ extern "C" void mh_decode_layers(float* hidden, const NativeLayer* layers, int64
             mh_rms_norm(normed, l.attention_out_norm, rows, width, l.eps, normed, step->threads);
         add_into(hidden, normed, rows * width, l.residual_scale);
         mh_rms_norm(hidden, l.mlp_in_norm, rows, width, l.eps, normed, step->threads);
-        linear(l.gate_up, normed, rows, wide, step->threads);
-        mh_gated_activation(wide, rows, l.gate_up.out / 2, l.act, narrow, step->threads);
-        linear(l.down, narrow, rows, normed, step->threads);
+        if (l.moe != nullptr) {
+            mh_moe(normed, rows, width, l.moe, wide, step->threads);
+            std::memcpy(normed, wide, sizeof(float) * rows * width);
+        } else {
+            linear(l.gate_up, normed, rows, wide, step->threads);
+            mh_gated_activation(wide, rows, l.gate_up.out / 2, l.act, narrow, step->threads);
+            linear(l.down, narrow, rows, normed, step->threads);
+        }
         if (l.mlp_out_norm != nullptr)
             mh_rms_norm(normed, l.mlp_out_norm, rows, width, l.eps, normed, step->threads);
         add_into(hidden, normed, rows * width, l.residual_scale);

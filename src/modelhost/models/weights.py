@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 import torch
 from torch import nn
@@ -20,6 +20,8 @@ from torch import nn
 from modelhost.models import footprint, native
 from modelhost.models.decoder import DecoderLM
 from modelhost.models.footprint import target_type, unsupported_tensor
+from modelhost.models.layers import GatedMLP
+from modelhost.models.moe import SparseMoE
 from modelhost.models.packed import PackedEmbedding, PackedWeight, QuantLinear
 from modelhost.models.quant import DenseLinear, pack_float
 
@@ -136,11 +138,11 @@ class _Filler:
             attn.qkv_proj = self.linear(self.stored_fused(f"{prefix}self_attn.qkv_proj", names))
             attn.q_proj = attn.k_proj = attn.v_proj = None
             attn.o_proj = self.linear([f"{prefix}self_attn.o_proj"])
-            mlp = layer.mlp
-            names = [f"{prefix}mlp.gate_proj", f"{prefix}mlp.up_proj"]
-            mlp.gate_up_proj = self.linear(self.stored_fused(f"{prefix}mlp.gate_up_proj", names))
-            mlp.gate_proj = mlp.up_proj = None
-            mlp.down_proj = self.linear([f"{prefix}mlp.down_proj"])
+            if isinstance(layer.mlp, SparseMoE):  # the router is a small tensor, below
+                for expert, mlp in enumerate(layer.mlp.experts):
+                    self.gated_mlp(cast(GatedMLP, mlp), f"{prefix}mlp.experts.{expert}.")
+            else:
+                self.gated_mlp(layer.mlp, f"{prefix}mlp.")
             self.small_tensors(layer, prefix)
             if attn.q_norm is not None and attn.k_norm is not None:
                 attn.qk_norm_weight = attn.expanded_qk_norm_weight().detach().float().contiguous()
@@ -156,6 +158,12 @@ class _Filler:
         network.eval()
         if self.progress is not None:
             self.progress(1.0)  # whatever the checkpoint held that this network does not use
+
+    def gated_mlp(self, mlp: GatedMLP, prefix: str) -> None:
+        names = [f"{prefix}gate_proj", f"{prefix}up_proj"]
+        mlp.gate_up_proj = self.linear(self.stored_fused(f"{prefix}gate_up_proj", names))
+        mlp.gate_proj = mlp.up_proj = None
+        mlp.down_proj = self.linear([f"{prefix}down_proj"])
 
     def take(self, name: str) -> TensorSource:
         source = self.sources.get(name)
