@@ -4,8 +4,8 @@ official SDKs as clients.
 
 One cluster for the module (Ray is heavy on two cores). The node `small` (the head) has room
 for one worker process (~330 MB resident for a tiny model), `large` for many. Both hold tiny-a
-and tiny-b; only `small` holds tiny-c. The front keeps two replicas of tiny-a. The tests run in
-file order; the last one kills `large`.
+and tiny-b (a context long enough for a stream of many seconds); only `small` holds tiny-c. The
+front keeps two replicas of tiny-a. The tests run in file order; the last one kills `large`.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import httpx
 import openai
 import pytest
 from cluster_nodes import ClusterFront, RayNodes
+from prometheus_client.parser import text_string_to_metric_families
 from tiny_models import make_tiny_checkpoint
 
 pytest.importorskip("ray")
@@ -31,6 +32,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(600)]
 SMALL_MB, LARGE_MB = 300, 3000
 SPEECH = Path(__file__).resolve().parents[1] / "fixtures" / "audio" / "deliver-umbrellas.en.ogg"
 FRONT_ARGUMENTS = ["tiny-a", "--replicas", "tiny-a=2", "--hold", "0"]
+LONG_CONTEXT, LONG_TOKENS = 8192, 4000  # tiny-b: a stream that runs for seconds unless cancelled
 FIRST_TURN = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}]
 
 
@@ -40,7 +42,10 @@ def cluster(
 ) -> Iterator[dict[str, Any]]:
     root = tmp_path_factory.mktemp("cluster")
     only_small = make_tiny_checkpoint(root / "models" / "tiny-c", "qwen3", smollm2)
-    shared = [models_dir / "tiny-a", models_dir / "tiny-b"]
+    long_b = make_tiny_checkpoint(
+        root / "models" / "tiny-b", "qwen2", smollm2, max_position_embeddings=LONG_CONTEXT
+    )
+    shared = [models_dir / "tiny-a", long_b]
     nodes = RayNodes(root, [SMALL_MB, LARGE_MB], [[*shared, only_small], shared]).start()
     world: dict[str, Any] = {"nodes": nodes, "root": root}
     try:
@@ -72,6 +77,38 @@ def chat(url: str, model: str, messages: list[dict[str, str]], **extra: Any) -> 
     response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=180)
     assert response.status_code == 200, response.text
     return response
+
+
+def worker_of(url: str, model_id: str) -> dict[str, Any]:
+    """The /engine row of `model_id`'s one worker."""
+    rows = httpx.get(f"{url}/engine", timeout=10).json()["workers"]
+    (row,) = [row for row in rows if row["id"] == model_id]
+    return row
+
+
+def running_rows(url: str, model_id: str) -> float:
+    """The rows `model_id`'s worker decodes now, as the front's /metrics reports its worker."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "modelhost_running_rows" and sample.labels["model"] == model_id:
+                return sample.value
+    raise AssertionError(f"no running rows reported for {model_id}")
+
+
+def live_row(url: str, request_id: str) -> dict[str, Any] | None:
+    """The live view's row of `request_id` (its token figures are its worker's)."""
+    with httpx.stream("GET", f"{url}/api/live", timeout=10) as live:
+        for line in live.iter_lines():
+            if line.startswith("data:"):
+                rows = json.loads(line.removeprefix("data:"))["requests"]
+                return next((row for row in rows if row["id"] == request_id), None)
+    return None
+
+
+def parent_of(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("PPid:")).split()[1])
 
 
 def test_a_replicated_model_is_listed_on_two_nodes_with_each_nodes_budget(cluster):
@@ -193,6 +230,50 @@ def test_a_worker_refuses_a_request_without_the_cluster_secret(cluster):
         timeout=60,
     )
     assert through.status_code == 200
+
+
+def test_a_client_that_leaves_a_stream_cancels_its_row_on_the_remote_node(cluster):
+    url = cluster["url"]
+    body = {"model": "tiny-b", "messages": FIRST_TURN, "max_tokens": LONG_TOKENS, "stream": True}
+    headers = {"x-request-id": "leaves-early"}
+    url_of = f"{url}/v1/chat/completions"
+    with httpx.stream("POST", url_of, json=body, headers=headers, timeout=60) as stream:
+        assert stream.headers["x-modelhost-node"] == cluster["large"]
+        deltas = (line for line in stream.iter_lines() if '"content"' in line)
+        assert len([next(deltas) for _ in range(3)]) == 3
+        assert running_rows(url, "tiny-b") == 1
+    left_at = time.monotonic()
+    while running_rows(url, "tiny-b") != 0:
+        assert time.monotonic() - left_at < 5, "the remote row still decodes"
+        time.sleep(0.1)
+    # Finished rather than cancelled, the row would have produced all its tokens.
+    deadline = time.monotonic() + 10
+    while (row := live_row(url, "leaves-early")) is None or row["completion_tokens"] is None:
+        assert time.monotonic() < deadline, row
+        time.sleep(0.2)
+    assert row["status"] == 499
+    assert 3 <= row["completion_tokens"] < LONG_TOKENS
+
+
+def test_a_worker_actor_that_crashes_is_replaced_on_its_node_under_the_restart_rule(cluster):
+    url = cluster["url"]
+    before = worker_of(url, "tiny-b")
+    actor_pid = parent_of(before["pid"])  # the ModelWorker actor that spawned the worker
+    assert "ModelWorker" in Path(f"/proc/{actor_pid}/cmdline").read_text()
+    body = {"model": "tiny-b", "messages": FIRST_TURN, "max_tokens": LONG_TOKENS, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as stream:
+        lines = stream.iter_lines()
+        frames = [next(line for line in lines if line.startswith("data:"))]
+        os.kill(actor_pid, signal.SIGKILL)  # its worker exits with it
+        frames += [line for line in lines if line.startswith("data:")]
+    last = json.loads(frames[-1].removeprefix("data:"))
+    assert last["error"]["code"] == "engine_unavailable", frames[-3:]
+    again = chat(url, "tiny-b", FIRST_TURN)  # a new actor, on the same node
+    assert again.headers["x-modelhost-node"] == cluster["large"]
+    after = worker_of(url, "tiny-b")
+    assert after["node"] == cluster["large"] and after["pid"] != before["pid"]
+    assert after["restarts"] == before["restarts"] + 1  # counted as a local worker's restart
+    assert parent_of(after["pid"]) != actor_pid
 
 
 def test_a_node_that_dies_mid_stream_ends_it_with_the_error_frame_and_its_model_moves(cluster):

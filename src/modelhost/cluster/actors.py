@@ -6,7 +6,9 @@
   (`modelhost.cli_worker`, the same `WorkerProcess` a single machine uses, with its 3-per-minute
   restart rule), which listens on its private Unix socket and on the node's cluster address
   (`--listen`), guarded by the cluster secret. Tokens go from that worker to the front as
-  HTTP/SSE over TCP; Ray carries only control calls (start, health, measure, stop).
+  HTTP/SSE over TCP; Ray carries only control calls (start, health, measure, stop). An actor
+  that dies takes its worker with it (the worker exits with its parent); the front puts a new
+  one on the same node under the same rule and count (`remote_unit.RemoteWorker`).
 
 Both read their node's environment: the `ray start` that made the node chose MODELHOST_HOME.
 """
@@ -70,14 +72,21 @@ class ModelWorker:
         os.environ.pop("OMP_NUM_THREADS", None)
 
     async def start(
-        self, arguments: list[str], secret: str, env: dict[str, str], start_timeout_s: float
+        self,
+        arguments: list[str],
+        secret: str,
+        env: dict[str, str],
+        start_timeout_s: float,
+        restart_ages: list[float] | None = None,
     ) -> dict[str, Any]:
-        """Spawn the worker (`cli_worker` `arguments`) and wait until it answers."""
+        """Spawn the worker (`cli_worker` `arguments`) and wait until it answers. `restart_ages`:
+        the model's restarts before this actor (its previous actor died), still counted."""
         command = [sys.executable, "-m", "modelhost.cli_worker", *arguments]
         self.worker = WorkerProcess(
             [*command, "--listen", self.address],
             env={**env, SECRET_ENV: secret},
             start_timeout_s=start_timeout_s,
+            restart_ages=restart_ages or (),
         )
         try:
             await self.worker.start()
@@ -87,7 +96,8 @@ class ModelWorker:
         return self.where()
 
     def where(self) -> dict[str, Any]:
-        """The worker's TCP address, process and restarts (the port changes on a restart)."""
+        """The worker's TCP address, process and restarts (the port changes on a restart), and
+        the ages of the restarts its rule still counts (handed on if this actor dies)."""
         assert self.worker is not None
         port_file = Path(self.worker.socket_path).with_name(TCP_PORT_FILE)
         return {
@@ -95,6 +105,7 @@ class ModelWorker:
             "port": int(port_file.read_text()),
             "pid": self.worker.pid,
             "restarts": self.worker.restarts,
+            "restart_ages": self.worker.restart_window.ages(),
             "state": self.worker.state,
         }
 

@@ -31,7 +31,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from modelhost.cluster.actors import ModelWorker, NodeAgent
-from modelhost.cluster.remote_unit import RemoteWorker, RemoteWorkerUnit, call
+from modelhost.cluster.remote_unit import NodeGone, RemoteWorker, RemoteWorkerUnit, call
 from modelhost.residency.cluster import ClusterHost, Node
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.registry import ModelEntry, ServingShape
@@ -201,32 +201,48 @@ class Membership:
 
     def _loader(self, node_id: str, name: str) -> Callable[..., Any]:
         async def load(entry: ModelEntry, progress: LoadProgress) -> RemoteWorkerUnit:
-            actor = ModelWorker.options(  # type: ignore[attr-defined]
-                name=worker_name(node_id, entry.id),
-                namespace=NAMESPACE,
-                lifetime="detached",
-                scheduling_strategy=pinned_to(node_id),
-            ).remote()
-            arguments = self.worker_arguments(entry)
             started = time.perf_counter()
-            try:
-                ref = actor.start.remote(arguments, self.secret, {}, self.start_timeout_s)
-                where = await call(ref, self.start_timeout_s + JOIN_TIMEOUT_S)
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    ray.kill(actor)
-                raise
-            unit = self._unit(entry, actor, where, name)
+            actor, where = await self._spawn(node_id, entry, [])
+            unit = self._unit(node_id, entry, actor, where, name)
             unit.load_ms = (time.perf_counter() - started) * 1000
             await unit.read_card()
             return unit
 
         return load
 
+    async def _spawn(
+        self, node_id: str, entry: ModelEntry, restart_ages: list[float]
+    ) -> tuple[Any, dict[str, Any]]:
+        """A `ModelWorker` actor on the node, its worker started (its restart rule given the
+        model's earlier restarts, when this replaces an actor that died): the actor and where
+        its worker listens. NodeGone when the node has left."""
+        if node_id not in self.cluster.nodes:
+            raise NodeGone(f"node {node_id[:8]} has left the cluster")
+        alive = await asyncio.to_thread(ray.nodes)
+        if not any(n["NodeID"] == node_id and n.get("Alive") for n in alive):
+            raise NodeGone(f"node {node_id[:8]} is not alive")  # the loop will see it leave
+        actor = ModelWorker.options(  # type: ignore[attr-defined]
+            name=worker_name(node_id, entry.id),
+            namespace=NAMESPACE,
+            lifetime="detached",
+            scheduling_strategy=pinned_to(node_id),
+        ).remote()
+        arguments = self.worker_arguments(entry)
+        try:
+            ref = actor.start.remote(arguments, self.secret, {}, self.start_timeout_s, restart_ages)
+            where = await call(ref, self.start_timeout_s + JOIN_TIMEOUT_S)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
+            raise
+        return actor, where
+
     def _unit(
-        self, entry: ModelEntry, actor: Any, where: dict[str, Any], name: str
+        self, node_id: str, entry: ModelEntry, actor: Any, where: dict[str, Any], name: str
     ) -> RemoteWorkerUnit:
-        unit = RemoteWorkerUnit(entry.id, entry.weights_bytes, RemoteWorker(actor, where), name)
+        spawn = functools.partial(self._spawn, node_id, entry)
+        worker = RemoteWorker(actor, where, spawn)
+        unit = RemoteWorkerUnit(entry.id, entry.weights_bytes, worker, name)
         unit.secret = self.secret
         return unit
 
@@ -256,7 +272,7 @@ class Membership:
                 with contextlib.suppress(Exception):
                     ray.kill(actor)
                 continue
-            unit = self._unit(entry, actor, where, name)
+            unit = self._unit(node_id, entry, actor, where, name)
             await unit.read_card()
             try:
                 host.adopt(entry, unit)

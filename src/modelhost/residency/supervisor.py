@@ -3,8 +3,9 @@
 The worker is whatever program `command` runs, told where to listen with `--socket PATH`. It runs
 in its own process group (so a stop reaches anything it started) and listens on
 `<dir>/worker.sock`, the directory made here with mode 0700 and removed when the worker stops.
-A dead worker is respawned on demand, at most `MAX_RESTARTS` times in `RESTART_WINDOW_S`; past
-that the supervisor reports itself exhausted and the host evicts the model.
+A dead worker is respawned on demand, at most `MAX_RESTARTS` times in `RESTART_WINDOW_S`
+(`RestartWindow`, the one rule a cluster's actors are restarted by too); past that the supervisor
+reports itself exhausted and the host evicts the model.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import subprocess
 import tempfile
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -54,6 +55,44 @@ def proc_bytes(path: str, field: str) -> int | None:
     return None
 
 
+class RestartWindow:
+    """At most `limit` restarts in any `window_s` seconds. Its restarts travel as ages (seconds
+    ago), so a worker started afresh elsewhere (a cluster's new actor for a model whose actor
+    died) carries on the same count instead of starting a new one."""
+
+    def __init__(
+        self,
+        limit: int = MAX_RESTARTS,
+        window_s: float = RESTART_WINDOW_S,
+        ages: Iterable[float] = (),
+    ) -> None:
+        self.limit = limit
+        self.window_s = window_s
+        self.count = 0  # restarts recorded here, ever (the views' `restarts`)
+        now = time.monotonic()
+        self._times: deque[float] = deque(sorted(now - age for age in ages))
+
+    def allows(self) -> bool:
+        """Another restart is within the rule now."""
+        self._forget_old()
+        return len(self._times) < self.limit
+
+    def record(self) -> None:
+        self._times.append(time.monotonic())
+        self.count += 1
+
+    def ages(self) -> list[float]:
+        """The restarts still inside the window, as seconds ago."""
+        self._forget_old()
+        now = time.monotonic()
+        return [now - moment for moment in self._times]
+
+    def _forget_old(self) -> None:
+        now = time.monotonic()
+        while self._times and now - self._times[0] > self.window_s:
+            self._times.popleft()
+
+
 class WorkerProcess:
     def __init__(
         self,
@@ -64,15 +103,14 @@ class WorkerProcess:
         restart_window_s: float = RESTART_WINDOW_S,
         env: Mapping[str, str] | None = None,
         progress: LoadProgress | None = None,
+        restart_ages: Sequence[float] = (),
     ) -> None:
         self.command = list(command)  # `--socket PATH` follows
         self.env = dict(env or {})  # added to this process's environment
         self.progress = progress  # told how far the first load has got
         self.start_timeout_s = start_timeout_s
-        self.max_restarts = max_restarts
-        self.restart_window_s = restart_window_s
-        self.restarts = 0
-        self._restart_times: deque[float] = deque()
+        # `restart_ages`: restarts this model had before this worker (RestartWindow.ages).
+        self.restart_window = RestartWindow(max_restarts, restart_window_s, restart_ages)
         self.process: subprocess.Popen[bytes] | None = None
         self.directory: Path | None = None
         self.state = "new"
@@ -84,6 +122,10 @@ class WorkerProcess:
         return str(self.directory / "worker.sock")
 
     @property
+    def restarts(self) -> int:
+        return self.restart_window.count
+
+    @property
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None else None
 
@@ -92,13 +134,7 @@ class WorkerProcess:
 
     def exhausted(self) -> bool:
         """Dead, and out of restarts for now."""
-        return not self.alive() and self.state != "stopped" and not self._may_restart()
-
-    def _may_restart(self) -> bool:
-        now = time.monotonic()
-        while self._restart_times and now - self._restart_times[0] > self.restart_window_s:
-            self._restart_times.popleft()
-        return len(self._restart_times) < self.max_restarts
+        return not self.alive() and self.state != "stopped" and not self.restart_window.allows()
 
     async def start(self) -> None:
         async with self._lock:
@@ -109,10 +145,9 @@ class WorkerProcess:
         async with self._lock:
             if self.alive():
                 return True
-            if self.state == "stopped" or not self._may_restart():
+            if self.state == "stopped" or not self.restart_window.allows():
                 return False
-            self._restart_times.append(time.monotonic())
-            self.restarts += 1
+            self.restart_window.record()
             await asyncio.to_thread(self._reap)
             try:
                 await self._start()
