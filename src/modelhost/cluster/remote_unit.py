@@ -21,7 +21,6 @@ import httpx
 import ray
 
 from modelhost.residency.supervisor import RestartWindow
-from modelhost.residency.worker_transport import WorkerTransport
 from modelhost.residency.worker_unit import WorkerUnit
 from modelhost.server.cluster_secret import SECRET_HEADER
 
@@ -177,7 +176,6 @@ class RemoteWorkerUnit(WorkerUnit):
         self.node = node
         self.secret = ""
         self._exhausted = False
-        self._client_address: tuple[str, int] | None = None
 
     def measured_bytes(self) -> int | None:
         return None if self._closed else self._measured
@@ -208,9 +206,7 @@ class RemoteWorkerUnit(WorkerUnit):
     async def close(self) -> bool:
         if not self._closed:
             self._closed = self._ending = True
-            if self._client is not None:
-                with contextlib.suppress(Exception):
-                    await self._client.aclose()
+            await self._http.aclose()
             if self.remote.alive():
                 with contextlib.suppress(ConnectionError):
                     await call(self.remote.actor.stop.remote(), 15.0)
@@ -220,17 +216,4 @@ class RemoteWorkerUnit(WorkerUnit):
 
     def client(self) -> httpx.AsyncClient:
         """An HTTP client on the worker's TCP address (a new one after it was respawned)."""
-        address = self.remote.address
-        if self._client is None or self._client_address != address:
-            old, self._client = self._client, None
-            if old is not None:
-                asyncio.get_running_loop().create_task(old.aclose())
-            timeout = httpx.Timeout(connect=10.0, read=None, write=60.0, pool=60.0)
-            self._client = httpx.AsyncClient(
-                transport=WorkerTransport(address=address),
-                base_url="http://worker",
-                timeout=timeout,
-                headers={SECRET_HEADER: self.secret},
-            )
-            self._client_address = address
-        return self._client
+        return self._http.on(self.remote.address, {SECRET_HEADER: self.secret})

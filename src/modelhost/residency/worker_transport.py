@@ -11,6 +11,7 @@ a worker restarts. Errors are httpx's TransportErrors, as its own transports rai
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import AsyncIterator
 
@@ -174,3 +175,36 @@ class WorkerTransport(httpx.AsyncBaseTransport):
             stream=_Body(connection),
             extensions={"http_version": b"HTTP/1.1"},
         )
+
+
+class WorkerClient:
+    """An HTTP client on a worker's endpoint (a socket path, or a TCP address), made anew when
+    the endpoint changes: a respawned worker listens somewhere else."""
+
+    def __init__(self) -> None:
+        self._client: httpx.AsyncClient | None = None
+        self._endpoint: str | tuple[str, int] | None = None
+
+    def on(
+        self, endpoint: str | tuple[str, int], headers: dict[str, str] | None = None
+    ) -> httpx.AsyncClient:
+        """The client for `endpoint` (`headers` go on every request of a new one)."""
+        if self._client is None or self._endpoint != endpoint:
+            old, self._client = self._client, None
+            if old is not None:
+                asyncio.get_running_loop().create_task(old.aclose())
+            if isinstance(endpoint, tuple):
+                transport = WorkerTransport(address=endpoint)
+            else:
+                transport = WorkerTransport(endpoint)
+            timeout = httpx.Timeout(connect=10.0, read=None, write=60.0, pool=60.0)
+            self._client = httpx.AsyncClient(
+                transport=transport, base_url="http://worker", timeout=timeout, headers=headers
+            )
+            self._endpoint = endpoint
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                await self._client.aclose()

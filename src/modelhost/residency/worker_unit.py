@@ -7,14 +7,12 @@ end its requests (`interrupt`).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from typing import Any
 
 import httpx
 
 from modelhost.residency.supervisor import WorkerProcess
-from modelhost.residency.worker_transport import WorkerTransport
+from modelhost.residency.worker_transport import WorkerClient
 
 DRAIN_ANSWER_S = 2.0  # a forced drain answers at once; a worker that does not is killed
 
@@ -35,8 +33,7 @@ class WorkerUnit:
         # then cut by the worker's connection closing ends as the shutdown's `closed`, not as
         # a worker failure (whichever of the worker's frame and the break comes first).
         self._ending = False
-        self._client: httpx.AsyncClient | None = None
-        self._client_socket: str | None = None
+        self._http = WorkerClient()
         self.card_row: dict[str, Any] | None = None
 
     @property
@@ -91,26 +88,13 @@ class WorkerUnit:
     async def close(self) -> bool:
         if not self._closed:
             self._closed = self._ending = True
-            if self._client is not None:
-                with contextlib.suppress(Exception):
-                    await self._client.aclose()
+            await self._http.aclose()
             await self.worker.stop()
         return True
 
     def client(self) -> httpx.AsyncClient:
         """An HTTP client on the worker's socket (a new one after the worker was respawned)."""
-        socket_path = self.worker.socket_path
-        if self._client is None or self._client_socket != socket_path:
-            old, self._client = self._client, None
-            if old is not None:
-                asyncio.get_running_loop().create_task(old.aclose())
-            transport = WorkerTransport(socket_path)
-            timeout = httpx.Timeout(connect=10.0, read=None, write=60.0, pool=60.0)
-            self._client = httpx.AsyncClient(
-                transport=transport, base_url="http://worker", timeout=timeout
-            )
-            self._client_socket = socket_path
-        return self._client
+        return self._http.on(self.worker.socket_path)
 
     async def read_card(self) -> None:
         """Ask the worker for the row `/v1/models` lists for it (fixed for its lifetime)."""
