@@ -342,10 +342,19 @@ def sdk(world: dict[str, Any]) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{world['url']}/v1", api_key="-", max_retries=0, timeout=WAIT_S)
 
 
+def wait_unleased(host: ResidencyHost[Any], model_id: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while any(m.leases for m in host.resident() if m.id == model_id):
+        assert time.monotonic() < deadline, f"{model_id} is still leased"
+        time.sleep(0.01)
+
+
 def test_a_responses_chain_survives_its_worker_being_evicted_between_turns(served):
     turn: dict[str, Any] = {"model": "tiny-a", "max_output_tokens": 4}
     with sdk(served) as client:
         first = client.responses.create(**turn, input="Name a colour.")
+        # The lease ends as the body's last bytes leave, just after the client has them.
+        wait_unleased(served["host"], "tiny-a")
         unload = served["client"].post("/api/models/tiny-a/unload")
         assert unload.status_code == 200 and served["host"].peek("tiny-a") is None
         second = client.responses.create(**turn, input="Another?", previous_response_id=first.id)
