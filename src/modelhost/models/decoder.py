@@ -15,6 +15,23 @@ from modelhost.models.layers import Attention, GatedMLP, RMSNorm, Rotary
 from modelhost.models.moe import SparseMoE
 
 
+def attention_for(config: ModelConfig, layer: int) -> Attention:
+    """Layer `layer`'s attention as the config describes it, whichever the family: biases,
+    q/k norms, scale, sliding window and score cap are all fields of the config."""
+    return Attention(
+        layer=layer,
+        hidden=config.hidden_size,
+        num_heads=config.num_heads,
+        num_kv_heads=config.num_kv_heads,
+        head_dim=config.head_dim,
+        bias=config.attention_bias,
+        qk_norm_eps=config.rms_norm_eps if config.qk_norm else None,
+        scale=config.attention_scale(),
+        window=config.sliding_window if config.is_sliding_layer(layer) else None,
+        softcap=config.attn_logit_softcapping,
+    )
+
+
 class DecoderBlock(nn.Module):
     """What every architecture's layer offers: attention, a gated MLP, and its norms in the
     order models/fused_decode.py reads them; its forward takes (x, rope, batch, kv)."""

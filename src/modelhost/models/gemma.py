@@ -9,25 +9,14 @@ import torch
 
 from modelhost.models.batch import ForwardBatch, KVCache
 from modelhost.models.config import ModelConfig
-from modelhost.models.decoder import DecoderBlock, DecoderLM
-from modelhost.models.layers import Attention, GatedMLP, RMSNorm, gelu_tanh
+from modelhost.models.decoder import DecoderBlock, DecoderLM, attention_for
+from modelhost.models.layers import GatedMLP, RMSNorm, gelu_tanh
 
 
 class GemmaBlock(DecoderBlock):
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
-        self.self_attn = Attention(
-            layer=layer,
-            hidden=config.hidden_size,
-            num_heads=config.num_heads,
-            num_kv_heads=config.num_kv_heads,
-            head_dim=config.head_dim,
-            bias=False,
-            qk_norm_eps=config.rms_norm_eps if config.qk_norm else None,
-            scale=config.attention_scale(),
-            window=config.sliding_window if config.is_sliding_layer(layer) else None,
-            softcap=config.attn_logit_softcapping,
-        )
+        self.self_attn = attention_for(config, layer)
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, gelu_tanh)
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps)

@@ -7,25 +7,15 @@ import torch
 
 from modelhost.models.batch import ForwardBatch, KVCache
 from modelhost.models.config import ModelConfig
-from modelhost.models.decoder import DecoderBlock, DecoderLM
-from modelhost.models.layers import Attention, RMSNorm
+from modelhost.models.decoder import DecoderBlock, DecoderLM, attention_for
+from modelhost.models.layers import RMSNorm
 from modelhost.models.moe import sparse_or_dense_mlp
 
 
 class LlamaBlock(DecoderBlock):
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
-        self.self_attn = Attention(
-            layer=layer,
-            hidden=config.hidden_size,
-            num_heads=config.num_heads,
-            num_kv_heads=config.num_kv_heads,
-            head_dim=config.head_dim,
-            bias=config.attention_bias,
-            qk_norm_eps=config.rms_norm_eps if config.qk_norm else None,
-            scale=config.attention_scale(),
-            window=config.sliding_window if config.is_sliding_layer(layer) else None,
-        )
+        self.self_attn = attention_for(config, layer)
         self.mlp = sparse_or_dense_mlp(config, layer)  # Qwen3-MoE's layers: experts
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
