@@ -29,6 +29,14 @@ from modelhost.cluster.remote_unit import NodeGone, RemoteWorker, RemoteWorkerUn
 PORTS = itertools.count(9000)
 
 
+@pytest.fixture(autouse=True)
+def killed(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The actors `ray.kill` was asked to end: a real one would start a local Ray cluster."""
+    ended: list[Any] = []
+    monkeypatch.setattr(ray, "kill", ended.append)
+    return ended
+
+
 class Call:
     """`actor.method.remote(...)`: an awaitable that fails as Ray's does once the actor died."""
 
@@ -215,9 +223,7 @@ async def test_one_look_at_a_time_per_worker_while_its_replacement_loads():
     assert len(node.given_ages) == 1 and unit.remote.alive()
 
 
-async def test_an_actor_that_starts_after_its_model_was_evicted_is_stopped(monkeypatch):
-    killed: list[Any] = []
-    monkeypatch.setattr(ray, "kill", killed.append)
+async def test_an_actor_that_starts_after_its_model_was_evicted_is_stopped(killed):
     node = Node()
     node.gate = asyncio.Event()
     unit = resident(node)
