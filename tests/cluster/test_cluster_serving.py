@@ -97,14 +97,16 @@ def running_rows(url: str, model_id: str) -> float:
 
 
 def chat_series(url: str) -> dict[str, float]:
-    """The front's request series for the chat route (sample name -> value, buckets left out),
-    each asserted to be one set whatever nodes served it."""
+    """The request series for the chat route (sample name -> value; buckets, and the front's
+    own count of HTTP requests by status, left out), each asserted to be one set whatever nodes
+    served it."""
     text = httpx.get(f"{url}/metrics", timeout=10).text
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             labels = sample.labels
-            if labels.get("route") == "/v1/chat/completions" and "le" not in labels:
+            ours = "le" not in labels and "status" not in labels
+            if labels.get("route") == "/v1/chat/completions" and ours:
                 assert sample.name not in values, f"two {sample.name} series"
                 values[sample.name] = sample.value
     return values
