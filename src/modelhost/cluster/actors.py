@@ -40,7 +40,14 @@ def node_address() -> str:
     return str(ray.util.get_node_ip_address())
 
 
+def node_home() -> str:
+    """This node's MODELHOST_HOME, absolute: as its `ray start` chose it, else ~/.modelhost of
+    the user who ran it (a Ray worker process inherits the raylet's environment)."""
+    return str(modelhost_home().expanduser().resolve())
+
+
 def node_samples_directory() -> Path:
+    """This node's folder for its workers' request series, made if new."""
     context = ray.get_runtime_context()
     node_id = context.get_node_id()
     directory = samples_directory(context.get_temp_dir(), context.get_session_name(), node_id)
@@ -49,10 +56,9 @@ def node_samples_directory() -> Path:
 
 
 def node_env() -> dict[str, str]:
-    """What every worker on this node is started with: the node's home (absolute, as this
-    node's `ray start` chose it, else ~/.modelhost of its user) and its series folder."""
+    """What every worker on this node is started with: the node's home and its series folder."""
     return {
-        "MODELHOST_HOME": str(modelhost_home().expanduser().resolve()),
+        "MODELHOST_HOME": node_home(),
         "PROMETHEUS_MULTIPROC_DIR": str(node_samples_directory()),
     }
 
@@ -70,7 +76,7 @@ class NodeAgent:
             "address": node_address(),
             "default_budget_bytes": default_budget_bytes(),
             "available_bytes": available_memory_bytes(),
-            "home": node_env()["MODELHOST_HOME"],
+            "home": node_home(),
         }
 
     def request_series(self) -> NodeSamples:
