@@ -32,7 +32,7 @@ from modelhost.serve_config import (
 )
 from modelhost.server.app import admission_policy, create_app, create_routed_app
 from modelhost.server.http_server import serve
-from modelhost.server.prometheus import WorkerSamples
+from modelhost.server.prometheus import SampleSource, WorkerSamples
 from modelhost.server.settings import ServeSettings
 
 if TYPE_CHECKING:
@@ -223,7 +223,7 @@ def serve_router(
     router: ModelRouter[Any],
     start: Callable[[Any], Awaitable[None]],
     mode: str,
-    worker_samples: WorkerSamples | None = None,
+    worker_samples: SampleSource | None = None,
 ) -> int:
     """The app over `router`, served until a signal; `start(host)` runs before listening."""
     host = router.host

@@ -20,6 +20,7 @@ import ray
 from modelhost.cli_serve import serve_router
 from modelhost.cli_serve_args import parse_replicas
 from modelhost.cluster.membership import NAMESPACE, Membership, cluster_secret
+from modelhost.cluster.node_series import NodeSeries
 from modelhost.cluster.remote_unit import RemoteWorkerUnit
 from modelhost.inference.admission import BYTES_PER_GB
 from modelhost.models.embedded import DEFAULT_MODEL
@@ -119,4 +120,5 @@ def _serve(
         await cluster.maintain()  # the replicas asked for, before the port opens
         cluster.run_beside(membership.run())
 
-    return serve_router(args, settings, router, start, f", cluster at {args.cluster}")
+    series = NodeSeries(membership.agents)  # the workers' request series, for /metrics
+    return serve_router(args, settings, router, start, f", cluster at {args.cluster}", series)

@@ -21,7 +21,7 @@ from modelhost.server.json_logs import use_json_logs
 from modelhost.server.leasing import ModelLeasing
 from modelhost.server.model_admin import ADMIN_ROUTES
 from modelhost.server.openai_wire import openai_error
-from modelhost.server.prometheus import Metrics, WorkerSamples, metrics_endpoint
+from modelhost.server.prometheus import Metrics, SampleSource, metrics_endpoint
 from modelhost.server.response_store import ResponseStore
 from modelhost.server.settings import ServeSettings
 from modelhost.server.surfaces import SURFACES, Surfaces
@@ -92,7 +92,7 @@ def create_routed_app(
     settings: ServeSettings,
     startup: Callable[[], Awaitable[None]] | None = None,
     surfaces: Surfaces = SURFACES,
-    worker_samples: WorkerSamples | None = None,
+    worker_samples: SampleSource | None = None,
 ) -> Starlette:
     """The server for every local model behind one port, routed by the body's `model`.
     `startup` runs before the listener binds (it loads the startup model); `worker_samples`
@@ -124,7 +124,7 @@ def _new_app(
     settings: ServeSettings,
     lifespan: Any,
     surfaces: Surfaces,
-    worker_samples: WorkerSamples | None = None,
+    worker_samples: SampleSource | None = None,
 ) -> Starlette:
     serves_jobs = settings.owner != "worker"  # a worker process serves its model, nothing else
     if serves_jobs:
