@@ -85,9 +85,7 @@ class StoreUsage:
             "budget_bytes": self.budget_bytes,
             "files": self.files,
             "bytes": self.bytes,
-            "models": [
-                {"id": m.id, "files": m.files, "bytes": m.bytes} for m in self.models
-            ],
+            "models": [{"id": m.id, "files": m.files, "bytes": m.bytes} for m in self.models],
         }
 
 
@@ -269,13 +267,10 @@ class ModelKVStore:
         header, token_bytes = kv_block_file.encode(self._digest, key, parent, tokens, payload)
         path = self._path(key)
         temp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        if not path.parent.is_dir():  # a new fan-out folder, or the store was cleared
+            self._make_directory(path.parent)
         try:
-            try:
-                file = open(temp, "wb")
-            except FileNotFoundError:  # a new fan-out folder, or the store was cleared
-                self._make_directory(path.parent)
-                file = open(temp, "wb")
-            with file:
+            with open(temp, "wb") as file:
                 file.write(header)
                 file.write(token_bytes)
                 file.write(payload)
@@ -287,12 +282,15 @@ class ModelKVStore:
         self.store.note_written(len(header) + len(token_bytes) + len(payload))
 
     def _make_directory(self, directory: Path) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        marker = self.directory / MODEL_FILE
-        if not marker.exists():
-            temp = marker.with_name(f".{MODEL_FILE}.{os.getpid()}.tmp")
-            temp.write_text(json.dumps({"id": self.model_id, "identity": self.identity}))
-            os.replace(temp, marker)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            marker = self.directory / MODEL_FILE
+            if not marker.exists():
+                temp = marker.with_name(f".{MODEL_FILE}.{os.getpid()}.tmp")
+                temp.write_text(json.dumps({"id": self.model_id, "identity": self.identity}))
+                os.replace(temp, marker)
+        except OSError as exc:
+            log.warning("KV store: cannot make %s: %s", directory, exc)
 
 
 def _model_id(directory: Path) -> str:
