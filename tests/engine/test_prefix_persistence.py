@@ -18,7 +18,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 KV_BYTES = 64 << 20  # a small pool: these tests need a few hundred blocks
 
 
-def long_prompt(model: LoadedModel, words: int = 300) -> list[int]:
+def long_prompt(model: LoadedModel, words: int = 90) -> list[int]:
     text = " ".join(f"item {i} is {'red' if i % 3 else 'blue'}," for i in range(words))
     return model.tokenizer.encode(f"Remember this list: {text} Which item came first?")
 
