@@ -31,8 +31,9 @@ def run_kv(args: argparse.Namespace) -> int:
 
 
 def store_line() -> str:
-    """One line for `modelhost ls`: where the store is and what it holds."""
-    return f"KV store {_size(KVDiskStore().usage())} in {KVDiskStore().root}"
+    """For `modelhost ls`: what the store holds, and where."""
+    usage = KVDiskStore().usage()
+    return f"KV store {_size(usage)} in {usage.path}"
 
 
 def _size(usage: StoreUsage) -> str:

@@ -84,9 +84,8 @@ def run_ls(args: argparse.Namespace) -> int:
     for entry in entries:
         if entry.refusal is not None:
             print(f"\n{entry.id} cannot be served: {entry.refusal}", end="")
-    print(f"\nmodel budget {_gb(budget)}", end="")
+    print(f"\nmodel budget {_gb(budget)}; {store_line()}", end="")
     print("" if resident is not None else f"; no server answered at {args.url}")
-    print(store_line())
     return 0
 
 
