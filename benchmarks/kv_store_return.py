@@ -53,6 +53,12 @@ def start(model: str, home: Path, port: int, log: Path, extra: list[str]) -> Ser
     raise SystemExit("the server did not answer")
 
 
+def current_model(url: str) -> str:
+    """The id the server gave the model it was started with (a file's differs from its path)."""
+    rows = httpx.get(f"{url}/v1/models", timeout=30).json()["data"]
+    return str(next(row["id"] for row in rows if row.get("current")))
+
+
 def ask(url: str, model: str, prompt: str) -> dict[str, Any]:
     body = {
         "model": model,
@@ -110,16 +116,17 @@ def main(argv: list[str] | None = None) -> None:
     results: dict[str, Any] = {}
     tree = start(args.model, home, args.port, log, extra)
     try:
-        results["cold"] = ask(url, args.model, prompt)
-        unloaded = httpx.post(f"{url}/api/models/{args.model}/unload", timeout=120)
+        model_id = current_model(url)
+        results["cold"] = ask(url, model_id, prompt)
+        unloaded = httpx.post(f"{url}/api/models/{model_id}/unload", timeout=120)
         unloaded.raise_for_status()
-        results["after_unload"] = ask(url, args.model, prompt)
+        results["after_unload"] = ask(url, model_id, prompt)
         results["kv_store"] = httpx.get(f"{url}/stats", timeout=30).json().get("kv_store")
     finally:
         tree.stop()
     tree = start(args.model, home, args.port, log, extra)
     try:
-        results["after_restart"] = ask(url, args.model, prompt)
+        results["after_restart"] = ask(url, model_id, prompt)
     finally:
         tree.stop()
     cold = results["cold"]["ttft_s"]
@@ -134,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
             f"cached {row['cached_tokens']}"
             + (f"  ({row['ttft_vs_cold']:.1%} of cold)" if "ttft_vs_cold" in row else "")
         )
-    report = {"model": args.model, "prompt_tokens_asked": args.prompt_tokens, **results}
+    report = {"model": model_id, "prompt_tokens_asked": args.prompt_tokens, **results}
     path = (
         args.json or Path(__file__).parent / "results" / f"kv-store-return-{int(time.time())}.json"
     )
