@@ -47,12 +47,16 @@ def block_bytes(kv: KVCache, block_id: int) -> bytes:
     return parts.view(torch.uint8).cpu().numpy().tobytes()
 
 
-def fill_block(kv: KVCache, block_id: int, payload: memoryview) -> None:
-    """Write `block_bytes` output back into block `block_id` of every layer."""
-    start = block_id * kv.block_size
+def block_tensor(kv: KVCache, payload: memoryview) -> torch.Tensor:
+    """`block_bytes` output as [layers, block_size, 2, kv_heads, head_dim] (no copy)."""
     pool = kv.pools[0]
     shape = (len(kv.pools), kv.block_size, *pool.shape[1:])
-    parts = torch.frombuffer(payload, dtype=pool.dtype).view(shape)
+    return torch.frombuffer(payload, dtype=pool.dtype).view(shape)
+
+
+def fill_block(kv: KVCache, block_id: int, parts: torch.Tensor) -> None:
+    """Write a `block_tensor` into block `block_id` of every layer."""
+    start = block_id * kv.block_size
     for layer, pool in enumerate(kv.pools):
         pool[start : start + kv.block_size].copy_(parts[layer])
 
@@ -129,7 +133,8 @@ class PrefixPersistence:
                 payload = self.store.get(key, parent, tokens, self.block_bytes)
                 if payload is None:
                     break
-                fill_block(self.kv, bm.adopt(key, parent, tokens), payload)
+                parts = block_tensor(self.kv, payload)  # before the block is cached
+                fill_block(self.kv, bm.adopt(key, parent, tokens), parts)
                 self._known.add(key)
                 restored += 1
                 kept += 1
