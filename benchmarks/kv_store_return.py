@@ -7,7 +7,8 @@ store on disk (issue 35, part 1).
 Starts `modelhost serve MODEL` (worker processes) over a fresh MODELHOST_HOME (the suite's
 conversion cache linked in when --home is not given), then, with one streamed chat request each:
 1. cold: a prompt of about --prompt-tokens tokens no server has seen;
-2. after unload: the model unloaded (`POST /api/models/{id}/unload`), the same prompt again;
+2. after unload: the model unloaded and loaded again (`POST /api/models/{id}/unload`, then
+   `.../load`, timed apart), the same prompt again;
 3. after restart: the server stopped and started again on the same home, the same prompt.
 Reports each TTFT (client clock, from sending to the first content chunk), prompt tokens and
 `cached_tokens`, and the ratios to the cold TTFT; writes JSON (default
@@ -33,7 +34,7 @@ from server_tree import ServerTree, install_cleanup
 from modelhost.bench import prompt_text
 from modelhost.paths import modelhost_home
 
-WORDS_PER_TOKEN = 0.75  # bench's words come out near 1.3 tokens each
+WORDS_PER_TOKEN = 1.0  # bench's words come out near one token each
 
 
 def start(model: str, home: Path, port: int, log: Path, extra: list[str]) -> ServerTree:
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     rng = random.Random(time.time_ns())
     prompt = prompt_text(int(args.prompt_tokens * WORDS_PER_TOKEN), rng)
     extra = shlex.split(args.serve_args)
-    log = scratch / "serve.log"
+    log = scratch / "serve-1.log"
     results: dict[str, Any] = {}
     tree = start(args.model, home, args.port, log, extra)
     try:
@@ -120,11 +121,15 @@ def main(argv: list[str] | None = None) -> None:
         results["cold"] = ask(url, model_id, prompt)
         unloaded = httpx.post(f"{url}/api/models/{model_id}/unload", timeout=120)
         unloaded.raise_for_status()
+        # Loaded before it is asked: its TTFT is the prompt's, not the worker's start.
+        started = time.perf_counter()
+        httpx.post(f"{url}/api/models/{model_id}/load", timeout=900).raise_for_status()
+        results["reload_s"] = time.perf_counter() - started
         results["after_unload"] = ask(url, model_id, prompt)
         results["kv_store"] = httpx.get(f"{url}/stats", timeout=30).json().get("kv_store")
     finally:
         tree.stop()
-    tree = start(args.model, home, args.port, log, extra)
+    tree = start(args.model, home, args.port, scratch / "serve-2.log", extra)
     try:
         results["after_restart"] = ask(url, model_id, prompt)
     finally:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 
 import torch
 
@@ -117,6 +118,7 @@ class PrefixPersistence:
         (up to the first block neither has); returns the tokens read from the store."""
         if seq.params.prompt_logprobs:
             return 0  # every prompt position is computed anyway
+        started = time.perf_counter()
         bm = self.block_manager
         bs = bm.block_size
         parent: BlockKey | None = None
@@ -142,6 +144,9 @@ class PrefixPersistence:
                 kept += 1
             parent = key
         if restored:
-            log.info("restored %d tokens of a prompt from the KV store", restored * bs)
+            ms = (time.perf_counter() - started) * 1000
+            log.info(
+                "restored %d tokens of a prompt from the KV store in %.0f ms", restored * bs, ms
+            )
         self.num_restored_tokens += restored * bs
         return restored * bs
