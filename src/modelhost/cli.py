@@ -10,6 +10,7 @@ import time
 
 from modelhost.cli_bench import add_bench_parser, run_bench_command
 from modelhost.cli_jobs import add_jobs_parser, run_jobs
+from modelhost.cli_kv import add_kv_parser, run_kv
 from modelhost.cli_ls import add_ls_parser, run_ls
 from modelhost.cli_serve_args import add_serve_parser
 from modelhost.models.modes import HELP as QUANTIZE_HELP
@@ -24,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     add_ls_parser(subparsers)
     add_bench_parser(subparsers)
     add_jobs_parser(subparsers)
+    add_kv_parser(subparsers)
     cores = os.cpu_count() or 1
     generate.add_argument(
         "--threads",
@@ -45,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_bench_command(args)
     if args.command == "jobs":
         return run_jobs(args)
+    if args.command == "kv":
+        return run_kv(args)
     if args.command == "serve":
         from modelhost.cli_serve import run_serve  # the server: only to serve
 

@@ -33,6 +33,7 @@ def add_ls_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
 
 
 def run_ls(args: argparse.Namespace) -> int:
+    from modelhost.cli_kv import store_line
     from modelhost.residency.registry import ModelRegistry, ServingShape
     from modelhost.serve_config import cuda_available, default_budget_bytes, quantize_mode
 
@@ -83,7 +84,7 @@ def run_ls(args: argparse.Namespace) -> int:
     for entry in entries:
         if entry.refusal is not None:
             print(f"\n{entry.id} cannot be served: {entry.refusal}", end="")
-    print(f"\nmodel budget {_gb(budget)}", end="")
+    print(f"\nmodel budget {_gb(budget)}; {store_line()}", end="")
     print("" if resident is not None else f"; no server answered at {args.url}")
     return 0
 

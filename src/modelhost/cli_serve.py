@@ -51,6 +51,8 @@ def build_stage(
     """
     from modelhost.engine.engine import Engine, EngineConfig
     from modelhost.inference.stage import InferenceStage
+    from modelhost.residency.kv_model_identity import prefix_store_opener
+    from modelhost.residency.kv_store import KVDiskStore
 
     policy = admission_policy(model, settings, rows=batch)
     config = EngineConfig(
@@ -61,7 +63,9 @@ def build_stage(
         context_length=settings.context_length,
         prompt_threads=settings.prompt_threads,
     )
-    return InferenceStage(Engine(model, config), model, policy=policy, defaults=settings.defaults)
+    prefix_store = prefix_store_opener(model, KVDiskStore(budget_bytes=settings.kv_disk_bytes))
+    engine = Engine(model, config, prefix_store=prefix_store)
+    return InferenceStage(engine, model, policy=policy, defaults=settings.defaults)
 
 
 def build_serving(

@@ -54,6 +54,12 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         "--memory-budget", type=float, default=None, metavar="GB",
         help="decimal GB for weights + KV + working memory; caps the safe context",
     )  # fmt: skip
+    parser.add_argument(
+        "--kv-disk", type=float, default=None, metavar="GB",
+        help="decimal GB of disk for the prefix KV store under MODELHOST_HOME/kv, which keeps "
+        "prompts' KV across model switches and restarts (default: 8, at most a tenth of the "
+        "free disk; 0 turns it off)",
+    )  # fmt: skip
     parser.add_argument("--context-length", type=int, default=None, metavar="N")
     parser.add_argument("--quantize", choices=MODES, default=None, help=QUANTIZE_HELP)
     parser.add_argument("--max-tokens", type=int, default=None, metavar="N")

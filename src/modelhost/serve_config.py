@@ -18,6 +18,7 @@ from typing import Any
 
 from modelhost.inference.admission import BYTES_PER_GB
 from modelhost.models.modes import default_mode
+from modelhost.residency.kv_store import default_budget_bytes as default_kv_disk_bytes
 from modelhost.residency.registry import ServingShape
 from modelhost.residency.supervisor import proc_bytes
 from modelhost.server.limits import DEFAULT_MAX_BODY_BYTES, MiB
@@ -43,8 +44,17 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         ),
         log_format=args.log_format,
         prompt_threads=args.prompt_threads,
+        kv_disk_bytes=kv_disk_bytes(args),
         console=not getattr(args, "no_console", False),
     )
+
+
+def kv_disk_bytes(args: argparse.Namespace) -> int:
+    """--kv-disk in bytes; without it, the store's default budget."""
+    gb = getattr(args, "kv_disk", None)
+    if gb is None:
+        return default_kv_disk_bytes()
+    return max(0, int(gb * BYTES_PER_GB))
 
 
 def api_key_from(args: argparse.Namespace) -> str | None:

@@ -10,6 +10,7 @@ const KEPT_SAMPLES = 60; // five minutes of tokens per second per model
 let listing = [];
 let residency = null;
 let rows = {}; // model id -> {running, waiting}, from /metrics
+let kvStore = null; // /stats.kv_store: the prefix KV store on disk
 let latest = { requests: [] };
 let residentKey = "";
 const history = new Map(); // model id -> [tok/s, ...]
@@ -50,6 +51,10 @@ async function refreshRows() {
       }
     }
     render();
+  } catch { /* the next tick tries again */ }
+  try {
+    kvStore = (await get("/stats")).kv_store || null;
+    renderBudget();
   } catch { /* the next tick tries again */ }
 }
 
@@ -160,5 +165,8 @@ function renderBudget() {
       el("span", { id: "budget-text" }, `${bytes(residency.resident_bytes)} of ${bytes(budget)} resident`)),
     bar,
     el("div", { class: "legend-row" }, residency.resident.map((model, index) =>
-      el("span", { class: `key s${index % 6}` }, `${model.id} ${bytes(model.bytes)}`))));
+      el("span", { class: `key s${index % 6}` }, `${model.id} ${bytes(model.bytes)}`))),
+    kvStore ? el("div", { id: "kv-store-text", class: "muted small" },
+      `KV store on disk: ${bytes(kvStore.bytes)} of ${bytes(kvStore.budget_bytes)} ` +
+      `(${kvStore.files} blocks, prompts kept across switches and restarts)`) : null);
 }

@@ -2,8 +2,9 @@
 
 The KV pool is `num_blocks` blocks of `block_size` token slots. A sequence's block table maps
 its positions to blocks. Once a block is full and its KV computed it is *committed*: it gets a
-chained hash key, key(i) = hash((key(i - 1), tokens of block i)), and a later sequence whose
-prompt starts with the same tokens reuses it instead of recomputing it.
+chained key, key(i) = digest(key(i - 1), tokens of block i) (engine/prefix_store.py: stable
+across processes, the name a disk store keeps it under too), and a later sequence whose prompt
+starts with the same tokens reuses it instead of recomputing it.
 
 A freed block keeps its key and stays findable until the free list hands it out again; that is
 the prefix cache. The free list is ordered: unhashed blocks at the front (reused first), then
@@ -13,11 +14,15 @@ hashed blocks from least to most recently freed. Pure Python: no torch, no async
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from modelhost.engine.prefix_store import ChainKey, chain_key
 from modelhost.engine.sequence import Sequence
 
-BlockKey = int
+BlockKey = ChainKey
+# Told of each block as it is committed: (block id, key, parent key, tokens).
+CommitHook = Callable[[int, BlockKey, BlockKey | None, tuple[int, ...]], None]
 
 
 class OutOfBlocks(RuntimeError):
@@ -62,6 +67,7 @@ class BlockManager:
         self._owners: dict[int, _Owner] = {}  # seq_id -> owner, for every sequence holding blocks
         self.num_prefix_queries_tokens = 0
         self.num_prefix_hit_tokens = 0
+        self.on_commit: CommitHook | None = None  # the engine's disk store, when it has one
 
     # ---- counters -------------------------------------------------------------------------
 
@@ -105,7 +111,7 @@ class BlockManager:
         parent: BlockKey | None = None
         for i in range((seq.num_tokens - 1) // bs):
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            key = hash((parent, tokens))
+            key = chain_key(parent, tokens)
             block_id = self._key_to_block.get(key)
             if block_id is None:
                 break
@@ -180,7 +186,7 @@ class BlockManager:
         for i in range(len(owner.keys), seq.num_computed_tokens // bs):
             parent = owner.keys[-1] if owner.keys else None
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            key = hash((parent, tokens))
+            key = chain_key(parent, tokens)
             owner.keys.append(key)
             block = self._blocks[seq.block_table[i]]
             assert block.key is None or block.key == key, "block committed under another key"
@@ -190,6 +196,45 @@ class BlockManager:
             block.parent_key = parent
             block.token_ids = tokens
             self._key_to_block[key] = block.block_id
+            if self.on_commit is not None:
+                self.on_commit(block.block_id, key, parent, tokens)
+
+    # ---- blocks from elsewhere (a disk store) ---------------------------------------------
+
+    def touch(self, key: BlockKey, parent: BlockKey | None, tokens: tuple[int, ...]) -> bool | None:
+        """Whether the block keyed `key` (with this parent and these tokens) is cached: None
+        when it is not; True when it is free (now the most recently freed, evicted last);
+        False when a sequence holds it."""
+        block_id = self._key_to_block.get(key)
+        if block_id is None:
+            return None
+        block = self._blocks[block_id]
+        if block.parent_key != parent or block.token_ids != tokens:
+            return None
+        if block.ref_count > 0:
+            return False
+        self._free.move_to_end(block_id)
+        return True
+
+    def adopt(self, key: BlockKey, parent: BlockKey | None, tokens: tuple[int, ...]) -> int:
+        """Take the least recently freed block for KV computed elsewhere and cache it under
+        `key`, free and most recently freed; the caller fills its slots. Returns its id."""
+        assert key not in self._key_to_block, "block already cached"
+        assert len(tokens) == self.block_size
+        block_id, _ = self._free.popitem(last=False)
+        block = self._blocks[block_id]
+        if block.key is not None and self._key_to_block.get(block.key) == block_id:
+            del self._key_to_block[block.key]
+        block.key, block.parent_key, block.token_ids = key, parent, tokens
+        self._key_to_block[key] = block_id
+        self._free[block_id] = None
+        return block_id
+
+    def cached_blocks(self) -> Iterator[tuple[int, BlockKey, BlockKey | None, tuple[int, ...]]]:
+        """(block id, key, parent key, tokens) of every block in the prefix cache."""
+        for key, block_id in list(self._key_to_block.items()):
+            block = self._blocks[block_id]
+            yield block_id, key, block.parent_key, block.token_ids
 
     # ---- release --------------------------------------------------------------------------
 

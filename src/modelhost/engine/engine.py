@@ -35,6 +35,8 @@ from modelhost.engine.events import (
     QueueFull,
 )
 from modelhost.engine.kv_pool_size import BLOCK_TOKENS, default_kv_bytes
+from modelhost.engine.prefix_persistence import PrefixPersistence, kv_layout
+from modelhost.engine.prefix_store import PrefixStoreOpener
 from modelhost.engine.prompt_logprobs import PromptScores, prompt_spans
 from modelhost.engine.row_output import RowOutput
 from modelhost.engine.runner import ModelRunner
@@ -160,7 +162,14 @@ class RequestStream:
 
 
 class Engine:
-    def __init__(self, model: LoadedModel, config: EngineConfig | None = None) -> None:
+    def __init__(
+        self,
+        model: LoadedModel,
+        config: EngineConfig | None = None,
+        prefix_store: PrefixStoreOpener | None = None,
+    ) -> None:
+        """`prefix_store`: where full prefix blocks outlive this engine (a disk store), opened
+        with the KV layout's description; None keeps them in memory only."""
         self.model = model
         self.config = config = config or EngineConfig()
         self.context_length = min(
@@ -185,6 +194,10 @@ class Engine:
         self._block_bytes = config.block_size * model.config.kv_bytes_per_token(
             model.cache_dtype.itemsize
         )
+        self.persistence: PrefixPersistence | None = None
+        if prefix_store is not None:
+            store = prefix_store(kv_layout(self.runner.kv))
+            self.persistence = PrefixPersistence(store, self.runner.kv, self.block_manager)
         self._ids = itertools.count(1)
         self._cond = threading.Condition()
         self._inbox: deque[Callable[[], None]] = deque()
@@ -284,9 +297,27 @@ class Engine:
         for seq in seqs:
             self._num_pending_adds -= 1
             self._live[seq.seq_id] = seq
+            if self.persistence is not None:
+                self._restore(self.persistence, seq)
             self.scheduler.add(seq)
 
+    def _restore(self, persistence: PrefixPersistence, seq: Sequence) -> None:
+        try:
+            persistence.restore(seq)
+        except Exception:  # a store that fails costs a prefill, never the row
+            log.exception("reading the KV store failed")
+
     def _loop(self) -> None:
+        try:
+            self._run()
+        finally:
+            if self.persistence is not None:  # what the pool caches outlives it
+                try:
+                    self.persistence.close()
+                except Exception:
+                    log.exception("writing the KV store failed")
+
+    def _run(self) -> None:
         while True:
             with self._cond:
                 while not self._closed and not self._inbox and not self.scheduler.has_work:

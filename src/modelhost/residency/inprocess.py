@@ -33,7 +33,7 @@ class Stage(Protocol):
 
 
 class InProcessUnit:
-    resumed = False  # no saved prompt state survives an eviction yet
+    resumed = False  # prompts saved in the KV store come back per request, not at load
 
     def __init__(self, stage: Stage, load_ms: float = 0.0) -> None:
         self.stage = stage
@@ -71,7 +71,7 @@ class InProcessUnit:
             self._closed = True
             await asyncio.to_thread(self.stage.close)
             await asyncio.to_thread(_release_memory)
-        return True  # nothing to flush: the prompt cache lives and dies with the engine
+        return True  # the engine wrote its prompt cache to the KV store (if any) as it closed
 
 
 def _release_memory() -> None:

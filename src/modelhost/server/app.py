@@ -18,6 +18,7 @@ from modelhost.server.access import edge
 from modelhost.server.console import install_console, worker_requests
 from modelhost.server.jobs import install_jobs, with_jobs
 from modelhost.server.json_logs import use_json_logs
+from modelhost.server.kv_admin import KV_ROUTES
 from modelhost.server.leasing import ModelLeasing
 from modelhost.server.model_admin import ADMIN_ROUTES
 from modelhost.server.openai_wire import openai_error
@@ -114,7 +115,7 @@ def create_routed_app(
     app.state.router = router
     app.state.metrics.watch_residency(router.host)
     app.state.drain = router.interrupt_all
-    for method, path, endpoint in ADMIN_ROUTES:
+    for method, path, endpoint in (*ADMIN_ROUTES, *KV_ROUTES):
         app.router.add_route(path, endpoint, methods=[method])
     app.add_middleware(ModelLeasing, router=router, surfaces=surfaces)
     return app

@@ -11,6 +11,7 @@ from modelhost import __version__
 from modelhost.inference.contracts import ModelCard, StageStats
 from modelhost.residency.router import ListedModel
 from modelhost.server.http import serving_stage
+from modelhost.server.kv_admin import kv_stats
 from modelhost.server.openai_wire import openai_error
 
 DISCOVERY_ENDPOINTS = ("/v1/models", "/health", "/stats")  # listed after the routed paths
@@ -223,4 +224,5 @@ async def stats(request: Request) -> Response:
     }
     if router is not None:
         body["models"] = router.residency()
+        body["kv_store"] = await kv_stats(request)  # the prefix KV store on disk
     return JSONResponse(body)

@@ -1,0 +1,152 @@
+"""The engine's side of a prefix store: full blocks go out as they are committed, and come back
+when a prompt's prefix is missing from memory, so a model that returns after its worker ended
+does not prefill again what it had seen.
+
+Out: the engine thread copies a just-committed block's bytes from each layer (a memcpy of a few
+hundred KB) onto a bounded queue, and a writer thread hands them to the store; when the queue is
+full the block is skipped, and `close` writes every cached block the store still lacks.
+In: before a new row is queued, its prompt's chain is walked block by block; blocks memory lacks
+are read from the store into free pool blocks and cached there, so the ordinary prefix match
+finds them (and `cached_tokens` counts them). Runs on the engine thread except the writer.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+
+import torch
+
+from modelhost.engine.block_manager import BlockKey, BlockManager, cdiv
+from modelhost.engine.prefix_store import PrefixStore, chain_key
+from modelhost.engine.sequence import Sequence
+from modelhost.models.batch import KVCache
+
+log = logging.getLogger(__name__)
+
+QUEUE_BYTES = 64 << 20  # blocks waiting for the writer at most; past it new ones are skipped
+
+_Pending = tuple[BlockKey, BlockKey | None, tuple[int, ...], bytes]
+
+
+def kv_layout(kv: KVCache) -> str:
+    """What the bytes of a block mean: a store keeps blocks of one layout apart from others."""
+    pool = kv.pools[0]
+    _, pair, heads, head_dim = pool.shape
+    return (
+        f"block={kv.block_size};layers={len(kv.pools)};kv={pair}x{heads}x{head_dim};"
+        f"dtype={str(pool.dtype).removeprefix('torch.')};device={pool.device.type}"
+    )
+
+
+def block_bytes(kv: KVCache, block_id: int) -> bytes:
+    """A block's keys and values, layer after layer, as bytes (a copy)."""
+    start = block_id * kv.block_size
+    parts = torch.stack([pool[start : start + kv.block_size] for pool in kv.pools])
+    return parts.view(torch.uint8).cpu().numpy().tobytes()
+
+
+def block_tensor(kv: KVCache, payload: memoryview) -> torch.Tensor:
+    """`block_bytes` output as [layers, block_size, 2, kv_heads, head_dim] (no copy)."""
+    pool = kv.pools[0]
+    shape = (len(kv.pools), kv.block_size, *pool.shape[1:])
+    return torch.frombuffer(payload, dtype=pool.dtype).view(shape)
+
+
+def fill_block(kv: KVCache, block_id: int, parts: torch.Tensor) -> None:
+    """Write a `block_tensor` into block `block_id` of every layer."""
+    start = block_id * kv.block_size
+    for layer, pool in enumerate(kv.pools):
+        pool[start : start + kv.block_size].copy_(parts[layer])
+
+
+class PrefixPersistence:
+    def __init__(self, store: PrefixStore, kv: KVCache, block_manager: BlockManager) -> None:
+        self.store = store
+        self.kv = kv
+        self.block_manager = block_manager
+        pool = kv.pools[0]
+        self.block_bytes = len(kv.pools) * kv.block_size * pool[0].numel() * pool.element_size()
+        self.num_restored_tokens = 0
+        self.num_written_blocks = 0
+        self.num_skipped_blocks = 0
+        self._known: set[BlockKey] = set()  # keys this engine wrote or read: in the store
+        self._queue: queue.Queue[_Pending | None] = queue.Queue(
+            max(4, QUEUE_BYTES // self.block_bytes)
+        )
+        self._writer = threading.Thread(target=self._write_all, name="kv-store-writer", daemon=True)
+        self._writer.start()
+        block_manager.on_commit = self._committed
+
+    # ---- out ------------------------------------------------------------------------------
+
+    def _committed(
+        self, block_id: int, key: BlockKey, parent: BlockKey | None, tokens: tuple[int, ...]
+    ) -> None:
+        if key in self._known:
+            return
+        self._known.add(key)
+        try:
+            self._queue.put_nowait((key, parent, tokens, block_bytes(self.kv, block_id)))
+        except queue.Full:
+            self._known.discard(key)  # `close` writes it, if it is still cached then
+            self.num_skipped_blocks += 1
+
+    def _write_all(self) -> None:
+        while (item := self._queue.get()) is not None:
+            # Written even where a file has the name: it may be torn or another's (a read
+            # that found it so removed it, but files past the first bad one were never read).
+            self.store.put(*item)
+            self.num_written_blocks += 1
+
+    def close(self) -> None:
+        """Write every cached block the store lacks, then end the writer (engine thread, after
+        its last step: a drain, an unload, a worker's or the server's end)."""
+        for block_id, key, parent, tokens in self.block_manager.cached_blocks():
+            if key not in self._known or not self.store.has(key):
+                self._queue.put((key, parent, tokens, block_bytes(self.kv, block_id)))
+        self._queue.put(None)
+        self._writer.join()
+        self.block_manager.on_commit = None
+
+    # ---- in -------------------------------------------------------------------------------
+
+    def restore(self, seq: Sequence) -> int:
+        """Cache in memory the blocks of `seq`'s prompt that the store holds and memory lacks
+        (up to the first block neither has); returns the tokens read from the store."""
+        if seq.params.prompt_logprobs:
+            return 0  # every prompt position is computed anyway
+        started = time.perf_counter()
+        bm = self.block_manager
+        bs = bm.block_size
+        parent: BlockKey | None = None
+        kept = 0  # free blocks this prompt will take: touched or filled here, evicted last
+        restored = 0
+        for i in range((seq.num_tokens - 1) // bs):  # never the last token (as the match)
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            key = chain_key(parent, tokens)
+            cached = bm.touch(key, parent, tokens)
+            if cached is None:
+                rest = cdiv(seq.num_tokens - (i + 1) * bs + 1, bs)
+                if bm.num_free_blocks - kept <= rest:
+                    break  # the blocks still to compute need the room
+                payload = self.store.get(key, parent, tokens, self.block_bytes)
+                if payload is None:
+                    break
+                parts = block_tensor(self.kv, payload)  # before the block is cached
+                fill_block(self.kv, bm.adopt(key, parent, tokens), parts)
+                self._known.add(key)
+                restored += 1
+                kept += 1
+            elif cached:
+                kept += 1
+            parent = key
+        if restored:
+            ms = (time.perf_counter() - started) * 1000
+            log.info(
+                "restored %d tokens of a prompt from the KV store in %.0f ms", restored * bs, ms
+            )
+        self.num_restored_tokens += restored * bs
+        return restored * bs

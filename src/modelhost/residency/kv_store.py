@@ -1,0 +1,325 @@
+"""The prefix KV store on disk: full KV blocks that outlive the worker which computed them.
+
+    MODELHOST_HOME/kv/
+        .lock                                    the eviction sweep's and clear's lock
+        <model>-<identity digest>/model.json     {"id", "identity"}: whose blocks these are
+        <model>-<identity digest>/<ab>/<key>.kvb one block (kv_block_file.py), named by its key
+
+A model's identity is its file (path, size, modification time), how its weights are held and
+its KV layout (residency/kv_model_identity.py): a file replaced in place, another quantization
+or another KV dtype gets a directory of its own. The engine reads and writes through
+`ModelKVStore` (engine/prefix_store.py's PrefixStore); the front lists and clears the store.
+
+Several processes may share a home: a block is written to a temporary name and moved into place
+(`os.replace`: a reader sees the whole file or none), a file is checked whenever it is read, and
+the sweep that holds the store to its byte budget (least recently used out: a read touches a
+file's mtime) runs under an `fcntl` lock. Pure Python, no torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from modelhost.paths import modelhost_home
+from modelhost.residency import kv_block_file
+
+log = logging.getLogger(__name__)
+
+GB = 1_000_000_000
+DEFAULT_BUDGET_BYTES = 8 * GB
+DISK_SHARE = 0.10  # the default budget never takes more than this share of the free disk
+LOW_WATER = 0.9  # a sweep leaves the store at this share of its budget
+SWEEP_EVERY = 0.05  # ... and runs again once this share of the budget has been written since
+STALE_TEMP_S = 3600.0  # a temporary file this old was left by a process that died writing it
+SUFFIX = ".kvb"
+MODEL_FILE = "model.json"
+
+
+def kv_root() -> Path:
+    return modelhost_home() / "kv"
+
+
+def default_budget_bytes(root: Path | None = None) -> int:
+    """8 GB, but never more than a tenth of the disk space free where the store lives."""
+    place = root or kv_root()
+    while not place.exists() and place != place.parent:
+        place = place.parent
+    try:
+        free = shutil.disk_usage(place).free
+    except OSError:
+        return 0
+    return min(DEFAULT_BUDGET_BYTES, int(free * DISK_SHARE))
+
+
+@dataclass(frozen=True, slots=True)
+class ModelUsage:
+    id: str
+    directory: str
+    files: int
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreUsage:
+    path: str
+    budget_bytes: int
+    files: int
+    bytes: int
+    models: tuple[ModelUsage, ...]
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "path": self.path,
+            "budget_bytes": self.budget_bytes,
+            "files": self.files,
+            "bytes": self.bytes,
+            "models": [{"id": m.id, "files": m.files, "bytes": m.bytes} for m in self.models],
+        }
+
+
+class KVDiskStore:
+    """Every model's blocks under `root`, held to `budget_bytes` (0: nothing is written)."""
+
+    def __init__(self, root: Path | None = None, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> None:
+        self.root = root or kv_root()
+        self.budget_bytes = max(0, int(budget_bytes))
+        self._lock = threading.Lock()
+        self._estimate: int | None = None  # bytes in the store at the last sweep, plus writes
+        self._written_since_sweep = 0
+
+    # ---- a model's view --------------------------------------------------------------------
+
+    def for_model(self, model_id: str, identity: str) -> ModelKVStore:
+        digest = hashlib.blake2b(identity.encode(), digest_size=kv_block_file.KEY_BYTES).digest()
+        slug = re.sub(r"[^A-Za-z0-9._-]+", "_", model_id)[:64].strip("._") or "model"
+        directory = self.root / f"{slug}-{digest.hex()[:16]}"
+        return ModelKVStore(self, directory, model_id, identity, digest)
+
+    # ---- budget ----------------------------------------------------------------------------
+
+    def note_written(self, num_bytes: int) -> None:
+        """Count a write; sweep when the store may have outgrown its budget."""
+        with self._lock:
+            self._written_since_sweep += num_bytes
+            estimate = None if self._estimate is None else self._estimate + num_bytes
+            self._estimate = estimate
+            due = (
+                estimate is None
+                or estimate > self.budget_bytes
+                or self._written_since_sweep > self.budget_bytes * SWEEP_EVERY
+            )
+        if due:
+            self.sweep()
+
+    def sweep(self) -> int:
+        """Remove the least recently used blocks until the store is within its budget (to
+        LOW_WATER of it when it was over), and temporary files left by dead writers. Returns
+        the bytes removed."""
+        removed = 0
+        with self._locked():
+            files = []
+            total = 0
+            now = time.time()
+            for path, stat in self._block_files():
+                if path.suffix != SUFFIX:
+                    if now - stat.st_mtime > STALE_TEMP_S:
+                        _unlink(path)
+                    continue
+                files.append((stat.st_mtime, stat.st_size, path))
+                total += stat.st_size
+            if total > self.budget_bytes:
+                files.sort()
+                target = int(self.budget_bytes * LOW_WATER)
+                for _, size, path in files:
+                    if total <= target:
+                        break
+                    if _unlink(path):
+                        total -= size
+                        removed += size
+        with self._lock:
+            self._estimate = total
+            self._written_since_sweep = 0
+        if removed:
+            log.info("KV store: %.1f MB of least recently used blocks removed", removed / 1e6)
+        return removed
+
+    # ---- views and control -----------------------------------------------------------------
+
+    def usage(self) -> StoreUsage:
+        models = []
+        for directory in self._model_dirs():
+            files = size = 0
+            for _, stat in _files_under(directory):
+                files += 1
+                size += stat.st_size
+            models.append(ModelUsage(_model_id(directory), directory.name, files, size))
+        return StoreUsage(
+            path=str(self.root),
+            budget_bytes=self.budget_bytes,
+            files=sum(m.files for m in models),
+            bytes=sum(m.bytes for m in models),
+            models=tuple(models),
+        )
+
+    def clear(self, model_id: str | None = None) -> StoreUsage:
+        """Remove every model's blocks, or `model_id`'s only; returns what was removed."""
+        with self._locked():
+            before = self.usage()
+            gone = [m for m in before.models if model_id is None or m.id == model_id]
+            for model in gone:
+                shutil.rmtree(self.root / model.directory, ignore_errors=True)
+        with self._lock:
+            self._estimate = None
+        return StoreUsage(
+            path=before.path,
+            budget_bytes=self.budget_bytes,
+            files=sum(m.files for m in gone),
+            bytes=sum(m.bytes for m in gone),
+            models=tuple(gone),
+        )
+
+    # ---- files -----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / ".lock", "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _model_dirs(self) -> list[Path]:
+        try:
+            return sorted(p for p in self.root.iterdir() if p.is_dir())
+        except OSError:
+            return []
+
+    def _block_files(self) -> Iterator[tuple[Path, os.stat_result]]:
+        for directory in self._model_dirs():
+            yield from _files_under(directory)
+
+
+class ModelKVStore:
+    """One model's (one KV layout's) blocks: the engine's PrefixStore."""
+
+    def __init__(
+        self, store: KVDiskStore, directory: Path, model_id: str, identity: str, digest: bytes
+    ) -> None:
+        self.store = store
+        self.directory = directory
+        self.model_id = model_id
+        self.identity = identity
+        self._digest = digest
+
+    def _path(self, key: bytes) -> Path:
+        name = key.hex()
+        return self.directory / name[:2] / f"{name}{SUFFIX}"
+
+    def has(self, key: bytes) -> bool:
+        return self._path(key).is_file()
+
+    def get(
+        self, key: bytes, parent: bytes | None, tokens: Sequence[int], num_bytes: int
+    ) -> memoryview | None:
+        path = self._path(key)
+        try:
+            with open(path, "rb") as file:
+                size = os.fstat(file.fileno()).st_size
+                if size != kv_block_file.file_bytes(len(tokens), num_bytes):
+                    data = None
+                else:
+                    data = bytearray(size)
+                    if file.readinto(data) != size:
+                        data = None
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            log.warning("KV store: cannot read %s: %s", path, exc)
+            return None
+        payload = None
+        if data is not None:
+            payload = kv_block_file.decode(data, self._digest, key, parent, tokens, num_bytes)
+        if payload is None:  # torn, foreign or corrupt: never served, and not kept
+            log.warning("KV store: %s is not the block it is named for; removed", path)
+            _unlink(path)
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)  # recently used: evicted last
+        return payload
+
+    def put(self, key: bytes, parent: bytes | None, tokens: Sequence[int], payload: bytes) -> None:
+        if self.store.budget_bytes <= 0:
+            return
+        header, token_bytes = kv_block_file.encode(self._digest, key, parent, tokens, payload)
+        path = self._path(key)
+        temp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        if not path.parent.is_dir():  # a new fan-out folder, or the store was cleared
+            self._make_directory(path.parent)
+        try:
+            with open(temp, "wb") as file:
+                file.write(header)
+                file.write(token_bytes)
+                file.write(payload)
+            os.replace(temp, path)
+        except OSError as exc:
+            log.warning("KV store: cannot write %s: %s", path, exc)
+            _unlink(temp)
+            return
+        self.store.note_written(len(header) + len(token_bytes) + len(payload))
+
+    def _make_directory(self, directory: Path) -> None:
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            marker = self.directory / MODEL_FILE
+            if not marker.exists():
+                temp = marker.with_name(f".{MODEL_FILE}.{os.getpid()}.tmp")
+                temp.write_text(json.dumps({"id": self.model_id, "identity": self.identity}))
+                os.replace(temp, marker)
+        except OSError as exc:
+            log.warning("KV store: cannot make %s: %s", directory, exc)
+
+
+def _model_id(directory: Path) -> str:
+    try:
+        return str(json.loads((directory / MODEL_FILE).read_text())["id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return directory.name
+
+
+def _files_under(directory: Path) -> Iterator[tuple[Path, os.stat_result]]:
+    """The block files (and temporary files) in a model's fan-out folders."""
+    try:
+        fans = [entry for entry in os.scandir(directory) if entry.is_dir()]
+    except OSError:
+        return
+    for fan in fans:
+        try:
+            entries = list(os.scandir(fan.path))
+        except OSError:
+            continue
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                if entry.is_file():
+                    yield Path(entry.path), entry.stat()
+
+
+def _unlink(path: Path) -> bool:
+    try:
+        path.unlink()
+    except OSError:
+        return False
+    return True

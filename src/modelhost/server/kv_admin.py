@@ -1,0 +1,48 @@
+"""`DELETE /api/kv[?model=ID]`: empty the prefix KV store on disk, every model's part or one's.
+
+An operator route (server/access.py guards it like load and unload). A resident model keeps the
+blocks its memory holds, and writes them back when it unloads: clear after unloading to start
+empty. Answers what was removed and what the store holds now.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from modelhost.residency.kv_store import KVDiskStore
+from modelhost.server.openai_wire import openai_error
+
+
+def kv_store(request: Request) -> KVDiskStore:
+    return KVDiskStore(budget_bytes=request.app.state.settings.kv_disk_bytes)
+
+
+async def clear_kv(request: Request) -> Response:
+    store = kv_store(request)
+    model_id = request.query_params.get("model") or None
+    if model_id is not None:
+        router = getattr(request.app.state, "router", None)
+        known = router is not None and router.registry.get(model_id) is not None
+        stored = {m.id for m in (await asyncio.to_thread(store.usage)).models}
+        if not known and model_id not in stored:
+            body = {
+                "message": f"model '{model_id}' is not a local model",
+                "code": "model_not_found",
+            }
+            return openai_error(404, {**body, "type": "invalid_request_error", "param": "model"})
+    removed = await asyncio.to_thread(store.clear, model_id)
+    usage = await asyncio.to_thread(store.usage)
+    return JSONResponse(
+        {"object": "kv_store", "removed": removed.as_json(), "store": usage.as_json()}
+    )
+
+
+async def kv_stats(request: Request) -> dict[str, object]:
+    """The store's part of `/stats`."""
+    return (await asyncio.to_thread(kv_store(request).usage)).as_json()
+
+
+KV_ROUTES = (("DELETE", "/api/kv", clear_kv),)

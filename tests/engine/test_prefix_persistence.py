@@ -1,0 +1,134 @@
+"""An engine with a disk prefix store: the prompts it has seen outlive it, and a new engine over
+the same model serves their prefix from the store with the same greedy tokens as a cold prefill."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from modelhost.engine.engine import Engine, EngineConfig
+from modelhost.engine.events import EngineEvent
+from modelhost.engine.sampling_params import SamplingParams
+from modelhost.models.loaded import LoadedModel
+from modelhost.residency.kv_model_identity import prefix_store_opener
+from modelhost.residency.kv_store import KVDiskStore
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+KV_BYTES = 64 << 20  # a small pool: these tests need a few hundred blocks
+
+
+def long_prompt(model: LoadedModel, words: int = 90) -> list[int]:
+    text = " ".join(f"item {i} is {'red' if i % 3 else 'blue'}," for i in range(words))
+    return model.tokenizer.encode(f"Remember this list: {text} Which item came first?")
+
+
+def engine_over(model: LoadedModel, store: KVDiskStore | None) -> Engine:
+    opener = prefix_store_opener(model, store) if store is not None else None
+    return Engine(model, EngineConfig(batch=2, kv_cache_bytes=KV_BYTES), prefix_store=opener)
+
+
+async def run(engine: Engine, prompt: list[int]) -> tuple[list[int], EngineEvent]:
+    events = [event async for event in engine.submit(prompt, GREEDY)]
+    return [token for event in events for token in event.token_ids], events[-1]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> KVDiskStore:
+    return KVDiskStore(tmp_path / "kv", budget_bytes=1 << 30)
+
+
+async def test_a_new_engine_serves_a_seen_prompt_from_the_store_with_the_same_tokens(
+    smollm2: LoadedModel, store: KVDiskStore
+) -> None:
+    prompt = long_prompt(smollm2)
+    cold = engine_over(smollm2, None)
+    try:
+        cold_tokens, _ = await run(cold, prompt)
+    finally:
+        cold.close()
+    first = engine_over(smollm2, store)
+    try:
+        first_tokens, first_last = await run(first, prompt)
+    finally:
+        first.close()  # writes what the writer had not yet
+    assert first_tokens == cold_tokens
+    assert first_last.usage is not None and first_last.usage.cached_tokens == 0
+    assert store.usage().files >= len(prompt) // 8 - 1
+
+    second = engine_over(smollm2, store)
+    try:
+        tokens, last = await run(second, prompt)
+    finally:
+        second.close()
+    assert tokens == cold_tokens
+    assert last.usage is not None
+    assert last.usage.cached_tokens >= 0.95 * len(prompt)
+
+
+async def test_a_prompt_sharing_only_a_prefix_reads_that_prefix_from_the_store(
+    smollm2: LoadedModel, store: KVDiskStore
+) -> None:
+    prompt = long_prompt(smollm2)
+    first = engine_over(smollm2, store)
+    try:
+        await run(first, prompt)
+    finally:
+        first.close()
+    other = prompt[:200] + smollm2.tokenizer.encode(" Which item came last?")
+    cold = engine_over(smollm2, None)
+    try:
+        cold_tokens, _ = await run(cold, other)
+    finally:
+        cold.close()
+    second = engine_over(smollm2, store)
+    try:
+        tokens, last = await run(second, other)
+    finally:
+        second.close()
+    assert tokens == cold_tokens
+    assert last.usage is not None and last.usage.cached_tokens == 200
+
+
+async def test_a_corrupted_block_file_is_ignored_and_removed_and_the_answer_is_unchanged(
+    smollm2: LoadedModel, store: KVDiskStore
+) -> None:
+    prompt = long_prompt(smollm2)
+    first = engine_over(smollm2, store)
+    try:
+        cold_tokens, _ = await run(first, prompt)
+    finally:
+        first.close()
+    corrupted = {}
+    for path in Path(store.root).rglob("*.kvb"):  # a flipped byte in every block's payload
+        data = bytearray(path.read_bytes())
+        data[-1] ^= 0xFF
+        path.write_bytes(bytes(data))
+        corrupted[path] = bytes(data)
+    second = engine_over(smollm2, store)
+    try:
+        tokens, last = await run(second, prompt)
+    finally:
+        second.close()
+    assert tokens == cold_tokens
+    assert last.usage is not None and last.usage.cached_tokens == 0
+    # The engine computed the blocks again and wrote them over the bad files.
+    assert all(path.read_bytes() != data for path, data in corrupted.items())
+
+
+async def test_another_model_never_reads_this_models_blocks(
+    smollm2: LoadedModel, gemma3: LoadedModel, store: KVDiskStore
+) -> None:
+    prompt = long_prompt(smollm2, 40)
+    first = engine_over(smollm2, store)
+    try:
+        await run(first, prompt)
+    finally:
+        first.close()
+    other = engine_over(gemma3, store)
+    try:
+        _, last = await run(other, prompt)
+    finally:
+        other.close()
+    assert last.usage is not None and last.usage.cached_tokens == 0
+    assert {m.id for m in store.usage().models} == {smollm2.id, gemma3.id}
