@@ -27,6 +27,7 @@ from types import ModuleType
 
 # Low, not idle: on a machine kept busy, a warm-up at nice 19 would hardly ever finish.
 WARM_UP_NICE = 10
+TAKEN_FILE = "spare-taken"  # beside the ready file, once the worker's arguments have arrived
 
 
 def warm(module: ModuleType, ready: Path) -> None:
@@ -68,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     arguments = read_command()
     if arguments is None:
         os._exit(0)  # not even waiting for the warm-up: nobody will use this process
+    Path(args.ready).with_name(TAKEN_FILE).touch()  # from here on, failing is the worker's
     with open(os.devnull, "rb") as nothing:  # as a worker started afresh has it
         os.dup2(nothing.fileno(), 0)
     warming.join()

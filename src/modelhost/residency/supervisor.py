@@ -183,11 +183,25 @@ class WorkerProcess:
             )
         try:
             await self._wait_healthy()
+        except WorkerFailed:
+            lost_spare = self.from_spare and not self._spare_took_over()  # before the reap
+            await asyncio.to_thread(self._reap)
+            if lost_spare:  # it died as it was handed its arguments: start afresh
+                await self._start()
+                return
+            self.state = "failed"
+            raise
         except BaseException:
             await asyncio.to_thread(self._reap)
             self.state = "failed"
             raise
         self.state = "ready"
+
+    def _spare_took_over(self) -> bool:
+        from modelhost.residency.spare_pool import spare_took_over  # it imports this module
+
+        assert self.directory is not None
+        return spare_took_over(self.directory)
 
     async def _wait_healthy(self) -> None:
         """Until the worker answers /health: it fails if the worker exits, or if
