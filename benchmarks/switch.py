@@ -22,15 +22,16 @@ A model's visits alternate between:
 and each visit is followed by the same request again, the model resident (`resident`). The very
 first visit of A only warms the server up (modelhost has A loaded at start) and is left out.
 
-Servers: `modelhost` is `modelhost serve A B --model-budget GB --log-level info` (a spare
-worker kept warm, the default); `modelhost-no-spare` adds `--no-spare-worker`; `llama-server`
-is the router (`--models-dir` over a folder of links to both files, `--models-max 1`) with
-`user_sized.py`'s settings (`-np 8 -c 16384 -t 2`), a model named by its file's stem. For
-modelhost, each switch and return also says where its time went: the drain of the other model
-(from the server's log), the new worker's start (`GET /engine`: waiting for a spare, Python,
-imports, weights and tokenizer, engine, listening) and the rest (prefill and the first token).
-The memory of each server's process tree is sampled throughout (peak), and the spare's RSS read
-from `/engine`. Prints a table of medians and writes JSON (default
+Servers: `modelhost` is `modelhost serve A B --model-budget GB --hold 0 --log-level info` (a
+spare worker kept warm, the default; no hold, which would keep a model 5 s after its answer for
+an agent's next call, where this client switches on purpose); `modelhost-no-spare` adds
+`--no-spare-worker`; `llama-server` is the router (`--models-dir` over a folder of links to both
+files, `--models-max 1`) with `user_sized.py`'s settings (`-np 8 -c 16384 -t 2`), a model named
+by its file's stem. For modelhost, each switch and return also says where its time went: the
+drain of the other model (from the server's log), the new worker's start (`GET /engine`: waiting
+for a spare, Python, imports, weights and tokenizer, engine, listening) and the rest (prefill
+and the first token). The memory of each server's process tree is sampled throughout (peak), and
+the spare's RSS read from `/engine`. Prints a table of medians and writes JSON (default
 benchmarks/results/switch-<time>.json).
 """
 
@@ -127,7 +128,7 @@ def stream_completion(
 def server_argv(name: str, files: list[Path], port: int, args: argparse.Namespace) -> list[str]:
     if name.startswith("modelhost"):
         argv = [sys.executable, "-m", "modelhost", "serve", *map(str, files), "--port", str(port)]
-        argv += ["--model-budget", str(args.model_budget), "--log-level", "info"]
+        argv += ["--model-budget", str(args.model_budget), "--hold", "0", "--log-level", "info"]
         if name == "modelhost-no-spare":
             argv.append("--no-spare-worker")
         return [*argv, *shlex.split(args.modelhost_args)]

@@ -31,7 +31,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from modelhost.residency.spare_process import TAKEN_FILE
 from modelhost.residency.supervisor import (
     MAX_RESTARTS,
     RESTART_WINDOW_S,
@@ -46,12 +45,6 @@ log = logging.getLogger("modelhost.models")
 SPARE_WAIT_S = 30.0  # a spare still warming up is waited for this long, then a new process starts
 READY_FILE = "spare-ready"  # in the spare's directory, once warm
 WATCH_INTERVAL_S = 0.1
-
-
-def spare_took_over(directory: Path) -> bool:
-    """Whether the spare serving from `directory` read its worker's arguments (one that died
-    before did not fail a load: the supervisor starts a new process instead)."""
-    return (directory / TAKEN_FILE).exists()
 
 
 class Spare:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from modelhost.residency.spare_process import TAKEN_FILE
 from modelhost.residency.unit import LoadProgress
 
 if TYPE_CHECKING:
@@ -198,10 +199,10 @@ class WorkerProcess:
         self.state = "ready"
 
     def _spare_took_over(self) -> bool:
-        from modelhost.residency.spare_pool import spare_took_over  # it imports this module
-
+        """Whether the spare read its worker's arguments (from then on, failing is the
+        worker's; one that died before did not fail a load)."""
         assert self.directory is not None
-        return spare_took_over(self.directory)
+        return (self.directory / TAKEN_FILE).exists()
 
     async def _wait_healthy(self) -> None:
         """Until the worker answers /health: it fails if the worker exits, or if
