@@ -54,8 +54,8 @@ def startup_phases(path: Path, parent_marks: dict[str, float]) -> dict[str, floa
         written = json.loads(path.read_text())
         if isinstance(written, dict):
             marks.update({k: float(v) for k, v in written.items() if isinstance(v, int | float)})
-    return {
-        name: round((marks[end] - marks[start]) * 1000, 1)
+    return {  # never below 0: a spare may be running its main as the parent notes its hand-over
+        name: round(max(0.0, marks[end] - marks[start]) * 1000, 1)
         for name, start, end in PHASES
         if start in marks and end in marks
     }
