@@ -222,6 +222,8 @@ def _serve_routed(
         hold_s=args.hold,
         available=available_memory_bytes,
     )
+    if spares is not None:  # the next spare waits for the model just loaded to answer
+        spares.follow(host)
     router = ModelRouter(host, registry, current=startup.id)
     return serve_router(args, settings, router, start, mode, worker_samples, spares)
 

@@ -71,8 +71,7 @@ def worker_loader(
     """The host's `load`: spawn a worker for the entry (`env` added to its environment) and
     wait until it answers; `quantize` is the worker's `load_model(quantize=...)`, `threads`
     its intra-op threads (`--threads`; None: PyTorch's default). With `spares` (built with the
-    same `env`), a warm spare becomes the worker when one is ready, and the next spare is
-    wanted once the load has ended."""
+    same `env`, following the host), a warm spare becomes the worker when one is ready."""
     config = WorkerConfig(
         settings, batch=batch, max_queue=max_queue, threads=threads, quantize=quantize
     ).to_json()
@@ -96,9 +95,6 @@ def worker_loader(
         except BaseException:
             await worker.stop()
             raise
-        finally:
-            if spares is not None:
-                spares.refill()
         unit = WorkerUnit(entry.id, entry.weights_bytes, worker)
         unit.load_ms = (time.perf_counter() - started) * 1000
         marks = {"asked": asked, "spawned": worker.spawned_at, "healthy": time.time()}

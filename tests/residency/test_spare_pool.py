@@ -141,3 +141,22 @@ async def test_closing_the_pool_leaves_no_process_and_no_directory(tmp_path, sta
     pool.refill()  # a closed pool keeps none
     await asyncio.sleep(0.3)
     assert pool.view()["pid"] is None
+
+
+async def test_after_a_refill_the_next_spare_waits_until_a_model_has_answered(tmp_path):
+    pool = pool_for(tmp_path)
+    answered: list[float] = []
+    pool.answered_since = lambda since: any(moment > since for moment in answered)
+    pool.start()
+    try:
+        await until(lambda: pool.view()["state"] == "ready")  # the first one at once
+        handed = await pool.hand_over([sys.executable, "-m", MODULE])
+        assert handed is not None
+        handed[0].wait(timeout=WAIT_S)
+        pool.refill()  # the load has ended
+        await asyncio.sleep(0.5)
+        assert pool.view()["pid"] is None  # the model has not answered yet
+        answered.append(time.time())
+        await until(lambda: pool.view()["pid"] is not None)
+    finally:
+        await pool.close()

@@ -70,6 +70,7 @@ def served(models_dir, tmp_path, request) -> Iterator[dict[str, Any]]:
     host: ResidencyHost[WorkerUnit] = ResidencyHost(
         budget_bytes=10**12, source=registry.get, load=load, external=spares.held_bytes
     )
+    spares.follow(host)
     router = ModelRouter(host, registry, current="tiny-a")
     app = create_routed_app(router, settings, worker_samples=samples, spare_workers=spares)
     pids: list[int] = []

@@ -5,9 +5,11 @@ The spare is a process of `spare_process.py`: it has imported the worker's modul
 `warm_up()`, and waits on its stdin for the worker's arguments. `hand_over(command)` gives those
 to a ready spare (waiting up to `wait_s` for one still warming up: it is ahead of a process
 started now) and returns the process and its private directory (0700) for the supervisor to
-treat as the worker it started itself. After a hand-over the next spare starts only on
-`refill()`, which the loader calls once the model's load has ended, so a new spare never
-competes with a load; its warm-up runs at a low priority, behind any model answering.
+treat as the worker it started itself. After a hand-over the next spare is wanted once the
+host has ended that load (`follow(host)`), and starts once a model has answered a request since,
+or `REFILL_AFTER_S` at the latest: the first prefill of the model just loaded does not share the
+CPU with a warm-up (on two cores it would take a third longer); the warm-up itself runs at a low
+priority, behind any model answering.
 
 A spare that dies is reaped and replaced, never handed a model (at most `max_restarts` deaths
 in `restart_window_s`, the rule workers follow). `close()` stops it with the server; a server
@@ -27,9 +29,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from modelhost.residency.supervisor import (
     MAX_RESTARTS,
@@ -40,9 +42,13 @@ from modelhost.residency.supervisor import (
     rss_bytes,
 )
 
+if TYPE_CHECKING:
+    from modelhost.residency.host import ResidencyHost
+
 log = logging.getLogger("modelhost.models")
 
 SPARE_WAIT_S = 30.0  # a spare still warming up is waited for this long, then a new process starts
+REFILL_AFTER_S = 30.0  # after a refill, a spare starts when a model has answered, or after this
 READY_FILE = "spare-ready"  # in the spare's directory, once warm
 WATCH_INTERVAL_S = 0.1
 
@@ -105,22 +111,41 @@ class SpareWorkers:
         self.wait_s = wait_s
         self.deaths = RestartWindow(max_restarts, restart_window_s)
         self.handed = 0  # spares that became workers
+        # Whether any model has answered a request since the given time.time() (follow()):
+        # without a host to ask, the next spare starts at once.
+        self.answered_since: Callable[[float], bool] = lambda since: True
         self._spare: Spare | None = None
         self._wanted = False
+        self._wanted_since = 0.0  # time.time() of the last refill (0: at once)
         self._closed = False
         self._watch: asyncio.Task[None] | None = None
 
     # -- the server's side -----------------------------------------------------------------
 
     def start(self) -> None:
-        """Keep a spare from now on (in a running event loop)."""
-        self.refill()
+        """Keep a spare from now on, the first one at once (in a running event loop)."""
+        self._want(since=0.0)
+
+    def follow(self, host: ResidencyHost[Any]) -> None:
+        """Refill after each load `host` ends (or fails), and ask it whether a model has
+        answered since: a lease released after that moment moved the model's last use."""
+
+        def on_event(name: str, payload: dict[str, Any]) -> None:
+            if name == "model.load" and payload.get("phase") in ("finished", "failed"):
+                self.refill()
+
+        host.subscribe(on_event)
+        self.answered_since = lambda since: any(m.last_used_at > since for m in host.resident())
 
     def refill(self) -> None:
-        """A spare is wanted again (after a hand-over, once that load has ended)."""
+        """A spare is wanted again (after a hand-over, once that load has ended): it starts
+        once a model has answered since, or `REFILL_AFTER_S` from now."""
+        self._want(since=time.time())
+
+    def _want(self, since: float) -> None:
         if self._closed:
             return
-        self._wanted = True
+        self._wanted, self._wanted_since = True, since
         if self._watch is None:
             self._watch = asyncio.get_running_loop().create_task(self._keep())
 
@@ -178,7 +203,7 @@ class SpareWorkers:
                         spare.process.pid)  # fmt: skip
             self.deaths.record()
             await asyncio.to_thread(spare.discard)
-            self._wanted = True
+            self._want(since=0.0)
             return None
         self.handed += 1
         log.info("[models] spare worker (pid %d) takes the load", spare.process.pid)
@@ -189,9 +214,13 @@ class SpareWorkers:
     async def _keep(self) -> None:
         while not self._closed:
             self._check()
-            if self._spare is None and self._wanted and self.deaths.allows():
+            if self._spare is None and self._wanted and self.deaths.allows() and self._due():
                 self._spare = self._spawn()
             await asyncio.sleep(WATCH_INTERVAL_S)
+
+    def _due(self) -> bool:
+        since = self._wanted_since
+        return not since or time.time() - since > REFILL_AFTER_S or self.answered_since(since)
 
     def _check(self) -> None:
         """Notice the spare warming up, or dying (reaped, and replaced by `_keep`)."""
@@ -199,7 +228,7 @@ class SpareWorkers:
         if spare is None:
             return
         if not spare.alive():
-            self._spare = None
+            self._spare, self._wanted_since = None, 0.0  # its replacement starts at once
             self.deaths.record()
             log.warning("[models] spare worker (pid %d) exited with status %s; replacing it",
                         spare.process.pid, spare.process.returncode)  # fmt: skip
