@@ -111,12 +111,14 @@ def create_routed_app(
             yield
         finally:
             try:
-                await router.close()
-            finally:
-                if spare_workers is not None:
+                if spare_workers is not None:  # first: none is wanted while models drain
                     await spare_workers.close()
-                if worker_samples is not None:
-                    worker_samples.close()
+            finally:
+                try:
+                    await router.close()
+                finally:
+                    if worker_samples is not None:
+                        worker_samples.close()
 
     app = _new_app(settings, lifespan, surfaces, worker_samples)
     app.state.stage = None
