@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
     from modelhost.inference.stage import InferenceStage
     from modelhost.models.loaded import LoadedModel
+    from modelhost.residency.spare_pool import SpareWorkers
 
 
 def build_stage(
@@ -140,7 +141,8 @@ def _run_workers(
     args: argparse.Namespace, settings: ServeSettings, registry: ModelRegistry, startup: ModelEntry
 ) -> int:
     """`--workers`: every resident model in its own process; the startup model loads first."""
-    from modelhost.cli_worker import worker_loader
+    from modelhost.cli_worker import WORKER_MODULE, worker_loader
+    from modelhost.residency.spare_pool import SpareWorkers
     from modelhost.residency.worker_unit import WorkerUnit
 
     async def load_startup_model(host: ResidencyHost[WorkerUnit]) -> None:
@@ -155,6 +157,8 @@ def _run_workers(
             shown.cancel()
 
     samples = WorkerSamples()  # the workers' request series, for the front's /metrics
+    wanted = getattr(args, "spare_worker", True)
+    spares = SpareWorkers(WORKER_MODULE, env=samples.env()) if wanted else None
     load = worker_loader(
         settings,
         batch=args.batch,
@@ -163,10 +167,12 @@ def _run_workers(
         env=samples.env(),
         quantize=quantize_mode(args),
         threads=getattr(args, "threads", None),
+        spares=spares,
     )
     return _serve_routed(
-        args, settings, registry, startup, load, load_startup_model, ", worker processes", samples
-    )
+        args, settings, registry, startup, load, load_startup_model, ", worker processes", samples,
+        spares,
+    )  # fmt: skip
 
 
 async def show_load(host: ResidencyHost[Any], model_id: str) -> None:
@@ -207,18 +213,23 @@ def _serve_routed(
     start: Callable[[ResidencyHost[Any]], Awaitable[None]],
     mode: str,
     worker_samples: WorkerSamples | None = None,
+    spares: SpareWorkers | None = None,
 ) -> int:
-    """Host, router and app over `load`; `start` brings the startup model in before listening."""
+    """Host, router and app over `load`; `start` brings the startup model in before listening.
+    A spare worker's memory counts against the budget beside the models'."""
     budget_gb = args.model_budget
     host: ResidencyHost[Any] = ResidencyHost(
         budget_bytes=int(budget_gb * BYTES_PER_GB) if budget_gb else default_budget_bytes(),
         source=registry.get,
         load=load,
+        external=spares.held_bytes if spares is not None else lambda: 0,
         hold_s=args.hold,
         available=available_memory_bytes,
     )
+    if spares is not None:  # the next spare waits for the model just loaded to answer
+        spares.follow(host)
     router = ModelRouter(host, registry, current=startup.id)
-    return serve_router(args, settings, router, start, mode, worker_samples)
+    return serve_router(args, settings, router, start, mode, worker_samples, spares)
 
 
 def serve_router(
@@ -228,6 +239,7 @@ def serve_router(
     start: Callable[[Any], Awaitable[None]],
     mode: str,
     worker_samples: SampleSource | None = None,
+    spares: SpareWorkers | None = None,
 ) -> int:
     """The app over `router`, served until a signal; `start(host)` runs before listening."""
     host = router.host
@@ -242,7 +254,9 @@ def serve_router(
         if getattr(args, "whisper_resident", False):
             await pin_companion(router, "transcribe")
 
-    app = create_routed_app(router, settings, start_all, worker_samples=worker_samples)
+    app = create_routed_app(
+        router, settings, start_all, worker_samples=worker_samples, spare_workers=spares
+    )
     app.state.serving_mode = "cluster" if "cluster" in mode else "workers" if mode else "in-process"
     budget_text = f"{host.budget_bytes / BYTES_PER_GB:.1f} GB model budget{mode}"
     if "cluster" in mode:  # its nodes and their budgets join once it starts

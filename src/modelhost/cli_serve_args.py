@@ -43,6 +43,11 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         help="load models in the serving process (debugging; tests that need speed)",
     )  # fmt: skip
     parser.add_argument(
+        "--no-spare-worker", dest="spare_worker", action="store_false",
+        help="keep no spare worker process warm (PyTorch imported) for the next model to load: "
+        "saves its memory (a few hundred MB), and every switch then starts Python afresh",
+    )  # fmt: skip
+    parser.add_argument(
         "--whisper-resident", action="store_true",
         help="load the Whisper companion at start and pin it (never evicted)",
     )  # fmt: skip

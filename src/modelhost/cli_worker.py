@@ -15,6 +15,7 @@ requests get their shutdown timeout).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import logging
 import os
@@ -35,15 +36,18 @@ from modelhost.residency.supervisor import (
     write_load_progress,
 )
 from modelhost.residency.unit import LoadProgress
+from modelhost.residency.worker_startup import STARTUP_FILE, StartupMarks, startup_phases
 from modelhost.residency.worker_unit import WorkerUnit
 from modelhost.serve_config import WorkerConfig
 
 if TYPE_CHECKING:
     from modelhost.models.loaded import LoadedModel
     from modelhost.residency.registry import ModelEntry
+    from modelhost.residency.spare_pool import SpareWorkers
     from modelhost.server.settings import ServeSettings
 
-WORKER_COMMAND = (sys.executable, "-m", "modelhost.cli_worker")
+WORKER_MODULE = "modelhost.cli_worker"  # its main and warm_up, for spare workers too
+WORKER_COMMAND = (sys.executable, "-m", WORKER_MODULE)
 TCP_PORT_FILE = "tcp-port"  # beside the socket: the port of `--listen`
 
 
@@ -62,16 +66,18 @@ def worker_loader(
     env: Mapping[str, str] | None = None,
     quantize: str | None = None,
     threads: int | None = None,
+    spares: SpareWorkers | None = None,
 ) -> Callable[[ModelEntry, LoadProgress], Awaitable[WorkerUnit]]:
     """The host's `load`: spawn a worker for the entry (`env` added to its environment) and
     wait until it answers; `quantize` is the worker's `load_model(quantize=...)`, `threads`
-    its intra-op threads (`--threads`; None: PyTorch's default)."""
+    its intra-op threads (`--threads`; None: PyTorch's default). With `spares` (built with the
+    same `env`, following the host), a warm spare becomes the worker when one is ready."""
     config = WorkerConfig(
         settings, batch=batch, max_queue=max_queue, threads=threads, quantize=quantize
     ).to_json()
 
     async def load(entry: ModelEntry, progress: LoadProgress) -> WorkerUnit:
-        started = time.perf_counter()
+        started, asked = time.perf_counter(), time.time()
         command = [*WORKER_COMMAND, "--model", str(entry.path), "--id", entry.id]
         command += ["--operations", ",".join(entry.operations), "--config", config]
         worker = WorkerProcess(
@@ -80,6 +86,7 @@ def worker_loader(
             max_restarts=max_restarts,
             env=env,
             progress=progress,
+            spares=spares,
         )
         try:
             await worker.start()
@@ -90,6 +97,8 @@ def worker_loader(
             raise
         unit = WorkerUnit(entry.id, entry.weights_bytes, worker)
         unit.load_ms = (time.perf_counter() - started) * 1000
+        marks = {"asked": asked, "spawned": worker.spawned_at, "healthy": time.time()}
+        unit.startup = startup_phases(Path(worker.socket_path).with_name(STARTUP_FILE), marks)
         await unit.read_card()
         return unit
 
@@ -98,6 +107,27 @@ def worker_loader(
 
 # ---------------------------------------------------------------------------------------------
 # The worker's side
+
+
+def warm_up() -> None:
+    """What a worker needs before it can load a model, done ahead by a spare worker
+    (residency/spare_process.py): main's imports, the native kernels (a compiler's version
+    check, a library load) and transformers' tokenizer conversion."""
+    import uvicorn  # noqa: F401
+
+    import modelhost.cli_serve  # noqa: F401
+    import modelhost.engine.engine  # noqa: F401
+    import modelhost.models.loader  # noqa: F401
+    import modelhost.residency.companions  # noqa: F401
+    import modelhost.server.app  # noqa: F401
+    import modelhost.server.http_server  # noqa: F401
+    import modelhost.server.stream_handoff  # noqa: F401
+    from modelhost.models.native import kernels
+
+    kernels()
+    with contextlib.suppress(ImportError):  # the GGUF tokenizer's conversion (models/loader.py)
+        import transformers.integrations.gguf.gguf_tokenizer_mapping  # noqa: F401
+        from transformers import PreTrainedTokenizerFast  # noqa: F401
 
 
 def bind_private_socket(path: str) -> socket.socket:
@@ -156,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{TCP_PORT_FILE}), each request needing the cluster secret from the environment",
     )  # fmt: skip
     args = parser.parse_args(argv)
+    startup = StartupMarks(Path(args.socket).with_name(STARTUP_FILE))
+    startup.mark("main")
     exit_with_parent(args.socket)
     logging.basicConfig(  # its request lines join the parent's log (they share stderr)
         level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
@@ -172,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     from modelhost.server.http_server import Server
     from modelhost.server.stream_handoff import SocketReceiver, StreamHandoff, handoff_socket_path
 
+    startup.mark("imported")
     config = WorkerConfig.from_json(args.config)
     set_threads(config.threads)
     settings = config.settings
@@ -182,7 +215,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def load(path: str) -> LoadedModel:
         report = functools.partial(write_load_progress, progress_file)
-        return load_model(path, quantize=config.quantize, progress=report)
+        loaded = load_model(path, quantize=config.quantize, progress=report)
+        startup.mark("loaded")
+        return loaded
 
     stage = open_stage(
         Path(args.model),
@@ -191,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         load,
         lambda model: build_stage(model, settings, batch=config.batch, max_queue=config.max_queue),
     )
+    startup.mark("engine")
     app = create_app(stage, settings)
     sock = bind_private_socket(args.socket)
     handoff = SocketReceiver(bind_private_socket(handoff_socket_path(args.socket)))

@@ -241,11 +241,17 @@ def test_the_engine_route_lists_each_resident_models_worker(served):
     assert chat(client, "tiny-a").status_code == 200
     pid = unit_of(served, "tiny-a").pid
     engine = client.get("/engine").json()
-    assert engine["workers"] == [
-        {"id": "tiny-a", "role": "primary", "state": "ready", "pid": pid,
-         "worker_state": "ready", "restarts": 0,
-         "socket": unit_of(served, "tiny-a").worker.socket_path}
-    ]  # fmt: skip
+    (row,) = engine["workers"]
+    startup = row.pop("startup")  # where its start went, in ms
+    assert row == {
+        "id": "tiny-a", "role": "primary", "state": "ready", "pid": pid,
+        "worker_state": "ready", "restarts": 0,
+        "socket": unit_of(served, "tiny-a").worker.socket_path, "from_spare": False,
+    }  # fmt: skip
+    assert set(startup) == {
+        "spare_wait_ms", "python_ms", "imports_ms", "weights_ms", "engine_ms", "listen_ms"
+    }  # fmt: skip
+    assert engine["spare"] is None  # this server keeps no spare worker
 
 
 def test_the_workers_private_routes_exist_on_its_socket_and_not_on_the_port(served):

@@ -3,9 +3,11 @@
 The worker is whatever program `command` runs, told where to listen with `--socket PATH`. It runs
 in its own process group (so a stop reaches anything it started) and listens on
 `<dir>/worker.sock`, the directory made here with mode 0700 and removed when the worker stops.
-A dead worker is respawned on demand, at most `MAX_RESTARTS` times in `RESTART_WINDOW_S`
-(`RestartWindow`, the one rule a cluster's actors are restarted by too); past that the supervisor
-reports itself exhausted and the host evicts the model.
+Its first start may take a spare worker instead of a new process (`spares`, spare_pool.py): a
+Python that has imported PyTorch and the rest already, in a directory made the same way.
+A dead worker is respawned on demand (a new process), at most `MAX_RESTARTS` times in
+`RESTART_WINDOW_S` (`RestartWindow`, the one rule a cluster's actors are restarted by too); past
+that the supervisor reports itself exhausted and the host evicts the model.
 """
 
 from __future__ import annotations
@@ -21,10 +23,15 @@ import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
+from modelhost.residency.spare_process import TAKEN_FILE
 from modelhost.residency.unit import LoadProgress
+
+if TYPE_CHECKING:
+    from modelhost.residency.spare_pool import SpareWorkers
 
 MAX_RESTARTS = 3
 RESTART_WINDOW_S = 60.0
@@ -32,6 +39,7 @@ START_TIMEOUT_S = 120.0  # without news: a load that reports progress may take l
 STOP_TIMEOUT_S = 5.0
 # Beside the socket, the worker writes the fraction of its weights loaded (write_load_progress).
 PROGRESS_FILE = "load-progress"
+SOCKET_NAME = "worker.sock"
 
 
 class WorkerFailed(RuntimeError):
@@ -104,6 +112,7 @@ class WorkerProcess:
         env: Mapping[str, str] | None = None,
         progress: LoadProgress | None = None,
         restart_ages: Sequence[float] = (),
+        spares: SpareWorkers | None = None,
     ) -> None:
         self.command = list(command)  # `--socket PATH` follows
         self.env = dict(env or {})  # added to this process's environment
@@ -114,12 +123,15 @@ class WorkerProcess:
         self.process: subprocess.Popen[bytes] | None = None
         self.directory: Path | None = None
         self.state = "new"
+        self.spares = spares  # where the first start may find a warm process
+        self.from_spare = False  # whether the running process was a spare
+        self.spawned_at = 0.0
         self._lock = asyncio.Lock()
 
     @property
     def socket_path(self) -> str:
         assert self.directory is not None
-        return str(self.directory / "worker.sock")
+        return str(self.directory / SOCKET_NAME)
 
     @property
     def restarts(self) -> int:
@@ -138,7 +150,7 @@ class WorkerProcess:
 
     async def start(self) -> None:
         async with self._lock:
-            await self._start()
+            await self._start(spare=True)
 
     async def ensure_alive(self) -> bool:
         """Respawn a dead worker when restarts allow; True when a live worker is there."""
@@ -155,22 +167,42 @@ class WorkerProcess:
                 return False
             return True
 
-    async def _start(self) -> None:
-        self.directory = Path(tempfile.mkdtemp(prefix="modelhost-worker-"))
-        os.chmod(self.directory, 0o700)
-        command = [*self.command, "--socket", self.socket_path]
+    async def _start(self, spare: bool = False) -> None:
         self.state = "starting"
-        env = {**os.environ, **self.env} if self.env else None
-        self.process = subprocess.Popen(
-            command, start_new_session=True, stdin=subprocess.DEVNULL, env=env
-        )
+        handed = await self.spares.hand_over(self.command) if spare and self.spares else None
+        self.from_spare = handed is not None
+        self.spawned_at = time.time()  # wall clock: the worker's startup marks are too
+        if handed is not None:
+            self.process, self.directory = handed
+        else:
+            self.directory = Path(tempfile.mkdtemp(prefix="modelhost-worker-"))
+            os.chmod(self.directory, 0o700)
+            command = [*self.command, "--socket", self.socket_path]
+            env = {**os.environ, **self.env} if self.env else None
+            self.process = subprocess.Popen(
+                command, start_new_session=True, stdin=subprocess.DEVNULL, env=env
+            )
         try:
             await self._wait_healthy()
+        except WorkerFailed:
+            lost_spare = self.from_spare and not self._spare_took_over()  # before the reap
+            await asyncio.to_thread(self._reap)
+            if lost_spare:  # it died as it was handed its arguments: start afresh
+                await self._start()
+                return
+            self.state = "failed"
+            raise
         except BaseException:
             await asyncio.to_thread(self._reap)
             self.state = "failed"
             raise
         self.state = "ready"
+
+    def _spare_took_over(self) -> bool:
+        """Whether the spare read its worker's arguments (from then on, failing is the
+        worker's; one that died before did not fail a load)."""
+        assert self.directory is not None
+        return (self.directory / TAKEN_FILE).exists()
 
     async def _wait_healthy(self) -> None:
         """Until the worker answers /health: it fails if the worker exits, or if
@@ -225,20 +257,25 @@ class WorkerProcess:
 
     def _reap(self) -> None:
         """SIGTERM the group, SIGKILL it after STOP_TIMEOUT_S, and remove the socket's dir."""
-        process = self.process
-        if process is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=STOP_TIMEOUT_S)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)  # anything the worker left in its group
+        if self.process is not None:
+            end_group(self.process)
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def end_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the process's group (it leads its own session), SIGKILL it after
+    STOP_TIMEOUT_S, and reap it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=STOP_TIMEOUT_S)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)  # anything the process left in its group
 
 
 def write_load_progress(path: Path, fraction: float) -> None:

@@ -35,6 +35,7 @@ class WorkerUnit:
         self._ending = False
         self._http = WorkerClient()
         self.card_row: dict[str, Any] | None = None
+        self.startup: dict[str, float] = {}  # where its start went (worker_startup.py)
 
     @property
     def model_id(self) -> str:

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from modelhost.engine.engine import Engine
     from modelhost.inference.stage import InferenceStage
     from modelhost.models.loaded import LoadedModel
+    from modelhost.residency.spare_pool import SpareWorkers
 
 
 def admission_policy(model: LoadedModel, settings: ServeSettings, *, rows: int) -> AdmissionPolicy:
@@ -94,25 +95,36 @@ def create_routed_app(
     startup: Callable[[], Awaitable[None]] | None = None,
     surfaces: Surfaces = SURFACES,
     worker_samples: SampleSource | None = None,
+    spare_workers: SpareWorkers | None = None,
 ) -> Starlette:
     """The server for every local model behind one port, routed by the body's `model`.
     `startup` runs before the listener binds (it loads the startup model); `worker_samples`
-    is where worker processes write their request series (the app closes it)."""
+    is where worker processes write their request series (the app closes it);
+    `spare_workers` keeps a warm worker from then on (the app stops it)."""
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if startup is not None:
             await startup()
         try:
+            if spare_workers is not None:  # after the startup model: never beside its load
+                spare_workers.start()
             yield
         finally:
-            await router.close()
-            if worker_samples is not None:
-                worker_samples.close()
+            try:
+                if spare_workers is not None:  # first: none is wanted while models drain
+                    await spare_workers.close()
+            finally:
+                try:
+                    await router.close()
+                finally:
+                    if worker_samples is not None:
+                        worker_samples.close()
 
     app = _new_app(settings, lifespan, surfaces, worker_samples)
     app.state.stage = None
     app.state.router = router
+    app.state.spare_workers = spare_workers
     app.state.metrics.watch_residency(router.host)
     app.state.drain = router.interrupt_all
     for method, path, endpoint in (*ADMIN_ROUTES, *KV_ROUTES):

@@ -69,7 +69,8 @@ async def hub_serve(request: Request) -> Response:
 
 
 async def engine(request: Request) -> Response:
-    """How models are served: each resident one's worker process (or this process)."""
+    """How models are served: each resident one's worker process (or this process), and the
+    spare worker kept warm for the next load (`spare`: null when none is kept)."""
     router: ModelRouter[Any] = request.app.state.router
     workers = []
     for model in router.host.resident():
@@ -83,11 +84,16 @@ async def engine(request: Request) -> Response:
         if worker is not None:
             row.update(pid=worker.pid, worker_state=worker.state, restarts=worker.restarts)
             row["socket"] = worker.socket_path if worker.directory is not None else None
+            row["from_spare"] = bool(getattr(worker, "from_spare", False))
+            row["startup"] = getattr(unit, "startup", None) or None
         else:
             row.update(pid=os.getpid(), restarts=0)
         workers.append(row)
     mode = getattr(request.app.state, "serving_mode", "in-process")  # set by `modelhost serve`
-    return JSONResponse({"mode": mode, "current": router.current, "workers": workers})
+    spares = getattr(request.app.state, "spare_workers", None)  # None: no spare kept
+    spare = spares.view() if spares is not None else None
+    return JSONResponse({"mode": mode, "current": router.current, "workers": workers,
+                         "spare": spare})  # fmt: skip
 
 
 ADMIN_ROUTES = (

@@ -1,0 +1,81 @@
+"""A spare worker: a Python process that has already imported what a worker needs, waiting for
+the command line that makes it one.
+
+    python -m modelhost.residency.spare_process --module MODULE --ready PATH
+
+`SpareWorkers` (spare_pool.py) starts it with a pipe on its stdin. A thread calls MODULE's
+`warm_up()` (PyTorch, the native kernels, the tokenizer machinery) at a low priority (nice 10) —
+Linux's nice is per thread, so only the warm-up yields the CPU to a model answering beside it,
+and the worker this process becomes later runs at the usual priority — then creates PATH. The
+main thread reads one line from stdin, a JSON list of arguments, waits for the warm-up, and
+becomes the worker: `sys.exit(MODULE.main(arguments))`, in the main thread (the worker's
+server installs signal handlers). The end of stdin before a line (the parent gone, or it
+stopping the spare) ends the process at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+from types import ModuleType
+
+# Low, not idle: on a machine kept busy, a warm-up at nice 19 would hardly ever finish.
+WARM_UP_NICE = 10
+TAKEN_FILE = "spare-taken"  # beside the ready file, once the worker's arguments have arrived
+
+
+def warm(module: ModuleType, ready: Path) -> None:
+    if sys.platform == "linux":  # a thread's own id is a process id only to Linux's nice
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WARM_UP_NICE)
+    warm_up = getattr(module, "warm_up", None)
+    try:
+        if warm_up is not None:
+            warm_up()
+        ready.touch()
+    except BaseException as exc:  # a spare that cannot warm up must not wait to be handed a model
+        print(f"modelhost-spare: the warm-up failed: {exc!r}", file=sys.stderr)
+        os._exit(1)
+
+
+def read_command() -> list[str] | None:
+    """The worker's arguments from the parent, or None when stdin ends first (or is garbled)."""
+    line = sys.stdin.buffer.readline()
+    try:
+        arguments = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(arguments, list) or not all(isinstance(a, str) for a in arguments):
+        return None
+    return arguments
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="modelhost-spare")
+    parser.add_argument("--module", required=True, help="the worker's module (its main, warm_up)")
+    parser.add_argument("--ready", required=True, help="a file created once warm")
+    args = parser.parse_args(argv)
+    module = importlib.import_module(args.module)
+    warming = threading.Thread(
+        target=warm, args=(module, Path(args.ready)), name="spare-warm-up", daemon=True
+    )
+    warming.start()
+    arguments = read_command()
+    if arguments is None:
+        os._exit(0)  # not even waiting for the warm-up: nobody will use this process
+    Path(args.ready).with_name(TAKEN_FILE).touch()  # from here on, failing is the worker's
+    with open(os.devnull, "rb") as nothing:  # as a worker started afresh has it
+        os.dup2(nothing.fileno(), 0)
+    warming.join()
+    result: int = module.main(arguments)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

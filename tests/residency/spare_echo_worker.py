@@ -1,0 +1,18 @@
+"""A stand-in worker module for spare-pool tests: no PyTorch. `warm_up` sleeps
+SPARE_ECHO_WARM_S seconds; `main(argv)` writes its arguments to SPARE_ECHO_OUT and exits 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+
+def warm_up() -> None:
+    time.sleep(float(os.environ.get("SPARE_ECHO_WARM_S", "0")))
+
+
+def main(argv: list[str]) -> int:
+    with open(os.environ["SPARE_ECHO_OUT"], "w") as out:
+        json.dump({"argv": argv, "pid": os.getpid()}, out)
+    return 0

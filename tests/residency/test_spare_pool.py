@@ -1,0 +1,162 @@
+"""The spare worker pool on its own, with a stand-in worker module (no PyTorch): a warm spare
+becomes the worker its arguments describe; a dead one is replaced and never handed out; closing
+leaves no process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from modelhost.residency.spare_pool import SpareWorkers
+
+MODULE = "spare_echo_worker"
+WAIT_S = 60.0
+
+
+def pool_for(tmp_path: Path, warm_s: float = 0.0, **options: float) -> SpareWorkers:
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path]),
+        "SPARE_ECHO_OUT": str(tmp_path / "became.json"),
+        "SPARE_ECHO_WARM_S": str(warm_s),
+    }
+    return SpareWorkers(MODULE, env=env, **options)
+
+
+async def until(condition, timeout_s: float = WAIT_S) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+def zombie(pid: int) -> bool:
+    """Dead, and not yet reaped by its parent (the pool)."""
+    return "State:\tZ" in Path(f"/proc/{pid}/status").read_text()
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+async def test_a_warm_spare_becomes_the_worker_its_arguments_describe(tmp_path):
+    pool = pool_for(tmp_path)
+    pool.start()
+    try:
+        await until(lambda: pool.view()["state"] == "ready")
+        spare_pid = pool.view()["pid"]
+        assert pool.held_bytes() > 0  # its resident set, for the budget
+        handed = await pool.hand_over([sys.executable, "-m", MODULE, "--model", "m.gguf"])
+        assert handed is not None
+        process, directory = handed
+        assert process.pid == spare_pid
+        assert process.wait(timeout=WAIT_S) == 0
+        became = json.loads((tmp_path / "became.json").read_text())
+        assert became == {
+            "argv": ["--model", "m.gguf", "--socket", str(directory / "worker.sock")],
+            "pid": spare_pid,
+        }
+        assert oct(directory.stat().st_mode & 0o777) == oct(0o700)
+        assert pool.view() | {"handed": 1} == pool.view()
+        assert pool.view()["state"] == "none"  # the next one waits for refill()
+    finally:
+        await pool.close()
+
+
+async def test_the_next_spare_starts_on_refill(tmp_path):
+    pool = pool_for(tmp_path)
+    pool.start()
+    try:
+        await until(lambda: pool.view()["state"] == "ready")
+        handed = await pool.hand_over([sys.executable, "-m", MODULE])
+        assert handed is not None
+        handed[0].wait(timeout=WAIT_S)
+        await asyncio.sleep(0.3)
+        assert pool.view()["pid"] is None
+        pool.refill()
+        await until(lambda: pool.view()["state"] == "ready")
+        assert pool.view()["pid"] != handed[0].pid
+    finally:
+        await pool.close()
+
+
+async def test_a_spare_that_dies_is_never_handed_a_model_and_is_replaced(tmp_path):
+    pool = pool_for(tmp_path)
+    pool.start()
+    try:
+        await until(lambda: pool.view()["state"] == "ready")
+        dead = pool.view()["pid"]
+        os.kill(dead, signal.SIGKILL)
+        await until(lambda: zombie(dead))
+        assert await pool.hand_over([sys.executable, "-m", MODULE]) is None
+        await until(lambda: pool.view()["pid"] not in (None, dead))
+        assert pool.view()["died"] == 1
+    finally:
+        await pool.close()
+
+
+async def test_a_spare_still_warming_is_waited_for_only_up_to_its_bound(tmp_path):
+    pool = pool_for(tmp_path, warm_s=30.0, wait_s=0.3)
+    pool.start()
+    try:
+        await until(lambda: pool.view()["pid"] is not None)
+        assert await pool.hand_over([sys.executable, "-m", MODULE]) is None
+        assert pool.view()["state"] == "starting"  # kept for the next load
+    finally:
+        await pool.close()
+
+
+async def test_a_command_of_another_program_is_not_given_a_spare(tmp_path):
+    pool = pool_for(tmp_path)
+    pool.start()
+    try:
+        await until(lambda: pool.view()["state"] == "ready")
+        assert await pool.hand_over([sys.executable, "-m", "another.module"]) is None
+        assert pool.view()["state"] == "ready"
+    finally:
+        await pool.close()
+
+
+@pytest.mark.parametrize("state", ["starting", "ready"])
+async def test_closing_the_pool_leaves_no_process_and_no_directory(tmp_path, state):
+    pool = pool_for(tmp_path, warm_s=30.0 if state == "starting" else 0.0)
+    pool.start()
+    await until(lambda: pool.view()["state"] == state)
+    pid = pool.view()["pid"]
+    spare = pool._spare
+    assert spare is not None
+    await pool.close()
+    assert gone(pid)
+    assert not spare.directory.exists()
+    pool.refill()  # a closed pool keeps none
+    await asyncio.sleep(0.3)
+    assert pool.view()["pid"] is None
+
+
+async def test_after_a_refill_the_next_spare_waits_until_a_model_has_answered(tmp_path):
+    pool = pool_for(tmp_path)
+    answered: list[float] = []
+    pool.answered_since = lambda since: any(moment > since for moment in answered)
+    pool.start()
+    try:
+        await until(lambda: pool.view()["state"] == "ready")  # the first one at once
+        handed = await pool.hand_over([sys.executable, "-m", MODULE])
+        assert handed is not None
+        handed[0].wait(timeout=WAIT_S)
+        pool.refill()  # the load has ended
+        await asyncio.sleep(0.5)
+        assert pool.view()["pid"] is None  # the model has not answered yet
+        answered.append(time.time())
+        await until(lambda: pool.view()["pid"] is not None)
+    finally:
+        await pool.close()
