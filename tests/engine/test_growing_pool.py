@@ -142,3 +142,31 @@ def rss_bytes_now() -> int:
     value = rss_bytes(os.getpid())
     assert value is not None
     return value
+
+
+async def test_a_burst_of_long_rows_queues_within_the_pools_ceiling_and_every_row_finishes(smollm2):
+    token_bytes = smollm2.config.kv_bytes_per_token(smollm2.cache_dtype.itemsize)
+    ceiling = 40 * 8 * token_bytes  # forty blocks: room for two of these rows at a time
+    engine = Engine(smollm2, EngineConfig(batch=4, kv_cache_bytes=ceiling))
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+        prompts = [
+            smollm2.tokenizer.encode(f"Story {i}: " + "the rain fell on the hills. " * 14)
+            for i in range(4)
+        ]
+        most = 0
+
+        async def run(prompt: list[int]) -> str | None:
+            nonlocal most
+            last = None
+            async for event in engine.submit(prompt, params):
+                most = max(most, engine.stats().kv_committed_bytes)
+                last = event
+            assert last is not None
+            return last.finish_reason
+
+        reasons = await asyncio.gather(*(run(p) for p in prompts))
+        assert reasons == ["length"] * 4  # every row got all its tokens
+        assert 0 < most <= ceiling
+    finally:
+        engine.close()
