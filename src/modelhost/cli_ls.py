@@ -35,6 +35,7 @@ def add_ls_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
 def run_ls(args: argparse.Namespace) -> int:
     from modelhost.cli_kv import store_line
     from modelhost.residency.registry import ModelRegistry, ServingShape
+    from modelhost.residency.unit import claim_bytes
     from modelhost.serve_config import cuda_available, default_budget_bytes, quantize_mode
 
     budget = int(args.model_budget * BYTES_PER_GB) if args.model_budget else default_budget_bytes()
@@ -46,7 +47,8 @@ def run_ls(args: argparse.Namespace) -> int:
         ("ID", "FORMAT", "ARCH", "SUPPORTED", "SIZE", "WEIGHTS", "ESTIMATE", "FITS", "RESIDENT")
     ]
     for entry in entries:
-        fits = "yes" if entry.estimate_bytes <= budget else "alone"  # served alone, if it fits
+        # Fits: held idle, and one request's claim on a pool that grows (residency/unit.py).
+        fits = "yes" if entry.estimate_bytes + claim_bytes(entry, 1) <= budget else "alone"
         rows.append(
             (
                 entry.id,

@@ -18,6 +18,9 @@ class FakeEntry:
     estimate_bytes: int
     weights_bytes: int
     operations: tuple[str, ...] = ("generate",)
+    work_bytes: int = 0
+    kv_row_bytes: int = 0
+    kv_pool_bytes: int = 0
 
 
 @dataclass
@@ -72,6 +75,9 @@ class World:
     saved: set[str] = field(default_factory=set)  # models whose saved state a load finds
     operations: dict[str, tuple[str, ...]] = field(default_factory=dict)
     weights_gb: dict[str, float] = field(default_factory=dict)  # default: the whole estimate
+    # What a lease may claim beyond the estimate, in GB: (a full context of KV, the pool's
+    # ceiling); default nothing (a preallocated pool).
+    claims_gb: dict[str, tuple[float, float]] = field(default_factory=dict)
     now: float = 0.0
     num_loads: int = 0
     progress_steps: dict[str, list[float]] = field(default_factory=dict)  # reported before a gate
@@ -82,7 +88,15 @@ class World:
         size = int(self.sizes_gb[model_id] * GB)
         weights = int(self.weights_gb.get(model_id, self.sizes_gb[model_id]) * GB)
         ops = self.operations.get(model_id, ("generate",))
-        return FakeEntry(model_id, estimate_bytes=size, weights_bytes=weights, operations=ops)
+        row, pool = self.claims_gb.get(model_id, (0.0, 0.0))
+        return FakeEntry(
+            model_id,
+            estimate_bytes=size,
+            weights_bytes=weights,
+            operations=ops,
+            kv_row_bytes=int(row * GB),
+            kv_pool_bytes=int(pool * GB),
+        )
 
     async def load(self, entry: Any, progress: LoadProgress) -> FakeUnit:
         self.num_loads += 1

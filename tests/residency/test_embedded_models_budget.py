@@ -1,5 +1,6 @@
 """End to end with the two embedded chat models and a tiny one under a budget that fits two of
-them: each new model drains the least recently used idle one, never the one just used."""
+them (idle, and one of them serving a request): each new model drains the least recently used
+idle one, never the one just used."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from modelhost.residency.host import ResidencyHost
 from modelhost.residency.inprocess import InProcessUnit, in_process_loader
 from modelhost.residency.registry import ModelRegistry, ServingShape
 from modelhost.residency.router import ModelRouter
+from modelhost.residency.unit import claim_bytes
 from modelhost.server.app import create_routed_app
 from modelhost.server.settings import ServeSettings
 
@@ -25,13 +27,19 @@ SMOLLM2, GEMMA = "smollm2-135m-instruct", "gemma-3-270m"
 def test_new_models_drain_the_least_recently_used_under_a_budget_for_two(
     smollm2, gemma3, models_dir, tmp_path
 ):
+    # A 2,048-token context keeps each request's claim (working memory and a context of KV)
+    # below what SmolLM2 holds idle, so the budget below separates the cases.
+    shape = ServingShape(batch=2, context_length=2048)
     registry = ModelRegistry(
-        [models_dir], home=tmp_path / "home", hf_hub=tmp_path / "hub", shape=ServingShape(batch=2)
+        [models_dir], home=tmp_path / "home", hf_hub=tmp_path / "hub", shape=shape
     )
-    smollm2_bytes = registry.get(SMOLLM2).estimate_bytes
-    # Room for Gemma beside a tiny model, never for Gemma beside SmolLM2.
-    budget = registry.get(GEMMA).estimate_bytes + smollm2_bytes // 2
-    settings = ServeSettings()
+    smollm2, gemma, tiny = (registry.get(m) for m in (SMOLLM2, GEMMA, "tiny-a"))
+    assert smollm2 is not None and gemma is not None and tiny is not None
+    # Room for Gemma serving a request beside a tiny model, never beside SmolLM2.
+    gemma_busy = gemma.estimate_bytes + claim_bytes(gemma, 1)
+    budget = gemma_busy + (smollm2.estimate_bytes + tiny.estimate_bytes) // 2
+    assert tiny.estimate_bytes + claim_bytes(tiny, 1) <= budget - gemma.estimate_bytes
+    settings = ServeSettings(context_length=2048)
     unloads: list[str] = []  # in the order their drains finished
     host: ResidencyHost[InProcessUnit] = ResidencyHost(
         budget_bytes=budget,

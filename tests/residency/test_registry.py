@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from synthetic_files import synthetic_gguf
 from tiny_models import make_tiny_checkpoint
 
+from modelhost.engine.kv_pool_size import IDLE_KV_BYTES
 from modelhost.inference.admission import working_bytes
 from modelhost.models.embedded import DEFAULT_MODEL, embedded_path
 from modelhost.models.hf_config import config_from_hf
@@ -81,16 +84,36 @@ def test_the_embedded_models_are_listed_under_their_own_ids(tmp_path):
     assert ids[:2] == [DEFAULT_MODEL, "gemma-3-270m"]
 
 
-def test_the_estimate_is_weights_plus_kv_and_working_memory_or_the_memory_budget(tmp_path, tiny):
+def test_the_estimate_is_the_weights_and_requests_claim_kv_and_working_memory(tmp_path, tiny):
     hub_layout(tmp_path / "hub", "acme", "tiny-llama", tiny)
     [entry] = registry(tmp_path).entries()
     kv_per_token = 2 * 3 * 2 * 16 * 2  # layers × kv heads × head dim × fp16, keys and values
     kv_pool = 8 * (512 + 8) * kv_per_token  # a full context and a block for every row
     config = config_from_hf(json.loads((tiny / "config.json").read_text()))
     work = working_bytes(config, 4, 512, chunk_tokens=512, rows=8)
-    assert entry.estimate_bytes == entry.weights_bytes + kv_pool + work
+    # Idle: the weights, and the prefix cache an idle engine keeps (here the whole small pool).
+    assert entry.estimate_bytes == entry.weights_bytes + kv_pool
+    assert (entry.work_bytes, entry.kv_row_bytes, entry.kv_pool_bytes) == (
+        work,
+        (512 + 8) * kv_per_token,
+        kv_pool,
+    )
     budgeted = registry(tmp_path, shape=ServingShape(memory_budget_bytes=10**9)).entries()[0]
-    assert budgeted.estimate_bytes == 10**9
+    assert budgeted.kv_pool_bytes == 10**9 - budgeted.weights_bytes  # requests may take the rest
+    assert budgeted.estimate_bytes < budgeted.weights_bytes + IDLE_KV_BYTES + 1
+
+
+def test_a_1b_shaped_file_is_estimated_at_about_its_weights_not_weights_and_a_pool(tmp_path):
+    # Llama 3.2 1B's widths, two of its layers and a narrow vocabulary: a small file.
+    shape = replace(synthetic_gguf.SHAPES["1b"], vocab=1024)
+    path = synthetic_gguf.write_synthetic_gguf(
+        tmp_path / "one-b.gguf", shape, "Q4_K_M", layers=2, tokenizer=False
+    )
+    [entry] = registry(tmp_path, paths=[path]).entries()
+    one_context = (8192 + 8) * 2 * 2 * 8 * 64 * 2  # layers × K and V × kv heads × dim × fp16
+    assert entry.kv_row_bytes == one_context
+    assert entry.kv_pool_bytes == 8 * one_context  # what eight rows may grow the pool to
+    assert entry.estimate_bytes - entry.weights_bytes == IDLE_KV_BYTES  # idle: the kept cache
 
 
 def test_a_path_given_to_serve_joins_the_registry(tmp_path, tiny):

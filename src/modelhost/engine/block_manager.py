@@ -8,7 +8,14 @@ starts with the same tokens reuses it instead of recomputing it.
 
 A freed block keeps its key and stays findable until the free list hands it out again; that is
 the prefix cache. The free list is ordered: unhashed blocks at the front (reused first), then
-hashed blocks from least to most recently freed. Pure Python: no torch, no asyncio.
+hashed blocks from least to most recently freed.
+
+A growing pool (`grows=True`) starts with no block *committed*: blocks [0, num_committed) have
+been handed out since the pool last shrank and hold memory; the rest are reserved address space.
+A block leaves the free list before a new one is committed, and a new one is always the lowest
+uncommitted id, so the committed blocks stay one range and `release_tail` can give back
+everything above the highest block still in use or kept. A fixed pool (CUDA) is committed whole.
+Pure Python: no torch, no asyncio.
 """
 
 from __future__ import annotations
@@ -56,13 +63,18 @@ class _Owner:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, *, grows: bool = False) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be >= 1")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self._blocks = [_Block(i) for i in range(num_blocks)]
-        self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.grows = grows
+        self.num_committed = 0 if grows else num_blocks
+        # Committed blocks no row holds, in hand-out order; uncommitted ones are implied.
+        self._free: OrderedDict[int, None] = OrderedDict(
+            (i, None) for i in range(self.num_committed)
+        )
         self._key_to_block: dict[BlockKey, int] = {}
         self._owners: dict[int, _Owner] = {}  # seq_id -> owner, for every sequence holding blocks
         self.num_prefix_queries_tokens = 0
@@ -73,11 +85,12 @@ class BlockManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        """Blocks a row may still take: free committed ones and the uncommitted rest."""
+        return len(self._free) + self.num_blocks - self.num_committed
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self.num_committed - len(self._free)
 
     @property
     def num_cached_free_blocks(self) -> int:
@@ -126,7 +139,7 @@ class BlockManager:
         """Whether `allocate_prompt` followed by appending at least one token would succeed."""
         hits = self._match_prefix(seq)
         num_free_hits = sum(1 for block in hits if block.ref_count == 0)
-        return len(self._free) - num_free_hits >= 1
+        return self.num_free_blocks - num_free_hits >= 1
 
     def allocate_prompt(self, seq: Sequence) -> int:
         """Take the cached prefix blocks for a sequence being scheduled; returns cached tokens."""
@@ -155,28 +168,42 @@ class BlockManager:
         return max(0, needed - len(seq.block_table))
 
     def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
-        return self._num_new_blocks(seq, num_new_tokens) <= len(self._free)
+        return self._num_new_blocks(seq, num_new_tokens) <= self.num_free_blocks
 
     def max_appendable(self, seq: Sequence, num_new_tokens: int) -> int:
         """The largest n <= num_new_tokens for which `can_append(seq, n)` holds (maybe 0)."""
-        capacity = (len(seq.block_table) + len(self._free)) * self.block_size
+        capacity = (len(seq.block_table) + self.num_free_blocks) * self.block_size
         return max(0, min(num_new_tokens, capacity - seq.num_computed_tokens))
 
     def append_slots(self, seq: Sequence, num_new_tokens: int) -> None:
         """Grow the block table to cover num_computed_tokens + num_new_tokens positions."""
         num_new = self._num_new_blocks(seq, num_new_tokens)
-        if num_new > len(self._free):
-            raise OutOfBlocks(f"need {num_new} blocks, {len(self._free)} free")
+        if num_new > self.num_free_blocks:
+            raise OutOfBlocks(f"need {num_new} blocks, {self.num_free_blocks} free")
         self._owners.setdefault(seq.seq_id, _Owner(seq))
         for _ in range(num_new):
-            block_id, _ = self._free.popitem(last=False)
-            block = self._blocks[block_id]
-            if block.key is not None:  # evict it from the prefix cache
-                if self._key_to_block.get(block.key) == block_id:
-                    del self._key_to_block[block.key]
-                block.clear_key()
+            block = self._take_block()
             block.ref_count = 1
-            seq.block_table.append(block_id)
+            seq.block_table.append(block.block_id)
+
+    def _take_block(self) -> _Block:
+        """A block for new KV: a free block that caches nothing first (the free list keeps those
+        at its front), then the lowest uncommitted block while the pool may grow, and only then
+        the least recently freed cached block, evicted from the prefix cache. (Growing before
+        evicting keeps a busy model's prefixes, and the blocks this takes for KV read back from
+        a disk store, until its pool is full; an idle engine gives the growth back.)"""
+        front = next(iter(self._free), None)
+        if front is not None and self._blocks[front].key is None:
+            del self._free[front]
+            block_id = front
+        elif self.num_committed < self.num_blocks:
+            block_id = self.num_committed
+            self.num_committed += 1
+        else:
+            block_id, _ = self._free.popitem(last=False)
+        block = self._blocks[block_id]
+        self._drop_key(block)
+        return block
 
     def commit_full_blocks(self, seq: Sequence) -> None:
         """Give every newly full, computed block its chain key so later prompts can reuse it."""
@@ -217,14 +244,12 @@ class BlockManager:
         return True
 
     def adopt(self, key: BlockKey, parent: BlockKey | None, tokens: tuple[int, ...]) -> int:
-        """Take the least recently freed block for KV computed elsewhere and cache it under
+        """Take a block (as `append_slots` would) for KV computed elsewhere and cache it under
         `key`, free and most recently freed; the caller fills its slots. Returns its id."""
         assert key not in self._key_to_block, "block already cached"
         assert len(tokens) == self.block_size
-        block_id, _ = self._free.popitem(last=False)
-        block = self._blocks[block_id]
-        if block.key is not None and self._key_to_block.get(block.key) == block_id:
-            del self._key_to_block[block.key]
+        block = self._take_block()
+        block_id = block.block_id
         block.key, block.parent_key, block.token_ids = key, parent, tokens
         self._key_to_block[key] = block_id
         self._free[block_id] = None
@@ -251,6 +276,34 @@ class BlockManager:
         seq.block_table.clear()
         self._owners.pop(seq.seq_id, None)
 
+    def release_tail(self, keep_blocks: int = 0) -> int | None:
+        """Uncommit the free blocks above both `keep_blocks` and the highest block in use (their
+        prefix-cache entries go with them). Returns the first uncommitted block id when the pool
+        shrank, else None; the caller gives that block's memory and everything above it back.
+        A fixed pool never shrinks."""
+        if not self.grows:
+            return None
+        top = self.num_committed
+        while top > keep_blocks and self._blocks[top - 1].ref_count == 0:
+            top -= 1
+        if top == self.num_committed:
+            return None
+        for block_id in range(top, self.num_committed):
+            self._drop_key(self._blocks[block_id])
+            del self._free[block_id]
+        self.num_committed = top
+        return top
+
+    def _drop_key(self, block: _Block) -> None:
+        """The one place a cached block's KV stops being findable: it is handed out for other
+        tokens, or its memory is given back. (A store that keeps blocks beyond memory persists
+        them here, before the key goes.)"""
+        if block.key is None:
+            return
+        if self._key_to_block.get(block.key) == block.block_id:
+            del self._key_to_block[block.key]
+        block.clear_key()
+
     # ---- addressing -----------------------------------------------------------------------
 
     def slot(self, seq: Sequence, position: int) -> int:
@@ -262,9 +315,12 @@ class BlockManager:
     def check_invariants(self) -> None:
         bs = self.block_size
         num_used = sum(1 for b in self._blocks if b.ref_count > 0)
-        assert len(self._free) + num_used == self.num_blocks, "free + used != total"
+        assert len(self._free) + num_used == self.num_committed, "free + used != committed"
         for block_id in self._free:
             assert self._blocks[block_id].ref_count == 0, f"block {block_id} free and referenced"
+            assert block_id < self.num_committed, f"free block {block_id} not committed"
+        for block in self._blocks[self.num_committed :]:
+            assert block.ref_count == 0 and block.key is None, f"block {block.block_id} beyond"
         refs = [0] * self.num_blocks
         for seq_id, owner in self._owners.items():
             seq = owner.seq

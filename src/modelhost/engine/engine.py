@@ -34,7 +34,8 @@ from modelhost.engine.events import (
     PromptTooLong,
     QueueFull,
 )
-from modelhost.engine.kv_pool_size import BLOCK_TOKENS, default_kv_bytes
+from modelhost.engine.kv_memory import grows_on
+from modelhost.engine.kv_pool_size import BLOCK_TOKENS, IDLE_KV_BYTES, default_kv_bytes
 from modelhost.engine.prefix_persistence import PrefixPersistence, kv_layout
 from modelhost.engine.prefix_store import PrefixStoreOpener
 from modelhost.engine.prompt_logprobs import PromptScores, prompt_spans
@@ -78,7 +79,8 @@ class EngineFailure(EngineError):
 class EngineConfig:
     batch: int = 8  # running rows
     max_queue: int = 64  # waiting rows beyond the free running slots
-    kv_cache_bytes: int | None = None  # the KV pool; None: 1 GiB, at least one full context
+    kv_cache_bytes: int | None = None  # the KV pool's ceiling; None: 1 GiB, at least a context
+    idle_kv_bytes: int = IDLE_KV_BYTES  # what a growing pool keeps once idle
     block_size: int = BLOCK_TOKENS
     max_num_batched_tokens: int = 512  # tokens per step: the prefill chunk size
     context_length: int | None = None  # None: the model's own window
@@ -176,7 +178,8 @@ class Engine:
             config.context_length or model.context_length, model.context_length
         )
         num_blocks = config.num_blocks(model, self.context_length)
-        self.block_manager = BlockManager(num_blocks, config.block_size)
+        grows = grows_on(model.device)
+        self.block_manager = BlockManager(num_blocks, config.block_size, grows=grows)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 batch=config.batch,
@@ -190,6 +193,7 @@ class Engine:
             num_blocks=num_blocks,
             block_size=config.block_size,
             prompt_threads=config.prompt_threads,
+            grows=grows,
         )
         self._block_bytes = config.block_size * model.config.kv_bytes_per_token(
             model.cache_dtype.itemsize
@@ -198,6 +202,7 @@ class Engine:
         if prefix_store is not None:
             store = prefix_store(kv_layout(self.runner.kv))
             self.persistence = PrefixPersistence(store, self.runner.kv, self.block_manager)
+        self._idle_keep_blocks = config.idle_kv_bytes // self._block_bytes
         self._ids = itertools.count(1)
         self._cond = threading.Condition()
         self._inbox: deque[Callable[[], None]] = deque()
@@ -280,6 +285,7 @@ class Engine:
             prefix_hit_tokens=manager.num_prefix_hit_tokens,
             context_length=self.context_length,
             steps=self._num_steps,
+            kv_committed_bytes=manager.num_committed * self._block_bytes,
         )
 
     def close(self, timeout_s: float = 10.0) -> None:
@@ -348,6 +354,17 @@ class Engine:
             _deliver(held)  # this step computed nothing, or failed
             if not self.scheduler.has_work:
                 self._deliver()
+                self._give_back()
+
+    def _give_back(self) -> None:
+        """Return the pool's memory above what an idle engine keeps (IDLE_KV_BYTES of prefix
+        cache). Only when idle: mid-burst the next rows would fault the same pages in again
+        on the request path, and the residency host plans around idle models (it evicts only
+        those, and counts a busy model's admitted rows as a claim on top of what it holds), so
+        idle is when what a model holds must come back down."""
+        first = self.block_manager.release_tail(self._idle_keep_blocks)
+        if first is not None:
+            self.runner.release_blocks_from(first)
 
     def _deliver(self) -> None:
         _deliver(self._outbox)

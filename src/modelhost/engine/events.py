@@ -91,8 +91,9 @@ class EngineStats:
     kv_blocks_cached_free: int  # free blocks still holding a reusable prefix
     kv_block_size: int
     kv_bytes: int  # bytes of KV held by live rows
-    kv_budget_bytes: int  # bytes of the whole preallocated pool
+    kv_budget_bytes: int  # bytes of the whole pool at its ceiling
     prefix_query_tokens: int
     prefix_hit_tokens: int
     context_length: int  # the longest sequence (prompt + output) the engine places
     steps: int = 0  # forward passes run so far
+    kv_committed_bytes: int = 0  # bytes of the pool that hold memory now (a growing pool)

@@ -1,15 +1,19 @@
-"""How big the KV pool is when nothing sizes it, and how many tokens a block holds: kept apart
-from the engine so the registry can estimate a model without importing PyTorch."""
+"""How big the KV pool may grow when nothing sizes it, what it keeps when idle, and how many
+tokens a block holds: kept apart from the engine so the registry can estimate a model without
+importing PyTorch."""
 
 from __future__ import annotations
 
 BLOCK_TOKENS = 8  # a shared prefix is reused to within BLOCK_TOKENS - 1 tokens
 DEFAULT_KV_BYTES = 1 << 30
 MIN_POOL_CONTEXT = 8192  # tokens a default pool holds at least, where the window allows
+# What a growing pool keeps of its prefix cache once idle (the rest of its memory goes back):
+# enough for a conversation's recent turns, small beside any model's weights.
+IDLE_KV_BYTES = 32 << 20
 
 
 def default_kv_bytes(token_bytes: int, context_length: int, block_size: int, batch: int) -> int:
-    """The KV pool when nothing sizes it: 1 GiB, but at least one context of up to
+    """The KV pool's ceiling when nothing sizes it: 1 GiB, but at least one context of up to
     MIN_POOL_CONTEXT tokens, and at most a full context for every row. (A 128k-token window
     alone would otherwise ask for gigabytes no request may use; a longer prompt than the pool
     holds is refused as too long.)"""

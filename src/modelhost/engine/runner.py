@@ -7,6 +7,7 @@ from collections.abc import Callable
 import torch
 
 from modelhost.engine.block_manager import cdiv
+from modelhost.engine.kv_memory import ReservedPools
 from modelhost.engine.prompt_logprobs import prompt_logits_index
 from modelhost.engine.scheduler import ScheduledRow, SchedulerOutput
 from modelhost.models import native
@@ -24,6 +25,7 @@ class ModelRunner:
         num_blocks: int,
         block_size: int,
         prompt_threads: int | None = None,
+        grows: bool = False,
     ) -> None:
         self.model = model
         self.prompt_threads = prompt_threads
@@ -38,21 +40,37 @@ class ModelRunner:
         self.threads_every_step = kernels is None
         self.block_size = block_size
         config = model.config
-        # One extra block pads every row's block table. The pool starts zeroed (KVCache.allocate):
-        # attention gathers whole blocks, masked tails included, and a masked NaN from unwritten
-        # memory would still poison SDPA's weighted sum (0 * NaN); stale values a freed block
-        # keeps are finite and masked.
+        # One extra block pads every row's block table. The pool reads as zeros where nothing
+        # was written (KVCache.allocate zeroes it; a reserved pool's untouched and given-back
+        # pages are zero): attention gathers whole blocks, masked tails included, and a masked
+        # NaN from unwritten memory would still poison SDPA's weighted sum (0 * NaN); stale
+        # values a freed block keeps are finite and masked.
         self.pad_block = num_blocks
-        self.kv = KVCache.allocate(
-            num_layers=config.num_layers,
-            num_slots=(num_blocks + 1) * block_size,
-            num_kv_heads=config.num_kv_heads,
-            head_dim=config.head_dim,
-            dtype=model.cache_dtype,
-            device=model.device,
-            block_size=block_size,
-        )
+        num_slots = (num_blocks + 1) * block_size
+        self._reserved: ReservedPools | None = None
+        if grows:  # reserved, committed as blocks are written (engine/kv_memory.py)
+            slot_shape = (2, config.num_kv_heads, config.head_dim)
+            self._reserved = ReservedPools(
+                config.num_layers, num_slots, slot_shape, model.cache_dtype
+            )
+            self.kv = KVCache(self._reserved.pools, block_size)
+        else:
+            self.kv = KVCache.allocate(
+                num_layers=config.num_layers,
+                num_slots=num_slots,
+                num_kv_heads=config.num_kv_heads,
+                head_dim=config.head_dim,
+                dtype=model.cache_dtype,
+                device=model.device,
+                block_size=block_size,
+            )
         self.sliding_window = config.sliding_window
+
+    def release_blocks_from(self, block_id: int) -> None:
+        """Give back the memory of block `block_id` and every block above it (a growing pool;
+        a preallocated one keeps its memory). The blocks read as zeros afterwards."""
+        if self._reserved is not None:
+            self._reserved.release_from(block_id * self.block_size)
 
     def execute(
         self, out: SchedulerOutput, before_layers: Callable[[], None] | None = None

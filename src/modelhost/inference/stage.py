@@ -108,8 +108,9 @@ class InferenceStage:
         return self.model.id
 
     def resident_bytes(self) -> int:
-        """What this stage holds: its weights and its engine's KV pool."""
-        return self.model.weights_bytes + self.engine.stats().kv_budget_bytes
+        """What this stage holds: its weights and the part of its engine's KV pool that holds
+        memory now (a growing pool's committed blocks; a preallocated pool whole)."""
+        return self.model.weights_bytes + self.engine.stats().kv_committed_bytes
 
     def stop_admission(self) -> None:
         """Refuse new requests (503) and let the admitted ones finish (a worker's drain)."""

@@ -52,8 +52,8 @@ class KVCache:
         device: torch.device,
         block_size: int,
     ) -> KVCache:
-        # Zeroed, so every page is committed now: the pool's bytes are resident from the start,
-        # as the residency budget counts them, and never grow the process later.
+        # Zeroed and committed now: a preallocated pool (CUDA). On CPUs the engine reserves one
+        # that grows with use instead (engine/kv_memory.py).
         shape = (num_slots, 2, num_kv_heads, head_dim)
         pools = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         return cls(pools, block_size)

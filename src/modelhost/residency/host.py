@@ -6,9 +6,21 @@ that only a leased model could make room for waits, then swaps. Loading, measuri
 are injected (a unit is an in-process engine or a worker), so this module does no I/O; asyncio
 is used only to wait for leases, loads and drains. The victim choice is `policy.choose_victims`.
 
-Bytes of a resident: the unit's own measurement once it has one (never below the weights), the
-entry's estimate before that and while loading. `used = max(Σ held + external, measured − held
-of the model being placed)`: a process-wide measurement acts as a floor.
+Bytes of a resident: what it *holds* (the unit's own measurement once it has one, never below
+the weights; the entry's estimate before that and while loading) plus what its leases may still
+*claim* (`unit.claim_bytes`: one step's working memory and a full context of KV a lease, capped
+at the KV pool's ceiling). A model's KV pool grows with use and shrinks when idle, so an idle
+model costs about its weights; a lease is one admitted request, and the claim is reserved when
+the lease is taken: a new lease on a resident model whose claim does not fit drains idle
+models, or waits for busy ones, exactly as a load does; a load needs the estimate plus one
+lease's claim. Each engine caps its own rows at its pool's ceiling, and no row outgrows a full
+context, so no model grows past what was counted for it: a burst of long rows queues (at the
+host, or in the engine's own queue) and never overruns the budget. The claim is counted on top
+of what a busy model already holds (its committed KV included): an over-count while requests
+run, never an under-count.
+
+`used = max(Σ counted + external, measured − counted of the model being placed)`: a
+process-wide measurement acts as a floor.
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ from modelhost.residency.unit import (
     ResidentModel,
     Servable,
     Unit,
+    claim_bytes,
 )
 
 log = logging.getLogger("modelhost.models")
@@ -57,6 +70,11 @@ class _Slot(Generic[U]):
 
 def _no_event(name: str, payload: dict[str, Any]) -> None:
     return None
+
+
+def _load_need(entry: Servable) -> int:
+    """What loading a model for a request needs: what it holds, and that request's claim."""
+    return entry.estimate_bytes + claim_bytes(entry, 1)
 
 
 class ResidencyHost(Generic[U]):
@@ -111,7 +129,18 @@ class ResidencyHost(Generic[U]):
                 if slot.unit is not None and slot.leases == 0 and slot.unit.broken():
                     await self._start_evict(slot, "broken")
                     continue
-                return await self._lend(slot)
+                more = self._claim_more(slot)
+                if more <= 0:
+                    return await self._lend(slot)
+                # On the request path: the residents' last readings, not fresh ones (a cluster
+                # node's would cost a round trip); a claim is counted in full either way.
+                waited_s = self._clock() - waiting_since
+                decision = self._decide(self._counted(slot) + more, model_id, waited_s=waited_s)
+                if decision.wait:
+                    await self._wait_change(timeout_s=self._hold_left(waited_s))
+                    continue
+                evictions = [self._start_evict(self._slots[v], "evicted") for v in decision.victims]
+                return await self._lend_after(slot, evictions)
             if self._pauses:
                 await self._wait_change()
                 continue
@@ -120,7 +149,7 @@ class ResidencyHost(Generic[U]):
                 continue  # the world changed while we read the units
             self._refuse_beyond_the_machine(entry)
             waited_s = self._clock() - waiting_since
-            decision = self._decide(entry.estimate_bytes, model_id, waited_s=waited_s)
+            decision = self._decide(_load_need(entry), model_id, waited_s=waited_s)
             if decision.wait:
                 await self._wait_change(timeout_s=self._hold_left(waited_s))
                 continue
@@ -141,6 +170,19 @@ class ResidencyHost(Generic[U]):
         assert slot.unit is not None and slot.state == "ready"
         slot.uses += 1
         return Lease(slot.entry.id, slot.unit, lambda: self._release(slot))
+
+    async def _lend_after(
+        self, slot: _Slot[U], evictions: Sequence[asyncio.Task[bool]]
+    ) -> Lease[U]:
+        """A lease taken now (its claim is this request's from here on), returned once the
+        victims that make room for the claim have drained."""
+        lease = await self._lend(slot)
+        try:
+            await asyncio.gather(*evictions, return_exceptions=True)
+        except BaseException:
+            lease.release()
+            raise
+        return lease
 
     def _release(self, slot: _Slot[U]) -> None:
         slot.leases -= 1
@@ -285,8 +327,17 @@ class ResidencyHost(Generic[U]):
             return slot.entry.estimate_bytes
         return max(measured, slot.entry.weights_bytes)
 
+    @staticmethod
+    def _claim_more(slot: _Slot[U]) -> int:
+        """What one more lease on `slot` adds to its claim."""
+        return claim_bytes(slot.entry, slot.leases + 1) - claim_bytes(slot.entry, slot.leases)
+
+    def _counted(self, slot: _Slot[U]) -> int:
+        """What the budget counts for a resident: what it holds and what its leases may claim."""
+        return self._held(slot) + claim_bytes(slot.entry, slot.leases)
+
     def used_bytes(self, except_id: str | None = None) -> int:
-        held = {model_id: self._held(slot) for model_id, slot in self._slots.items()}
+        held = {model_id: self._counted(slot) for model_id, slot in self._slots.items()}
         others = sum(b for model_id, b in held.items() if model_id != except_id)
         others += self._external()
         measured = self._measure()
@@ -324,8 +375,8 @@ class ResidencyHost(Generic[U]):
         freeable = sum(
             self._held(s) for s in self._slots.values() if s.state == "ready" and not s.pinned
         )
-        if entry.estimate_bytes > room + freeable:
-            need_gb, room_gb = entry.estimate_bytes / 1e9, (room + freeable) / 1e9
+        if _load_need(entry) > room + freeable:
+            need_gb, room_gb = _load_need(entry) / 1e9, (room + freeable) / 1e9
             message = (
                 f"model '{entry.id}' needs {need_gb:.2f} GB (weights, KV pool and working "
                 f"memory) and this machine has {room_gb:.2f} GB to give it"
@@ -339,10 +390,10 @@ class ResidencyHost(Generic[U]):
         entry = self._source(model_id)
         if entry is None:
             raise ResidencyError("does-not-fit", f"model '{model_id}' is not a local model")
-        decision = self._decide(entry.estimate_bytes, model_id, waited_s=float("inf"))
+        decision = self._decide(_load_need(entry), model_id, waited_s=float("inf"))
         return Plan(
             fits=decision.fits,
-            required_bytes=entry.estimate_bytes,
+            required_bytes=_load_need(entry),
             free_bytes=self._free(model_id),
             evict=decision.victims,
         )
@@ -435,7 +486,7 @@ class ResidencyHost(Generic[U]):
             assert (slot.unit is None) == (slot.state == "loading"), f"{model_id}: unit vs state"
             assert (slot.drained is not None) == (slot.state == "draining")
         staying = [s for s in self._slots.values() if s.state != "draining"]
-        used = sum(self._held(s) for s in staying) + self._external()
+        used = sum(self._counted(s) for s in staying) + self._external()
         # Over the budget only when a model is served alone (nothing unpinned beside it).
         assert used <= self.budget_bytes or sum(not s.pinned for s in staying) <= 1, "over budget"
 

@@ -45,7 +45,8 @@ class InProcessUnit:
         return self.stage.model_id
 
     def measured_bytes(self) -> int | None:
-        """What this unit allocated: its weights and, for a generative model, its KV pool."""
+        """What this unit holds: its weights and, for a generative model, the memory its KV
+        pool holds now (it grows with use and shrinks when idle)."""
         if self._closed:
             return None
         return self.stage.resident_bytes()

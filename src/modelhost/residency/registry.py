@@ -14,12 +14,16 @@ directory: `operations=("embed",)`) or a faster-whisper model directory (`("tran
 An id is only ever looked up among what a scan found, never turned into a path, and a file that
 resolves outside its root (a symlink out of the models folder) is skipped.
 
-The estimate is what the model will hold once served: its weights as the loader keeps them
-(on CPUs each tensor packed in its file's own quantization, or the `--quantize` mode's; bf16
-on CUDA; models/footprint.py's `held_bytes`), the engine's KV pool for the serving context, and the
-working memory of one engine step (or the whole --memory-budget, which the KV pool then
-fills). A checkpoint holding a tensor the kernels cannot run (an IQ quantization, say) is
-listed with the reason it is refused.
+The estimate is what the model will hold once served and idle: its weights as the loader keeps
+them (on CPUs each tensor packed in its file's own quantization, or the `--quantize` mode's;
+bf16 on CUDA; models/footprint.py's `held_bytes`) and the prefix cache an idle engine keeps
+(IDLE_KV_BYTES at most). On CPUs the KV pool grows with use, so what requests need beyond that
+is their *claim* (residency/unit.py's `claim_bytes`, counted by the host per lease): one
+engine step's working memory (`work_bytes`), a full serving context of KV a row
+(`kv_row_bytes`), and at most the pool's ceiling (`kv_pool_bytes`; under --memory-budget, all
+the budget leaves beside the weights). On CUDA the pool is preallocated: the estimate holds it
+and the working memory, and nothing is claimed. A checkpoint holding a tensor the kernels
+cannot run (an IQ quantization, say) is listed with the reason it is refused.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from modelhost.engine.kv_pool_size import BLOCK_TOKENS, default_kv_bytes
+from modelhost.engine.kv_pool_size import BLOCK_TOKENS, IDLE_KV_BYTES, default_kv_bytes
 from modelhost.inference.admission import working_bytes
 from modelhost.models import footprint
 from modelhost.models.config import ModelConfig
@@ -86,10 +90,13 @@ class ModelEntry:
     architecture: str | None
     size_bytes: int  # on disk
     weights_bytes: int  # as loaded
-    estimate_bytes: int  # weights + KV + working memory when served
+    estimate_bytes: int  # held when served and idle (module docstring)
     embedded: bool = False
     operations: tuple[str, ...] = ("generate",)
     refusal: str | None = None  # why it cannot be served (a tensor type the kernels lack)
+    work_bytes: int = 0  # claimed by a busy model: one step's working memory
+    kv_row_bytes: int = 0  # claimed a lease: a full context of KV
+    kv_pool_bytes: int = 0  # the most all leases together claim of KV
 
 
 def hf_hub_dir() -> Path:
@@ -257,6 +264,7 @@ class ModelRegistry:
             fmt = "safetensors"
         shape = self.shape
         weights = held_bytes(((t[1], t[2]) for t in tensors), shape.quantize, cuda=shape.cuda)
+        serving = serving_bytes(config, weights, shape)
         return ModelEntry(
             id=model_id,
             path=path,
@@ -264,8 +272,11 @@ class ModelRegistry:
             architecture=architecture,
             size_bytes=size,
             weights_bytes=weights,
-            estimate_bytes=estimate_bytes(config, weights, shape),
+            estimate_bytes=serving.estimate,
             refusal=unsupported_tensor((name, kind, len(dims)) for name, kind, dims in tensors),
+            work_bytes=serving.work,
+            kv_row_bytes=serving.kv_row,
+            kv_pool_bytes=serving.kv_pool,
         )
 
     def _encoder(
@@ -338,19 +349,37 @@ def _is_whisper_dir(path: Path) -> bool:
     return is_whisper_dir(path)
 
 
-def estimate_bytes(config: ModelConfig, weights: int, shape: ServingShape) -> int:
-    """Weights + the engine's KV pool + one step's working memory at the serving context."""
-    if shape.memory_budget_bytes is not None:
-        return max(shape.memory_budget_bytes, weights)  # the KV pool takes what weights leave
+@dataclass(frozen=True, slots=True)
+class ServingBytes:
+    """A generative model's bytes when served (module docstring): `estimate` held idle, the
+    rest claimed while requests run."""
+
+    estimate: int
+    work: int = 0
+    kv_row: int = 0
+    kv_pool: int = 0
+
+
+def serving_bytes(config: ModelConfig, weights: int, shape: ServingShape) -> ServingBytes:
+    """What a model holds idle and what its requests may claim, at the serving context."""
     context = config.context_length
     if shape.context_length is not None:
         context = min(context, shape.context_length)
     token_bytes = config.kv_bytes_per_token(shape.kv_dtype_bytes)
+    one_row = (context + BLOCK_TOKENS) * token_bytes
+    if shape.memory_budget_bytes is not None:  # the KV pool takes what the weights leave
+        left = max(0, shape.memory_budget_bytes - weights)
+        if shape.cuda:
+            return ServingBytes(max(shape.memory_budget_bytes, weights))
+        return ServingBytes(weights + min(IDLE_KV_BYTES, left), kv_row=left, kv_pool=left)
     kv = default_kv_bytes(token_bytes, context, BLOCK_TOKENS, shape.batch)
     work = working_bytes(
         config, shape.dtype_bytes, context, chunk_tokens=shape.chunk_tokens, rows=shape.batch
     )
-    return weights + kv + work
+    if shape.cuda:  # a preallocated pool (engine/kv_memory.py): held from the load on
+        return ServingBytes(weights + kv + work)
+    kept = min(IDLE_KV_BYTES, kv)
+    return ServingBytes(weights + kept, work=work, kv_row=min(one_row, kv), kv_pool=kv)
 
 
 _GGUF_META_VERSION = 2  # the cached config's layout
