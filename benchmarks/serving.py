@@ -57,7 +57,7 @@ from modelhost.residency.registry import ModelRegistry, ServingShape
 from modelhost.residency.router import ModelRouter
 from modelhost.server.app import create_routed_app
 from modelhost.server.http_server import server_for
-from modelhost.server.prometheus import WorkerSamples
+from modelhost.server.observability.prometheus import WorkerSamples
 from modelhost.server.settings import ServeSettings
 
 CONTENT = re.compile(r'"content":"[^"]')  # a chunk that carries text (not the opening role)

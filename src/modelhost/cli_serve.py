@@ -32,7 +32,7 @@ from modelhost.serve_config import (
 )
 from modelhost.server.app import admission_policy, create_app, create_routed_app
 from modelhost.server.http_server import serve
-from modelhost.server.prometheus import WorkerSamples
+from modelhost.server.observability.prometheus import WorkerSamples
 from modelhost.server.settings import ServeSettings
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ The parent (`modelhost serve`) starts one per resident model through `worker_loa
 stage) and serves it with uvicorn on the socket. The parent made the socket's directory (0700);
 the socket itself is bound here under a 0177 umask and set to 0600 before anything listens; so
 is the socket beside it on which the parent hands over a client's connection for a stream
-(`server/stream_handoff`). SIGTERM ends the server the way `modelhost serve` ends (in-flight
+(`server/front/stream_handoff`). SIGTERM ends the server the way `modelhost serve` ends (in-flight
 requests get their shutdown timeout).
 """
 
@@ -169,8 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     from modelhost.models.loader import load_model
     from modelhost.residency.companions import open_stage
     from modelhost.server.app import create_app
+    from modelhost.server.front.stream_handoff import (
+        SocketReceiver,
+        StreamHandoff,
+        handoff_socket_path,
+    )
     from modelhost.server.http_server import Server
-    from modelhost.server.stream_handoff import SocketReceiver, StreamHandoff, handoff_socket_path
 
     config = WorkerConfig.from_json(args.config)
     set_threads(config.threads)
@@ -197,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     served: Any = StreamHandoff(app, handoff)
     sockets = [sock]
     if args.listen is not None:  # a cluster node's worker: its front is on another machine
-        from modelhost.server.cluster_secret import ClusterSecretGuard, secret_from_env
+        from modelhost.server.edge.cluster_secret import ClusterSecretGuard, secret_from_env
 
         served = ClusterSecretGuard(served, secret_from_env() or "")
         sockets.append(bind_tcp(args.listen, Path(args.socket).with_name(TCP_PORT_FILE)))

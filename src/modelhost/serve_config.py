@@ -20,7 +20,7 @@ from modelhost.inference.admission import BYTES_PER_GB
 from modelhost.models.modes import default_mode
 from modelhost.residency.registry import ServingShape
 from modelhost.residency.supervisor import proc_bytes
-from modelhost.server.limits import DEFAULT_MAX_BODY_BYTES, MiB
+from modelhost.server.edge.limits import DEFAULT_MAX_BODY_BYTES, MiB
 from modelhost.server.settings import ServeSettings
 
 SETTING_FIELDS = frozenset(ServeSettings.__dataclass_fields__)

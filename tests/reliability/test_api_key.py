@@ -137,7 +137,7 @@ async def test_keys_are_compared_in_constant_time(
 ) -> None:
     import hmac
 
-    from modelhost.server import access
+    from modelhost.server.edge import access
 
     compared: list[tuple[bytes, bytes]] = []
     original = hmac.compare_digest

@@ -28,9 +28,9 @@ from modelhost.residency.router import ModelRouter
 from modelhost.residency.supervisor import MAX_RESTARTS
 from modelhost.residency.worker_unit import WorkerUnit
 from modelhost.server.app import create_routed_app
-from modelhost.server.prometheus import WorkerSamples
+from modelhost.server.front.worker_proxy import PID_HEADER
+from modelhost.server.observability.prometheus import WorkerSamples
 from modelhost.server.settings import ServeSettings
-from modelhost.server.worker_proxy import PID_HEADER
 
 pytestmark = pytest.mark.slow
 SHAPE = ServingShape(batch=2)

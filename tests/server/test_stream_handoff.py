@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from modelhost.cli_worker import bind_private_socket
-from modelhost.server.stream_handoff import (
+from modelhost.server.front.stream_handoff import (
     HANDOFF_HEADER,
     READY,
     SocketReceiver,

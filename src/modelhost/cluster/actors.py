@@ -24,7 +24,7 @@ import ray
 
 from modelhost.residency.registry import ModelEntry, ModelRegistry, ServingShape
 from modelhost.residency.supervisor import WorkerFailed, WorkerProcess
-from modelhost.server.cluster_secret import SECRET_ENV
+from modelhost.server.edge.cluster_secret import SECRET_ENV
 
 TCP_PORT_FILE = "tcp-port"  # cli_worker's, beside its socket (not imported: it loads the server)
 

@@ -28,7 +28,7 @@ from modelhost.residency.registry import ModelEntry
 from modelhost.residency.router import ModelRouter
 from modelhost.residency.unit import ResidencyError
 from modelhost.serve_config import WorkerConfig, quantize_mode, serving_shape
-from modelhost.server.cluster_secret import read_token_file
+from modelhost.server.edge.cluster_secret import read_token_file
 from modelhost.server.settings import ServeSettings
 
 

@@ -8,7 +8,7 @@ embeds, else the first local encoder; a `transcribe` to the named transcriber, e
 local one (clients send `whisper-1`). A local model named for something it cannot do is refused
 before anything loads. Reads that name no model go to the *active* unit: the current model when
 it is resident, else the most recently used ready one. This module knows ids, leases and units;
-which paths need what, and HTTP, are the server's (`server/surfaces.py`, `server/leasing.py`).
+which paths need what, and HTTP, are the server's (`server/surfaces.py`, `server/front/leasing.py`).
 """
 
 from __future__ import annotations

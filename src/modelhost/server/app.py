@@ -14,18 +14,18 @@ from starlette.types import ASGIApp
 
 from modelhost.inference.admission import BYTES_PER_GB, AdmissionPolicy, plan_memory
 from modelhost.residency.router import ModelRouter
-from modelhost.server.access import edge
-from modelhost.server.console import install_console, worker_requests
-from modelhost.server.jobs import install_jobs, with_jobs
-from modelhost.server.json_logs import use_json_logs
-from modelhost.server.leasing import ModelLeasing
-from modelhost.server.model_admin import ADMIN_ROUTES
-from modelhost.server.openai_wire import openai_error
-from modelhost.server.prometheus import Metrics, WorkerSamples, metrics_endpoint
-from modelhost.server.response_store import ResponseStore
+from modelhost.server.edge.access import edge
+from modelhost.server.edge.json_logs import use_json_logs
+from modelhost.server.front.leasing import ModelLeasing
+from modelhost.server.front.model_admin import ADMIN_ROUTES
+from modelhost.server.front.worker_admin import WORKER_ROUTES
+from modelhost.server.job_routes import install_jobs, with_jobs
+from modelhost.server.observability.console import install_console, worker_requests
+from modelhost.server.observability.prometheus import Metrics, WorkerSamples, metrics_endpoint
+from modelhost.server.openai.wire import openai_error
+from modelhost.server.responses.store import ResponseStore
 from modelhost.server.settings import ServeSettings
 from modelhost.server.surfaces import SURFACES, Surfaces
-from modelhost.server.worker_admin import WORKER_ROUTES
 
 if TYPE_CHECKING:
     from modelhost.engine.engine import Engine
@@ -151,7 +151,7 @@ def _new_app(
 
 class _ModelhostApp(Starlette):
     """Starlette with modelhost's edge (request ids, access guard, API key, body limits) around
-    its whole middleware stack, model routing included: see `server/access.py`."""
+    its whole middleware stack, model routing included: see `server/edge/access.py`."""
 
     def build_middleware_stack(self) -> ASGIApp:
         state = self.state

@@ -18,22 +18,20 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Scope
 
-from modelhost.server import (
-    anthropic_messages,
-    audio,
-    decisions,
-    embeddings,
-    models,
-    openai_chat,
-    openai_completions,
-    openai_responses,
-)
-from modelhost.server.anthropic_wire import ANTHROPIC_ERRORS
+from modelhost.server.anthropic import messages as anthropic_messages
+from modelhost.server.anthropic.wire import ANTHROPIC_ERRORS
+from modelhost.server.decisions import routes as decisions
+from modelhost.server.front.worker_proxy import Forwarded
 from modelhost.server.http import ErrorShape, EventStreamResponse
-from modelhost.server.openai_wire import OPENAI_ERRORS
-from modelhost.server.responses_forwarding import forward_turn
-from modelhost.server.responses_wire import RESPONSES_ERRORS
-from modelhost.server.worker_proxy import Forwarded
+from modelhost.server.openai import audio_routes as audio
+from modelhost.server.openai import chat as openai_chat
+from modelhost.server.openai import completions as openai_completions
+from modelhost.server.openai import discovery as models
+from modelhost.server.openai import embedding_routes as embeddings
+from modelhost.server.openai.wire import OPENAI_ERRORS
+from modelhost.server.responses import routes as openai_responses
+from modelhost.server.responses.forwarding import forward_turn
+from modelhost.server.responses.wire import RESPONSES_ERRORS
 
 Endpoint = Callable[[Request], Awaitable[Response | EventStreamResponse]]
 Forward = Callable[[Scope, bytes], Awaitable[Forwarded]]

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from modelhost.server.request_context import RequestContext
+    from modelhost.server.edge.request_context import RequestContext
 
 KEPT_FINISHED = 50
 ASK_WORKERS_S = 10.0  # how long after its end a row may still wait for a worker's figures

@@ -18,9 +18,9 @@ import httpx
 from starlette.types import Scope
 
 from modelhost.residency.worker_unit import WorkerUnit
-from modelhost.server.openai_responses import FORWARDED_TURN_FIELD, RESPONSE_ID_HEADER, new_id
-from modelhost.server.response_store import ResponseStore, StoredResponse
-from modelhost.server.worker_proxy import Forwarded
+from modelhost.server.front.worker_proxy import Forwarded
+from modelhost.server.responses.routes import FORWARDED_TURN_FIELD, RESPONSE_ID_HEADER, new_id
+from modelhost.server.responses.store import ResponseStore, StoredResponse
 
 TAKE_TIMEOUT_S = 10.0
 

@@ -19,7 +19,7 @@ from modelhost.inference.contracts import InvalidRequest
 from modelhost.inference.encoder_ids import EmbeddingInput, is_encoder, not_an_embedding_model
 from modelhost.server.exchange import answer_json
 from modelhost.server.http import STAGE_KEY, RequestLog, serving_stage
-from modelhost.server.openai_wire import new_id, openai_error
+from modelhost.server.openai.wire import new_id, openai_error
 
 if TYPE_CHECKING:
     from modelhost.inference.embeddings import EncoderStage

@@ -27,11 +27,11 @@ from modelhost.inference.contracts import (
     InferenceResult,
     InvalidRequest,
 )
-from modelhost.server import openai_fields as fields
 from modelhost.server.content_parts import flatten_content
 from modelhost.server.exchange import Prepared, Reply, answer_inference
 from modelhost.server.http import EventStreamResponse, RequestLog
-from modelhost.server.openai_wire import (
+from modelhost.server.openai import fields
+from modelhost.server.openai.wire import (
     DONE,
     chat_logprobs_json,
     new_id,

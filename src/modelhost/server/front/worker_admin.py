@@ -34,8 +34,8 @@ from modelhost.inference.contracts import (
 )
 from modelhost.inference.stage import InferenceStage
 from modelhost.server.http import read_json_object
-from modelhost.server.openai_wire import new_id, openai_error
-from modelhost.server.response_store import ResponseStore
+from modelhost.server.openai.wire import new_id, openai_error
+from modelhost.server.responses.store import ResponseStore
 
 DEFAULT_DRAIN_MS = 120_000
 EVENTS_INTERVAL_S = 1.0

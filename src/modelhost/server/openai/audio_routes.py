@@ -42,7 +42,7 @@ from modelhost.server.http import (
     error_status_body,
     wait_for_disconnect,
 )
-from modelhost.server.openai_wire import new_id, openai_error, openai_stream_error, sse
+from modelhost.server.openai.wire import new_id, openai_error, openai_stream_error, sse
 
 MAX_AUDIO_BYTES = 25 * 1024 * 1024  # OpenAI's own cap on one upload; `max_audio_bytes` wins
 _FIELDS_ALLOWANCE = 1024 * 1024  # the multipart or JSON wrapping around the audio

@@ -38,11 +38,11 @@ from modelhost.inference.contracts import (
     InvalidRequest,
     Usage,
 )
-from modelhost.server import openai_fields as fields
 from modelhost.server.exchange import Prepared, Reply, answer_inference
 from modelhost.server.http import EventStreamResponse, RequestLog
-from modelhost.server.response_store import ResponseStore, StoredResponse
-from modelhost.server.responses_wire import (
+from modelhost.server.openai import fields
+from modelhost.server.responses.store import ResponseStore, StoredResponse
+from modelhost.server.responses.wire import (
     ResponseNotFound,
     function_call_item,
     function_tools,

@@ -23,9 +23,9 @@ from modelhost.inference.contracts import (
     RequestError,
     Usage,
 )
-from modelhost.server import openai_fields as fields
 from modelhost.server.content_parts import flatten_content
 from modelhost.server.http import ErrorShape
+from modelhost.server.openai import fields
 from modelhost.server.sse_frames import named_event
 from modelhost.text.tool_calls import ToolCall
 

@@ -26,9 +26,9 @@ from modelhost.residency.cluster import request_body
 from modelhost.residency.router import ModelRouter
 from modelhost.residency.unit import ResidencyError
 from modelhost.residency.worker_unit import WorkerUnit
+from modelhost.server.edge.request_context import current_request
+from modelhost.server.front.worker_proxy import Forwarded, proxy
 from modelhost.server.http import STAGE_KEY, ErrorShape, replay_body, wait_for_disconnect
-from modelhost.server.request_context import current_request
-from modelhost.server.worker_proxy import Forwarded, proxy
 
 if TYPE_CHECKING:
     from modelhost.server.surfaces import Surfaces

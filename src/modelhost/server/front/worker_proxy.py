@@ -22,17 +22,17 @@ from starlette.types import Receive, Scope, Send
 
 from modelhost.inference.contracts import SERVER_SHUTTING_DOWN, EngineUnavailable
 from modelhost.residency.worker_unit import WorkerUnit
-from modelhost.server.cluster_secret import SECRET_HEADER
-from modelhost.server.http import ErrorShape, stream_status, wait_for_disconnect
-from modelhost.server.http_server import TRANSPORT_EXTENSION
-from modelhost.server.request_context import current_request
-from modelhost.server.stream_handoff import (
+from modelhost.server.edge.cluster_secret import SECRET_HEADER
+from modelhost.server.edge.request_context import current_request
+from modelhost.server.front.stream_handoff import (
     HANDOFF_HEADER,
     READY,
     handoff_socket_path,
     header_value,
     pass_socket,
 )
+from modelhost.server.http import ErrorShape, stream_status, wait_for_disconnect
+from modelhost.server.http_server import TRANSPORT_EXTENSION
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
-    from modelhost.server.prometheus import Metrics
+    from modelhost.server.observability.prometheus import Metrics
 
 logger = logging.getLogger("modelhost.server")
 
@@ -44,7 +44,7 @@ class RequestContext:
     metrics: Metrics | None
     status: int | None = None  # what the request log decided (499: the client left mid-stream)
     logged: bool = False
-    # For the console's live view (server/live_feed.py): the model that answers, the admitted
+    # For the console's live view (observability/live_feed.py): the model that answers, the admitted
     # row while it generates (tokens so far), then the outcome, and when the request ended.
     model: str | None = None
     admitted: Any = None

@@ -32,10 +32,10 @@ from modelhost.inference.contracts import (
     Usage,
 )
 from modelhost.inference.prompt import prompt_ids_for
-from modelhost.server import anthropic_wire as wire
-from modelhost.server import openai_fields as fields
+from modelhost.server.anthropic import wire
 from modelhost.server.exchange import Prepared, Reply, answer_inference, answer_json
 from modelhost.server.http import EventStreamResponse, RequestLog, serving_stage
+from modelhost.server.openai import fields
 from modelhost.server.sse_frames import TextFrames, named_event
 
 if TYPE_CHECKING:

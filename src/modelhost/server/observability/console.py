@@ -28,10 +28,10 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.types import Scope
 
-from modelhost.server import models
 from modelhost.server.http import SSE_HEADERS
-from modelhost.server.live_feed import LiveFeed, merge_worker_rows
-from modelhost.server.openai_wire import openai_error
+from modelhost.server.observability.live_feed import LiveFeed, merge_worker_rows
+from modelhost.server.openai import discovery as models
+from modelhost.server.openai.wire import openai_error
 
 CONSOLE_DIR = Path(__file__).resolve().parent.parent / "console"
 ASSET_PREFIX = "/console/"

@@ -15,10 +15,10 @@ from starlette.responses import Response
 
 from modelhost.inference.decision_prompt import DecisionRequest
 from modelhost.inference.decisions import DecisionAnswer, DecisionResult, decide
-from modelhost.server.decisions_wire import parse_decisions, parse_systemone
+from modelhost.server.decisions.wire import parse_decisions, parse_systemone
 from modelhost.server.exchange import answer_json
 from modelhost.server.http import RequestLog, serving_stage
-from modelhost.server.openai_wire import new_id, openai_error
+from modelhost.server.openai.wire import new_id, openai_error
 
 DECISIONS_ROUTE = "POST /v1/decisions"
 SYSTEMONE_ROUTE = "POST /v1/systemone"

@@ -34,10 +34,10 @@ from modelhost.inference.contracts import (
     TokenLogprob,
     TokenPrompt,
 )
-from modelhost.server import openai_fields as fields
 from modelhost.server.exchange import Prepared, Reply, answer_inference
 from modelhost.server.http import EventStreamResponse, RequestLog
-from modelhost.server.openai_wire import (
+from modelhost.server.openai import fields
+from modelhost.server.openai.wire import (
     DONE,
     new_id,
     openai_error,

@@ -11,7 +11,7 @@ from modelhost import __version__
 from modelhost.inference.contracts import ModelCard, StageStats
 from modelhost.residency.router import ListedModel
 from modelhost.server.http import serving_stage
-from modelhost.server.openai_wire import openai_error
+from modelhost.server.openai.wire import openai_error
 
 DISCOVERY_ENDPOINTS = ("/v1/models", "/health", "/stats")  # listed after the routed paths
 GEN_DEFAULT_KEYS = ("temperature", "top_p", "top_k")

@@ -58,8 +58,8 @@ from prometheus_client.samples import Sample
 from starlette.requests import Request
 from starlette.responses import Response
 
-from modelhost.server.live_feed import LiveFeed
-from modelhost.server.request_context import RequestOutcome
+from modelhost.server.edge.request_context import RequestOutcome
+from modelhost.server.observability.live_feed import LiveFeed
 
 disable_created_metrics()  # no `_created` twin for every counter and histogram
 

@@ -16,7 +16,7 @@ hostname resolve to 127.0.0.1. The guard refuses both with `403 {error:{message,
   same-origin in both: a `--cors-origin` opens the API to a page, not the server's controls.
 
 Clients that send none of these headers (curl, the SDKs) pass. With `--api-key`, every route but
-`/health` and the console's page and files (they hold no data: server/console.py) also needs
+`/health` and the console's page and files (they hold no data: observability/console.py) also needs
 `Authorization: Bearer KEY` or `x-api-key: KEY` (the Anthropic SDK's header), compared in
 constant time; a miss is a 401 in the calling protocol's error shape.
 
@@ -40,10 +40,10 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from modelhost.server.console import is_console_file
-from modelhost.server.limits import BodyLimits
-from modelhost.server.prometheus import Metrics
-from modelhost.server.request_context import ObservedRequests
+from modelhost.server.edge.limits import BodyLimits
+from modelhost.server.edge.request_context import ObservedRequests
+from modelhost.server.observability.console import is_console_file
+from modelhost.server.observability.prometheus import Metrics
 from modelhost.server.surfaces import Surfaces
 
 WILDCARD_BINDS = frozenset({"", "0.0.0.0", "::", "[::]", "*"})

@@ -19,9 +19,9 @@ from starlette.responses import JSONResponse, Response
 
 from modelhost.inference.contracts import GrammarSpec, InvalidRequest
 from modelhost.inference.tool_choice import forced_call
-from modelhost.server import openai_fields as fields
 from modelhost.server.content_parts import PartHandler, flatten_content, part_text
 from modelhost.server.http import ErrorShape
+from modelhost.server.openai import fields
 from modelhost.server.sse_frames import named_event
 
 ROLES = ("user", "assistant", "system")

@@ -17,9 +17,9 @@ from starlette.responses import JSONResponse, Response
 from modelhost.inference.contracts import RequestError
 from modelhost.residency.router import ModelRouter
 from modelhost.residency.unit import ResidencyError
+from modelhost.server.front.leasing import residency_status
 from modelhost.server.http import read_json_object
-from modelhost.server.leasing import residency_status
-from modelhost.server.openai_wire import openai_error
+from modelhost.server.openai.wire import openai_error
 
 
 async def model_action(request: Request) -> Response:
