@@ -51,7 +51,7 @@ from modelhost.engine.engine import share_the_gil_with_the_engine
 from modelhost.engine.sampling_params import SamplingParams
 from modelhost.inference.contracts import ChatPrompt, InferenceRequest
 from modelhost.inference.prompt import prompt_ids_for
-from modelhost.models.loader import load_model
+from modelhost.models.loading.loader import load_model
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.registry import ModelRegistry, ServingShape
 from modelhost.residency.router import ModelRouter

@@ -73,8 +73,8 @@ def run_generate(args: argparse.Namespace) -> int:
         share_the_gil_with_the_engine,
     )
     from modelhost.engine.sampling_params import SamplingParams
-    from modelhost.models.loader import ModelNotFound, load_model
-    from modelhost.models.weights import UnsupportedTensor
+    from modelhost.models.loading.loader import ModelNotFound, load_model
+    from modelhost.models.loading.weights import UnsupportedTensor
 
     set_threads(args.threads)
     try:

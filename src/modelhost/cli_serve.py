@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from modelhost.cli_progress import ProgressBar, load_reporter
 from modelhost.inference.admission import BYTES_PER_GB, BudgetTooSmall
-from modelhost.models.embedded import DEFAULT_MODEL
+from modelhost.models.loading.embedded import DEFAULT_MODEL
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.registry import ModelEntry, ModelRegistry
 from modelhost.residency.router import ModelRouter
@@ -104,7 +104,7 @@ def run_serve(args: argparse.Namespace) -> int:
         return _run_workers(args, settings, registry, startup)
     # In-process: the engines run here (a worker-mode front never imports PyTorch).
     from modelhost.engine.engine import set_threads, share_the_gil_with_the_engine
-    from modelhost.models import loader
+    from modelhost.models.loading import loader
     from modelhost.residency.inprocess import InProcessUnit, in_process_loader
 
     set_threads(getattr(args, "threads", None))

@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from modelhost.cli_serve import build_stage
     from modelhost.engine.engine import set_threads, share_the_gil_with_the_engine
-    from modelhost.models.loader import load_model
+    from modelhost.models.loading.loader import load_model
     from modelhost.residency.companions import open_stage
     from modelhost.server.app import create_app
     from modelhost.server.front.stream_handoff import (

@@ -106,7 +106,7 @@ def serving_shape(args: argparse.Namespace, settings: ServeSettings) -> ServingS
 
 
 def quantize_mode(args: argparse.Namespace) -> str:
-    """`--quantize`, else MODELHOST_QUANTIZE, else the default (models/quant.py says each)."""
+    """`--quantize`, else MODELHOST_QUANTIZE, else the default (loading/quant.py says each)."""
     return getattr(args, "quantize", None) or default_mode()
 
 

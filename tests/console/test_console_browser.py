@@ -22,7 +22,7 @@ from scripted_engine import ScriptedEngine, scripted_model
 
 from modelhost.cli_serve import build_stage
 from modelhost.models.loaded import LoadedModel
-from modelhost.models.loader import load_model
+from modelhost.models.loading.loader import load_model
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.inprocess import InProcessUnit, in_process_loader
 from modelhost.residency.registry import ModelRegistry, ServingShape

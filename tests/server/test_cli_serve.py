@@ -77,7 +77,7 @@ print(sorted(m for m in ("torch", "starlette", "modelhost.cli_serve") if m in sy
 def test_serve_in_process_refuses_a_memory_budget_below_the_weights_before_it_listens(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from modelhost.models import loader
+    from modelhost.models.loading import loader
 
     monkeypatch.setattr(loader, "load_model", lambda name=None, **options: scripted_model())
     monkeypatch.setattr(cli_serve, "serve", lambda *a, **k: pytest.fail("must not serve"))

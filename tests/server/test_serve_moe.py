@@ -17,7 +17,7 @@ from tiny_models import make_tiny_checkpoint
 
 from modelhost.cli_serve import build_stage
 from modelhost.models.loaded import LoadedModel
-from modelhost.models.loader import load_model
+from modelhost.models.loading.loader import load_model
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.inprocess import InProcessUnit, in_process_loader
 from modelhost.residency.registry import ModelRegistry, ServingShape

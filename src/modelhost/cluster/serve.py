@@ -22,7 +22,7 @@ from modelhost.cli_serve_args import parse_replicas
 from modelhost.cluster.membership import NAMESPACE, Membership, cluster_secret
 from modelhost.cluster.remote_unit import RemoteWorkerUnit
 from modelhost.inference.admission import BYTES_PER_GB
-from modelhost.models.embedded import DEFAULT_MODEL
+from modelhost.models.loading.embedded import DEFAULT_MODEL
 from modelhost.residency.cluster import ClusterHost, ClusterRegistry
 from modelhost.residency.registry import ModelEntry
 from modelhost.residency.router import ModelRouter

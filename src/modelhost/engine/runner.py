@@ -9,8 +9,8 @@ import torch
 from modelhost.engine.block_manager import cdiv
 from modelhost.engine.prompt_logprobs import prompt_logits_index
 from modelhost.engine.scheduler import ScheduledRow, SchedulerOutput
-from modelhost.models import native
 from modelhost.models.batch import ForwardBatch, KVCache
+from modelhost.models.kernels import native
 from modelhost.models.loaded import LoadedModel
 
 PROMPT_THREADS_MIN_TOKENS = 64
@@ -30,7 +30,7 @@ class ModelRunner:
         kernels = native.kernels()
         if kernels is not None and prompt_threads is not None:
             # The native weight kernels stream weights from memory in every step, decode
-            # included: they run on the prompt-step thread count (models/native.py).
+            # included: they run on the prompt-step thread count (models/kernels/native.py).
             kernels.threads = prompt_threads
         # Without them PyTorch's int4/int8 matmuls stream the weights, and a decode step runs
         # 1.6-1.9x faster on two threads than on one (AMD EPYC, AVX2 only): every step then

@@ -4,7 +4,7 @@ what the HTTP layer decides before any encoder is loaded, so without PyTorch."""
 from __future__ import annotations
 
 from modelhost.inference.contracts import InvalidRequest
-from modelhost.models.embedded import EMBEDDED_ENCODERS
+from modelhost.models.loading.embedded import EMBEDDED_ENCODERS
 
 EmbeddingInput = str | list[int]
 

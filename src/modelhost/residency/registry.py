@@ -16,7 +16,7 @@ resolves outside its root (a symlink out of the models folder) is skipped.
 
 The estimate is what the model will hold once served: its weights as the loader keeps them
 (on CPUs each tensor packed in its file's own quantization, or the `--quantize` mode's; bf16
-on CUDA; models/footprint.py's `held_bytes`), the engine's KV pool for the serving context, and the
+on CUDA; loading/footprint.py's `held_bytes`), the engine's KV pool for the serving context, and the
 working memory of one engine step (or the whole --memory-budget, which the KV pool then
 fills). A checkpoint holding a tensor the kernels cannot run (an IQ quantization, say) is
 listed with the reason it is refused.
@@ -38,13 +38,13 @@ from typing import Any
 
 from modelhost.engine.kv_pool_size import BLOCK_TOKENS, default_kv_bytes
 from modelhost.inference.admission import working_bytes
-from modelhost.models import footprint
 from modelhost.models.config import ModelConfig
-from modelhost.models.embedded import EMBEDDED, EMBEDDED_ENCODERS
 from modelhost.models.families import family_for
-from modelhost.models.footprint import held_bytes, unsupported_tensor
-from modelhost.models.gguf_header import GGUFFile
-from modelhost.models.hf_config import config_from_hf, read_json
+from modelhost.models.loading import footprint
+from modelhost.models.loading.embedded import EMBEDDED, EMBEDDED_ENCODERS
+from modelhost.models.loading.footprint import held_bytes, unsupported_tensor
+from modelhost.models.loading.gguf_header import GGUFFile
+from modelhost.models.loading.hf_config import config_from_hf, read_json
 from modelhost.paths import file_cache_key, modelhost_home
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ class ServingShape:
     chunk_tokens: int = 512
     context_length: int | None = None  # --context-length
     memory_budget_bytes: int | None = None  # --memory-budget: the KV pool fills it
-    quantize: str = "auto"  # --quantize (models/quant.py's modes)
+    quantize: str = "auto"  # --quantize (models/loading/quant.py's modes)
 
     @property
     def cuda(self) -> bool:

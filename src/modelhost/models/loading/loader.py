@@ -1,6 +1,6 @@
 """Resolve a model name to files and load it: network, tokenizer, config, family.
 
-Weights are read tensor by tensor into the form they are served in (models/weights.py), never
+Weights are read tensor by tensor into the form they are served in (loading/weights.py), never
 held as a whole model in fp32 and never cached on disk. What is slow to derive from a GGUF
 (its metadata, the tokenizer transformers converts from it) is kept under
 `MODELHOST_HOME/cache/gguf/<file>-<digest>/`, so a warm load reads only the weights.
@@ -24,26 +24,26 @@ import torch
 from tokenizers import Tokenizer as TokenizerBackend
 
 from modelhost.models.config import ModelConfig
-from modelhost.models.decoder import DecoderLM
-from modelhost.models.embedded import DEFAULT_MODEL, embedded_path
 from modelhost.models.families import Family, family_for_model
-from modelhost.models.gemma import build_gemma
-from modelhost.models.gguf_header import GGUFFile
-from modelhost.models.hf_config import config_from_hf, read_json
-from modelhost.models.layers import partial_rotary_rows
-from modelhost.models.llama import build_llama
-from modelhost.models.load_gguf import FileReader, gguf_tensors
-from modelhost.models.load_safetensors import safetensors_tensors
 from modelhost.models.loaded import LoadedModel
-from modelhost.models.modes import MODES, default_mode
-from modelhost.models.quant import describe
-from modelhost.models.weights import (
+from modelhost.models.loading.embedded import DEFAULT_MODEL, embedded_path
+from modelhost.models.loading.gguf_header import GGUFFile
+from modelhost.models.loading.hf_config import config_from_hf, read_json
+from modelhost.models.loading.load_gguf import FileReader, gguf_tensors
+from modelhost.models.loading.load_safetensors import safetensors_tensors
+from modelhost.models.loading.quant import describe
+from modelhost.models.loading.weights import (
     Progress,
     TensorSource,
     WeightPlan,
     fill_checkpoint_modules,
     fill_network,
 )
+from modelhost.models.modes import MODES, default_mode
+from modelhost.models.networks.decoder import DecoderLM
+from modelhost.models.networks.gemma import build_gemma
+from modelhost.models.networks.layers import partial_rotary_rows
+from modelhost.models.networks.llama import build_llama
 from modelhost.paths import file_cache_key, modelhost_home
 from modelhost.text.tokenizer import Tokenizer
 
@@ -93,7 +93,7 @@ def load_model(
     prepare: bool = True,
     progress: Progress | None = None,
 ) -> LoadedModel:
-    """`quantize`: how CPU linears hold their weights (models/quant.py's modes); `prepare=False`
+    """`quantize`: how CPU linears hold their weights (loading/quant.py's modes); `prepare=False`
     keeps the checkpoint's own modules, dense fp32 (what a converter writes out). `progress` is
     called with the fraction of the weights loaded, as they load."""
     started = time.perf_counter()

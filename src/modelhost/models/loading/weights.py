@@ -1,7 +1,7 @@
 """Filling a network with a checkpoint's weights, one tensor at a time.
 
 The network is built on the meta device (no memory), then each of its linears is made from the
-checkpoint's tensors in the form the mode asks for (models/quant.py): packed in the file's own
+checkpoint's tensors in the form the mode asks for (loading/quant.py): packed in the file's own
 quantization for the native kernels, or dense. Tensors are read one at a time from their
 source (a GGUF file, safetensors files), so loading holds the model's final form plus one
 tensor, never the whole model in fp32.
@@ -17,13 +17,14 @@ from typing import Protocol, cast
 import torch
 from torch import nn
 
-from modelhost.models import footprint, native
-from modelhost.models.decoder import DecoderLM
-from modelhost.models.footprint import target_type, unsupported_tensor
-from modelhost.models.layers import GatedMLP
-from modelhost.models.moe import SparseMoE
-from modelhost.models.packed import PackedEmbedding, PackedWeight, QuantLinear
-from modelhost.models.quant import DenseLinear, pack_float
+from modelhost.models.kernels import native
+from modelhost.models.kernels.packed import PackedEmbedding, PackedWeight, QuantLinear
+from modelhost.models.loading import footprint
+from modelhost.models.loading.footprint import target_type, unsupported_tensor
+from modelhost.models.loading.quant import DenseLinear, pack_float
+from modelhost.models.networks.decoder import DecoderLM
+from modelhost.models.networks.layers import GatedMLP
+from modelhost.models.networks.moe import SparseMoE
 
 
 class TensorSource(Protocol):
@@ -48,7 +49,7 @@ class TensorSource(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class WeightPlan:
-    """How to hold the weights: `mode` (models/quant.py), and the device and dtype of dense
+    """How to hold the weights: `mode` (models/loading/quant.py), and the device and dtype of dense
     tensors."""
 
     mode: str

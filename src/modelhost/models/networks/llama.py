@@ -7,9 +7,9 @@ import torch
 
 from modelhost.models.batch import ForwardBatch, KVCache
 from modelhost.models.config import ModelConfig
-from modelhost.models.decoder import DecoderBlock, DecoderLM, attention_for
-from modelhost.models.layers import RMSNorm
-from modelhost.models.moe import sparse_or_dense_mlp
+from modelhost.models.networks.decoder import DecoderBlock, DecoderLM, attention_for
+from modelhost.models.networks.layers import RMSNorm
+from modelhost.models.networks.moe import sparse_or_dense_mlp
 
 
 class LlamaBlock(DecoderBlock):

@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, cast
 import torch
 from torch import nn
 
-from modelhost.models import native
 from modelhost.models.batch import ForwardBatch, KVCache
-from modelhost.models.layers import GatedMLP
-from modelhost.models.packed import QuantLinear
+from modelhost.models.kernels import native
+from modelhost.models.kernels.packed import QuantLinear
+from modelhost.models.networks.layers import GatedMLP
 
 if TYPE_CHECKING:
-    from modelhost.models.decoder import DecoderBlock, DecoderLM
+    from modelhost.models.networks.decoder import DecoderBlock, DecoderLM
 
 _i64, _ptr, _f32, _i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int32
 ROPE_KINDS = ("global", "local", "none")  # NativeLayer.rope's values, in order
@@ -62,7 +62,7 @@ class NativeLayer(ctypes.Structure):
         ("kv_heads", _i64),
         ("dim", _i64),
         ("window", _i64),
-        ("moe", _ptr),  # a mixture of experts' NativeMoE (models/moe.py), else null
+        ("moe", _ptr),  # a mixture of experts' NativeMoE (models/networks/moe.py), else null
     ]
 
 
@@ -189,7 +189,7 @@ def _layer(block: DecoderBlock, rope: str, residual_scale: float) -> NativeLayer
         if mlp.native_act is None:
             return None
         mlp_linears = [_linear(mlp.gate_up_proj), _linear(mlp.down_proj)]
-    else:  # a mixture of experts (models/moe.py): mh_moe, in place of gate_up and down
+    else:  # a mixture of experts (models/networks/moe.py): mh_moe, in place of gate_up and down
         experts = mlp.native_experts()
         if experts is None:
             return None

@@ -10,9 +10,9 @@ from torch import nn
 
 from modelhost.models.batch import ForwardBatch, KVCache
 from modelhost.models.config import ModelConfig
-from modelhost.models.fused_decode import FusedDecode
-from modelhost.models.layers import Attention, GatedMLP, RMSNorm, Rotary
-from modelhost.models.moe import SparseMoE
+from modelhost.models.kernels.fused_decode import FusedDecode
+from modelhost.models.networks.layers import Attention, GatedMLP, RMSNorm, Rotary
+from modelhost.models.networks.moe import SparseMoE
 
 
 def attention_for(config: ModelConfig, layer: int) -> Attention:
@@ -34,10 +34,10 @@ def attention_for(config: ModelConfig, layer: int) -> Attention:
 
 class DecoderBlock(nn.Module):
     """What every architecture's layer offers: attention, a gated MLP, and its norms in the
-    order models/fused_decode.py reads them; its forward takes (x, rope, batch, kv)."""
+    order models/kernels/fused_decode.py reads them; its forward takes (x, rope, batch, kv)."""
 
     self_attn: Attention
-    mlp: GatedMLP | SparseMoE  # a mixture of experts in sparse layers (models/moe.py)
+    mlp: GatedMLP | SparseMoE  # a mixture of experts in sparse layers (models/networks/moe.py)
 
     def native_norms(self) -> tuple[RMSNorm | None, ...]:
         """Norms at (input, attention output, MLP input, MLP output); None where none."""

@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from modelhost.models import native
 from modelhost.models.config import ModelConfig
-from modelhost.models.layers import GatedMLP
-from modelhost.models.packed import QuantLinear
+from modelhost.models.kernels import native
+from modelhost.models.kernels.packed import QuantLinear
+from modelhost.models.networks.layers import GatedMLP
 
 
 class SparseMoE(nn.Module):

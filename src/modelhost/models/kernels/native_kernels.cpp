@@ -4,7 +4,7 @@
 // norm, rotary and store, RMSNorm and gated activations, a whole decode step through the
 // decoder layers (mh_decode_layers), and the sampler's choice of each row's token.
 //
-// Built and loaded by models/native.py (g++, ctypes). A weight byte is read from memory once
+// Built and loaded by models/kernels/native.py (g++, ctypes). A weight byte is read from memory once
 // for up to 8 rows, and the outputs are split among threads. Each row is computed with the same
 // instructions in the same order whatever the other rows and the thread count are: outputs do
 // not depend on the batch.
@@ -606,7 +606,7 @@ extern "C" void mh_gated_activation(const float* gate_up, int64_t rows, int64_t 
 
 // A whole decode step through the decoder layers, one call instead of ~15 a layer: for rows of
 // one generated token each, hidden [rows, width] is updated in place. The structs mirror
-// models/native.py's ctypes declarations.
+// models/kernels/native.py's ctypes declarations.
 struct NativeLinear {
     QLinear parts[3];    // one to three weights (q, k, v or gate, up), outputs side by side
     int64_t count;       // parts in use

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from modelhost.models import native
 from modelhost.models.batch import ForwardBatch, KVCache
+from modelhost.models.kernels import native
 
 # Prompt steps whose rows' contexts fit in this many tokens attend natively, one query at a
 # time over the paged keys; beyond it SDPA, whose tiles reuse each key across many queries,
@@ -136,7 +136,7 @@ class GatedMLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int, act: Callable[[torch.Tensor], torch.Tensor]):
         super().__init__()
         # The checkpoint's own modules; a loaded network replaces gate and up by one fused
-        # linear (models/weights.py).
+        # linear (models/loading/weights.py).
         self.gate_proj: nn.Module | None = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj: nn.Module | None = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj: nn.Module = nn.Linear(intermediate, hidden, bias=False)
@@ -187,7 +187,7 @@ class Attention(nn.Module):
         self.window = window  # sliding-window attention over this many positions
         self.softcap = softcap  # scores squashed by softcap * tanh(score / softcap) (Gemma 2)
         # The checkpoint's own modules; a loaded network replaces q, k and v by one fused
-        # linear (models/weights.py).
+        # linear (models/loading/weights.py).
         self.q_proj: nn.Module | None = nn.Linear(hidden, num_heads * head_dim, bias=bias)
         self.k_proj: nn.Module | None = nn.Linear(hidden, num_kv_heads * head_dim, bias=bias)
         self.v_proj: nn.Module | None = nn.Linear(hidden, num_kv_heads * head_dim, bias=bias)
@@ -196,7 +196,7 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
         self.qkv_proj: nn.Module | None = None
         # q_norm and k_norm weights expanded per head, [num_heads + num_kv_heads, head_dim]:
-        # one norm call for q and k together (set by models/weights.py).
+        # one norm call for q and k together (set by models/loading/weights.py).
         self.qk_norm_weight: torch.Tensor | None = None
 
     def forward(

@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from modelhost.models import native
-from modelhost.models.footprint import TYPE_NAMES, padded_width
+from modelhost.models.kernels import native
+from modelhost.models.loading.footprint import TYPE_NAMES, padded_width
 
 
 class PackedWeight:

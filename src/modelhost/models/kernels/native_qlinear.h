@@ -30,7 +30,7 @@
 // dequantized value of the file, exactly (fp16 d and dmin times small integers are exact in
 // fp32).
 
-struct QLinear {          // mirrors models/native.py's QLinearDesc
+struct QLinear {          // mirrors models/kernels/native.py's QLinearDesc
     int32_t format;       // the GGUF type id (kQ4_0 ...)
     int32_t reserved;
     const uint8_t* data;

@@ -1,4 +1,4 @@
-// A mixture-of-experts MLP's experts for a step (models/moe.py), included at the end of
+// A mixture-of-experts MLP's experts for a step (models/networks/moe.py), included at the end of
 // native_kernels.cpp: the step's rows grouped by the experts they chose, each chosen expert's
 // packed weights read once for all its rows, and each row's weighted outputs summed over its
 // experts in expert order (a row's result does not depend on the other rows).
@@ -99,7 +99,7 @@ extern "C" void mh_moe_experts(const float* x, int64_t rows, int64_t width, cons
     }
 }
 
-// A mixture-of-experts MLP as models/moe.py describes it (NativeExperts): the router's fp32
+// A mixture-of-experts MLP as models/networks/moe.py describes it (NativeExperts): the router's fp32
 // weight, and each expert's packed weights.
 struct NativeMoE {
     const float* router;     // [experts, width]
@@ -112,7 +112,7 @@ struct NativeMoE {
 
 // out [rows, width] = the MLP of x [rows, width]: each row's router probabilities (softmax of
 // its logits), its top k experts (the first of equal ones), their weights (renormalised where
-// asked), then mh_moe_experts. The module path (models/moe.py) and mh_decode_layers both
+// asked), then mh_moe_experts. The module path (models/networks/moe.py) and mh_decode_layers both
 // come here, so a row routes the same way in either.
 extern "C" void mh_moe(const float* x, int64_t rows, int64_t width, const NativeMoE* moe,
                        float* out, int threads) {

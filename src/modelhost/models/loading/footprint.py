@@ -1,6 +1,6 @@
 """What a checkpoint's weights hold once loaded, and whether the kernels can run them: from
 GGUF type ids and shapes alone, without PyTorch (the registry estimates every model this way;
-models/packed.py builds the weights these figures describe)."""
+models/kernels/packed.py builds the weights these figures describe)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""GGUF tensors, each read on its own from the file (models/gguf_header.py reads the header).
+"""GGUF tensors, each read on its own from the file (loading/gguf_header.py reads the header).
 
 Tensors are read where they lie in a read-only mapping of the file, one at a time, and let
 go of as soon as they are repacked (FileReader).
@@ -93,7 +93,7 @@ class FileReader:
 
 
 class GGUFTensor:
-    """One tensor of a GGUF file, read when asked for (a models/weights.py TensorSource)."""
+    """One tensor of a GGUF file, read when asked for (a models/loading/weights.py TensorSource)."""
 
     def __init__(
         self,

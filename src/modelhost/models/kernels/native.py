@@ -7,7 +7,7 @@ the weights' integer levels with AVX-512 VNNI dot products (on CPUs without it, 
 Zen 3, the same source built for AVX2: native_avx2.h); each weight is read once for up to 8
 rows, with the outputs split among all cores (one core alone cannot read memory at full
 speed). `paged_attention`, `rms_norm` and `gated_activation` replace a handful of small
-PyTorch ops each, and models/fused_decode.py runs a whole decode step through them. The
+PyTorch ops each, and models/kernels/fused_decode.py runs a whole decode step through them. The
 library is built with the system's g++ into MODELHOST_HOME/cache/native/<hash of sources,
 flags and compiler>/ on first use (a minute on two cores, once per machine; on an AVX2-only
 CPU the AVX-512 one is built and refused first) and loaded with ctypes, which releases the
@@ -15,7 +15,7 @@ GIL for each call.
 
 Where there is no g++, the CPU has neither AVX-512 VNNI nor AVX2 with FMA and F16C, or
 `MODELHOST_NATIVE=0`, `kernels()` is None and models load as fp32 weights on PyTorch's ops
-(models/quant.py), at four bytes a parameter.
+(models/loading/quant.py), at four bytes a parameter.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # mh_gated_activation's `act`
 
 
 class QLinearDesc(ctypes.Structure):
-    """native_qlinear.h's QLinear: a packed weight (models/packed.py) as the kernels read it."""
+    """native_qlinear.h's QLinear: a packed weight (kernels/packed.py) as the kernels read it."""
 
     _fields_ = [
         ("format", ctypes.c_int32),
@@ -146,7 +146,7 @@ class Kernels:
 
     def moe(self, x: torch.Tensor, description: ctypes.Structure) -> torch.Tensor:
         """mh_moe: a mixture-of-experts MLP (routing and experts) of x [rows, width] (fp32
-        contiguous), described by models/moe.py's NativeMoE."""
+        contiguous), described by models/networks/moe.py's NativeMoE."""
         rows, width = x.shape
         out = torch.empty_like(x)
         self._moe(
@@ -228,7 +228,7 @@ class Kernels:
         self, hidden: torch.Tensor, layers: ctypes.Array, step: ctypes.Structure
     ) -> None:
         """mh_decode_layers: hidden [rows, width] through the described layers, in place
-        (the structures are models/fused_decode.py's)."""
+        (the structures are models/kernels/fused_decode.py's)."""
         self._layers(hidden.data_ptr(), ctypes.addressof(layers), len(layers), ctypes.byref(step))
 
 
@@ -273,7 +273,7 @@ def kernels() -> Kernels | None:
         if library.mh_cpu_supported():
             log.info("native kernels: %s", name)
             return Kernels(library)
-    log.info("this CPU runs neither native build: weights load as fp32 (models/quant.py)")
+    log.info("this CPU runs neither native build: weights load as fp32 (models/loading/quant.py)")
     return None
 
 

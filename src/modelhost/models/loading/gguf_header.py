@@ -13,7 +13,7 @@ import gguf
 import numpy as np
 
 from modelhost.models.config import ModelConfig
-from modelhost.models.hf_config import UnsupportedRope
+from modelhost.models.loading.hf_config import UnsupportedRope
 
 
 class GGUFFile:

@@ -9,8 +9,8 @@ import torch
 
 from modelhost.models.batch import ForwardBatch, KVCache
 from modelhost.models.config import ModelConfig
-from modelhost.models.decoder import DecoderBlock, DecoderLM, attention_for
-from modelhost.models.layers import GatedMLP, RMSNorm, gelu_tanh
+from modelhost.models.networks.decoder import DecoderBlock, DecoderLM, attention_for
+from modelhost.models.networks.layers import GatedMLP, RMSNorm, gelu_tanh
 
 
 class GemmaBlock(DecoderBlock):

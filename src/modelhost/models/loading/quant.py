@@ -3,7 +3,7 @@
 Modes (`--quantize`, `MODELHOST_QUANTIZE`, or `load_model(quantize=...)`):
 
   auto   (default) every weight in its file's own form, packed for the native kernels
-         (models/packed.py): a GGUF's Q4_K stays Q4_K, its Q6_K stays Q6_K, F16 stays F16; a
+         (models/kernels/packed.py): a GGUF's Q4_K stays Q4_K, its Q6_K stays Q6_K, F16 stays F16; a
          Hugging Face folder's bf16/fp16 weights stay 16-bit. Memory about the file's size.
   int8   as auto, but float weights (F32, F16, BF16, and every Hugging Face weight) become
          Q8_0 (8 bits and an fp16 scale per 32 weights): about half of a bf16 folder.
@@ -21,9 +21,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from modelhost.models import footprint
+from modelhost.models.kernels.packed import PackedWeight, QuantLinear
+from modelhost.models.loading import footprint
 from modelhost.models.modes import MODES as MODES
-from modelhost.models.packed import PackedWeight, QuantLinear
 
 _CHUNK_ROWS = 4096  # rows quantized at once: bounds the fp32 temporaries of a big matrix
 
@@ -79,7 +79,7 @@ def quantize_blocks(weight: torch.Tensor, format: int) -> torch.Tensor:
 def pack_float(weight: torch.Tensor, format: int) -> PackedWeight:
     """A float [out, width] tensor packed as `format`: a float type as it is (converted to
     it), else quantized to it (Q8_0 or Q4_1)."""
-    from modelhost.models import native  # only reached with the kernels present
+    from modelhost.models.kernels import native  # only reached with the kernels present
 
     kernels = native.kernels()
     assert kernels is not None

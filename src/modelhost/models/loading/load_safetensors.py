@@ -1,4 +1,4 @@
-"""Hugging Face directories' *.safetensors, each tensor read on its own (models/hf_config.py
+"""Hugging Face directories' *.safetensors, each tensor read on its own (models/loading/hf_config.py
 reads config.json)."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from modelhost.models import footprint
 from modelhost.models.config import ModelConfig
+from modelhost.models.loading import footprint
 
 
 class SafetensorsTensor:
-    """One tensor of a safetensors file, read when asked for (a models/weights.py
+    """One tensor of a safetensors file, read when asked for (a models/loading/weights.py
     TensorSource). Floats other than F32, F16 and BF16 are read as fp32."""
 
     def __init__(
