@@ -13,7 +13,8 @@ import openai
 import pytest
 from reliability_support import HELLO, AppFactory, ClientFactory
 
-from modelhost import cli_serve_args, serve_config
+from modelhost import serve_config
+from modelhost.cli import serve_args as cli_serve_args
 
 KEY = "sk-local-test-key"
 MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]

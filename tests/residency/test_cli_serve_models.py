@@ -10,7 +10,8 @@ import pytest
 from starlette.testclient import TestClient
 from tiny_models import make_tiny_checkpoint
 
-from modelhost import cli_serve, cli_serve_args
+from modelhost.cli import serve as cli_serve
+from modelhost.cli import serve_args as cli_serve_args
 
 
 def parse(*argv: str) -> argparse.Namespace:

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from modelhost.cli_worker import bind_private_socket
+from modelhost.cli.worker import bind_private_socket
 from modelhost.residency.supervisor import WorkerProcess
 from modelhost.residency.worker_unit import WorkerUnit
 from modelhost.serve_config import WorkerConfig

@@ -3,7 +3,7 @@
 - `NodeAgent`, one per node: what the node holds (its registry, as `modelhost ls` sees it there:
   `MODELHOST_HOME/models`, the Hugging Face cache, the embedded models), its memory, its address.
 - `ModelWorker`, one per resident model: it spawns and owns today's worker process on its node
-  (`modelhost.cli_worker`, the same `WorkerProcess` a single machine uses, with its 3-per-minute
+  (`modelhost.cli.worker`, the same `WorkerProcess` a single machine uses, with its 3-per-minute
   restart rule), which listens on its private Unix socket and on the node's cluster address
   (`--listen`), guarded by the cluster secret. Tokens go from that worker to the front as
   HTTP/SSE over TCP; Ray carries only control calls (start, health, measure, stop). An actor
@@ -81,7 +81,7 @@ class ModelWorker:
     ) -> dict[str, Any]:
         """Spawn the worker (`cli_worker` `arguments`) and wait until it answers. `restart_ages`:
         the model's restarts before this actor (its previous actor died), still counted."""
-        command = [sys.executable, "-m", "modelhost.cli_worker", *arguments]
+        command = [sys.executable, "-m", "modelhost.cli.worker", *arguments]
         self.worker = WorkerProcess(
             [*command, "--listen", self.address],
             env={**env, SECRET_ENV: secret},

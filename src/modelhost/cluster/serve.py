@@ -17,8 +17,8 @@ from typing import Any, cast
 
 import ray
 
-from modelhost.cli_serve import serve_router
-from modelhost.cli_serve_args import parse_replicas
+from modelhost.cli.serve import serve_router
+from modelhost.cli.serve_args import parse_replicas
 from modelhost.cluster.membership import NAMESPACE, Membership, cluster_secret
 from modelhost.cluster.remote_unit import RemoteWorkerUnit
 from modelhost.inference.admission import BYTES_PER_GB

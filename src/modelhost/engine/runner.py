@@ -71,7 +71,7 @@ class ModelRunner:
         # thread-local settings), so it changes only this engine thread's forwards, which no
         # other thread runs; it also sets the default a thread started meanwhile would take,
         # put back here with the count. Measured: two threads prefill Gemma 3 at 501 tok/s
-        # against 363 with one, SmolLM2 382 against 359 (cli_serve_args.py, --prompt-threads).
+        # against 363 with one, SmolLM2 382 against 359 (cli/serve_args.py, --prompt-threads).
         threads = torch.get_num_threads()
         torch.set_num_threads(self.prompt_threads)
         try:

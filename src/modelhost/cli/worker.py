@@ -2,7 +2,7 @@
 
 The parent (`modelhost serve`) starts one per resident model through `worker_loader`, which runs
 
-    python -m modelhost.cli_worker --model PATH --id ID --operations OPS --config JSON --socket PATH
+    python -m modelhost.cli.worker --model PATH --id ID --operations OPS --config JSON --socket PATH
 
 `main` loads the model, builds the same app an in-process model serves (`create_app` over its
 stage) and serves it with uvicorn on the socket. The parent made the socket's directory (0700);
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from modelhost.residency.registry import ModelEntry
     from modelhost.server.settings import ServeSettings
 
-WORKER_COMMAND = (sys.executable, "-m", "modelhost.cli_worker")
+WORKER_COMMAND = (sys.executable, "-m", "modelhost.cli.worker")
 TCP_PORT_FILE = "tcp-port"  # beside the socket: the port of `--listen`
 
 
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn
 
-    from modelhost.cli_serve import build_stage
+    from modelhost.cli.serve import build_stage
     from modelhost.engine.engine import set_threads, share_the_gil_with_the_engine
     from modelhost.models.loading.loader import load_model
     from modelhost.residency.companions import open_stage

@@ -8,10 +8,10 @@ import os
 import sys
 import time
 
-from modelhost.cli_bench import add_bench_parser, run_bench_command
-from modelhost.cli_jobs import add_jobs_parser, run_jobs
-from modelhost.cli_ls import add_ls_parser, run_ls
-from modelhost.cli_serve_args import add_serve_parser
+from modelhost.cli.bench import add_bench_parser, run_bench_command
+from modelhost.cli.jobs import add_jobs_parser, run_jobs
+from modelhost.cli.ls import add_ls_parser, run_ls
+from modelhost.cli.serve_args import add_serve_parser
 from modelhost.models.modes import HELP as QUANTIZE_HELP
 from modelhost.models.modes import MODES
 
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "jobs":
         return run_jobs(args)
     if args.command == "serve":
-        from modelhost.cli_serve import run_serve  # the server: only to serve
+        from modelhost.cli.serve import run_serve  # the server: only to serve
 
         return run_serve(args)
     return run_generate(args)
@@ -65,7 +65,7 @@ def _add_generate_parser(subparsers: argparse._SubParsersAction) -> argparse.Arg
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from modelhost.cli_progress import load_reporter
+    from modelhost.cli.progress import load_reporter
     from modelhost.engine.engine import (
         Engine,
         EngineConfig,

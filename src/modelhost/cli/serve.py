@@ -1,6 +1,6 @@
 """`modelhost serve`: load one model, start its engine, and serve the OpenAI surfaces over HTTP.
 
-The CLI wires `add_serve_parser(subparsers)` (modelhost.cli_serve_args) and calls
+The CLI wires `add_serve_parser(subparsers)` (modelhost.cli.serve_args) and calls
 `run_serve(args)`; tests and embedders use `build_serving(...)` +
 `modelhost.server.http_server.serve(app, ...)`, or `build_app` directly.
 """
@@ -16,7 +16,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from modelhost.cli_progress import ProgressBar, load_reporter
+from modelhost.cli.progress import ProgressBar, load_reporter
 from modelhost.inference.admission import BYTES_PER_GB, BudgetTooSmall
 from modelhost.models.loading.embedded import DEFAULT_MODEL
 from modelhost.residency.host import ResidencyHost
@@ -136,7 +136,7 @@ def _run_workers(
     args: argparse.Namespace, settings: ServeSettings, registry: ModelRegistry, startup: ModelEntry
 ) -> int:
     """`--workers`: every resident model in its own process; the startup model loads first."""
-    from modelhost.cli_worker import worker_loader
+    from modelhost.cli.worker import worker_loader
     from modelhost.residency.worker_unit import WorkerUnit
 
     async def load_startup_model(host: ResidencyHost[WorkerUnit]) -> None:
