@@ -45,8 +45,7 @@ from typing import Any
 import httpx
 import torch
 
-from modelhost.cli.serve import build_serving
-from modelhost.cli.worker import worker_loader
+from modelhost.assembly import build_serving, worker_loader
 from modelhost.engine.engine import share_the_gil_with_the_engine
 from modelhost.engine.sampling_params import SamplingParams
 from modelhost.inference.contracts import ChatPrompt, InferenceRequest

@@ -24,6 +24,10 @@ from modelhost.server.edge.limits import DEFAULT_MAX_BODY_BYTES, MiB
 from modelhost.server.settings import ServeSettings
 
 SETTING_FIELDS = frozenset(ServeSettings.__dataclass_fields__)
+# A worker process's entry, and the file beside its socket where `--listen` writes its TCP port:
+# the same on this machine (assembly.worker_loader) and on a cluster's node (cluster/actors.py).
+WORKER_COMMAND = (sys.executable, "-m", "modelhost.cli.worker")
+TCP_PORT_FILE = "tcp-port"
 
 
 def settings_from_args(args: argparse.Namespace) -> ServeSettings:
@@ -103,6 +107,17 @@ def serving_shape(args: argparse.Namespace, settings: ServeSettings) -> ServingS
         memory_budget_bytes=int(budget * BYTES_PER_GB) if budget is not None else None,
         quantize=quantize_mode(args),
     )
+
+
+def parse_replicas(values: list[str]) -> dict[str, int]:
+    """`--replicas MODEL=N` (repeatable) as {model: N}."""
+    replicas: dict[str, int] = {}
+    for value in values:
+        model, _, count = value.rpartition("=")
+        if not model or not count.isdigit() or int(count) < 1:
+            raise SystemExit(f"modelhost serve: --replicas takes MODEL=N (N >= 1), not '{value}'")
+        replicas[model] = int(count)
+    return replicas
 
 
 def quantize_mode(args: argparse.Namespace) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from modelhost.cli.serve_args import parse_replicas
+from modelhost.serve_config import parse_replicas
 from modelhost.server.edge.cluster_secret import read_token_file
 
 SINGLE_MACHINE_IMPORTS = """

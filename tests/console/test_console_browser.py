@@ -20,7 +20,7 @@ import pytest
 from live_server import LiveServer
 from scripted_engine import ScriptedEngine, scripted_model
 
-from modelhost.cli.serve import build_stage
+from modelhost.assembly import build_stage
 from modelhost.models.loaded import LoadedModel
 from modelhost.models.loading.loader import load_model
 from modelhost.residency.host import ResidencyHost

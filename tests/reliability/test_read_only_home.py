@@ -9,7 +9,7 @@ import httpx
 import pytest
 from live_server import LiveServer
 
-from modelhost.cli.serve import build_stage
+from modelhost.assembly import build_stage
 from modelhost.models.loading.loader import load_model
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.inprocess import InProcessUnit, in_process_loader

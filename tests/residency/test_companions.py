@@ -14,8 +14,8 @@ import pytest
 from live_server import LiveServer
 from routed_world import FakeRegistry
 
+from modelhost.assembly import build_stage
 from modelhost.audio.whisper_files import WHISPER_BASE
-from modelhost.cli.serve import build_stage
 from modelhost.models.loading.embedded import EMBEDDING_MODEL
 from modelhost.models.loading.loader import load_model
 from modelhost.residency.host import ResidencyHost

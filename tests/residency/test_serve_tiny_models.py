@@ -13,7 +13,7 @@ import openai
 import pytest
 from live_server import LiveServer
 
-from modelhost.cli.serve import build_stage
+from modelhost.assembly import build_stage
 from modelhost.models.loading.loader import load_model
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.inprocess import InProcessUnit, in_process_loader

@@ -16,8 +16,8 @@ import pytest
 from live_server import LiveServer
 from tiny_models import make_tiny_checkpoint
 
+from modelhost.assembly import build_stage
 from modelhost.cli.main import main
-from modelhost.cli.serve import build_stage
 from modelhost.models.loading.loader import load_model
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.inprocess import InProcessUnit, in_process_loader

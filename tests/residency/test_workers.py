@@ -19,8 +19,8 @@ import pytest
 from live_server import LiveServer, open_tcp_fds
 from prometheus_client.parser import text_string_to_metric_families
 
+from modelhost.assembly import worker_loader
 from modelhost.audio.whisper_files import WHISPER_BASE
-from modelhost.cli.worker import worker_loader
 from modelhost.models.loading.embedded import EMBEDDING_MODEL
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.registry import ModelRegistry, ServingShape

@@ -9,7 +9,7 @@ import sys
 import pytest
 from scripted_engine import scripted_model
 
-from modelhost import serve_config
+from modelhost import assembly, serve_config
 from modelhost.cli import serve as cli_serve
 from modelhost.cli import serve_args as cli_serve_args
 
@@ -82,6 +82,6 @@ def test_serve_in_process_refuses_a_memory_budget_below_the_weights_before_it_li
     from modelhost.models.loading import loader
 
     monkeypatch.setattr(loader, "load_model", lambda name=None, **options: scripted_model())
-    monkeypatch.setattr(cli_serve, "serve", lambda *a, **k: pytest.fail("must not serve"))
+    monkeypatch.setattr(assembly, "serve", lambda *a, **k: pytest.fail("must not serve"))
     assert cli_serve.run_serve(parse("--in-process", "--memory-budget", "0.001")) == 2
     assert "cannot hold the weights" in capsys.readouterr().err

@@ -15,7 +15,7 @@ from live_server import LiveServer
 from tiny_gguf import write_gguf_from_hf
 from tiny_models import make_tiny_checkpoint
 
-from modelhost.cli.serve import build_stage
+from modelhost.assembly import build_stage
 from modelhost.models.loaded import LoadedModel
 from modelhost.models.loading.loader import load_model
 from modelhost.residency.host import ResidencyHost

@@ -1,8 +1,8 @@
-"""`modelhost serve`: load one model, start its engine, and serve the OpenAI surfaces over HTTP.
+"""`modelhost serve`: find the models, bring the first one in, and serve every surface over HTTP.
 
-The CLI wires `add_serve_parser(subparsers)` (modelhost.cli.serve_args) and calls
-`run_serve(args)`; tests and embedders use `build_serving(...)` +
-`modelhost.server.http_server.serve(app, ...)`, or `build_app` directly.
+The CLI wires `add_serve_parser(subparsers)` (cli/serve_args.py) and calls `run_serve(args)`;
+what it serves is built by `modelhost.assembly` (in-process, with worker processes, or as a
+cluster's front).
 """
 
 from __future__ import annotations
@@ -11,69 +11,28 @@ import argparse
 import asyncio
 import functools
 import logging
-import sqlite3
 import sys
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from modelhost.assembly import (
+    build_stage,
+    serve_cluster,
+    serve_routed,
+    worker_loader,
+)
 from modelhost.cli.progress import ProgressBar, load_reporter
-from modelhost.inference.admission import BYTES_PER_GB, BudgetTooSmall
+from modelhost.inference.admission import BudgetTooSmall
 from modelhost.models.loading.embedded import DEFAULT_MODEL
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.registry import ModelEntry, ModelRegistry
-from modelhost.residency.router import ModelRouter
 from modelhost.residency.unit import LoadProgress, ResidencyError
-from modelhost.serve_config import (
-    available_memory_bytes,
-    default_budget_bytes,
-    quantize_mode,
-    serving_shape,
-    settings_from_args,
-)
-from modelhost.server.app import admission_policy, create_app, create_routed_app
-from modelhost.server.http_server import serve
+from modelhost.serve_config import quantize_mode, serving_shape, settings_from_args
 from modelhost.server.observability.prometheus import WorkerSamples
 from modelhost.server.settings import ServeSettings
 
 if TYPE_CHECKING:
-    from starlette.applications import Starlette
-
     from modelhost.inference.stage import InferenceStage
     from modelhost.models.loaded import LoadedModel
-
-
-def build_stage(
-    model: LoadedModel, settings: ServeSettings, *, batch: int = 8, max_queue: int = 64
-) -> InferenceStage:
-    """The engine over `model` (its KV pool sized by the memory budget) and its stage.
-
-    Raises BudgetTooSmall when --memory-budget cannot hold the weights and any context.
-    """
-    from modelhost.engine.engine import Engine, EngineConfig
-    from modelhost.inference.stage import InferenceStage
-
-    policy = admission_policy(model, settings, rows=batch)
-    config = EngineConfig(
-        batch=batch,
-        max_queue=max_queue,
-        kv_cache_bytes=policy.memory.kv_bytes if policy.memory is not None else None,
-        max_num_batched_tokens=settings.chunk_tokens,
-        context_length=settings.context_length,
-        prompt_threads=settings.prompt_threads,
-    )
-    return InferenceStage(Engine(model, config), model, policy=policy, defaults=settings.defaults)
-
-
-def build_serving(
-    model: LoadedModel, settings: ServeSettings, *, batch: int = 8, max_queue: int = 64
-) -> Starlette:
-    """One model's server, without residency (tests and embedders)."""
-    stage = build_stage(model, settings, batch=batch, max_queue=max_queue)
-    try:
-        return create_app(stage, settings)
-    except BaseException:
-        stage.close()
-        raise
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -83,9 +42,7 @@ def run_serve(args: argparse.Namespace) -> int:
     )
     settings = settings_from_args(args)
     if getattr(args, "cluster", None):  # the only path that imports Ray
-        from modelhost.cluster.serve import run_cluster
-
-        return run_cluster(args, settings)
+        return serve_cluster(args, settings)
     names = list(args.models) or [DEFAULT_MODEL]
     registry = ModelRegistry(shape=serving_shape(args, settings))
     entries = [registry.resolve_argument(name) for name in names]
@@ -129,14 +86,13 @@ def run_serve(args: argparse.Namespace) -> int:
         host.adopt(startup, unit, load_ms=unit.load_ms)
 
     load = in_process_loader(functools.partial(loader.load_model, quantize=quantize), stage_for)
-    return _serve_routed(args, settings, registry, startup, load, adopt_startup_model, "")
+    return serve_routed(args, settings, registry, startup, load, adopt_startup_model, "")
 
 
 def _run_workers(
     args: argparse.Namespace, settings: ServeSettings, registry: ModelRegistry, startup: ModelEntry
 ) -> int:
     """`--workers`: every resident model in its own process; the startup model loads first."""
-    from modelhost.cli.worker import worker_loader
     from modelhost.residency.worker_unit import WorkerUnit
 
     async def load_startup_model(host: ResidencyHost[WorkerUnit]) -> None:
@@ -160,7 +116,7 @@ def _run_workers(
         quantize=quantize_mode(args),
         threads=getattr(args, "threads", None),
     )
-    return _serve_routed(
+    return serve_routed(
         args, settings, registry, startup, load, load_startup_model, ", worker processes", samples
     )
 
@@ -185,73 +141,3 @@ async def show_load(host: ResidencyHost[Any], model_id: str) -> None:
 
 def _without_progress_lines(record: logging.LogRecord) -> bool:
     return record.msg != LoadProgress.LOG_MESSAGE
-
-
-async def pin_companion(router: ModelRouter[Any], need: str) -> None:
-    """Load the first local model that does `need` and pin it (`--whisper-resident`)."""
-    model_id = router.route(None, need)
-    async with await router.acquire(model_id):
-        router.host.pin(model_id)
-
-
-def _serve_routed(
-    args: argparse.Namespace,
-    settings: ServeSettings,
-    registry: ModelRegistry,
-    startup: ModelEntry,
-    load: Any,
-    start: Callable[[ResidencyHost[Any]], Awaitable[None]],
-    mode: str,
-    worker_samples: WorkerSamples | None = None,
-) -> int:
-    """Host, router and app over `load`; `start` brings the startup model in before listening."""
-    budget_gb = args.model_budget
-    host: ResidencyHost[Any] = ResidencyHost(
-        budget_bytes=int(budget_gb * BYTES_PER_GB) if budget_gb else default_budget_bytes(),
-        source=registry.get,
-        load=load,
-        hold_s=args.hold,
-        available=available_memory_bytes,
-    )
-    router = ModelRouter(host, registry, current=startup.id)
-    return serve_router(args, settings, router, start, mode, worker_samples)
-
-
-def serve_router(
-    args: argparse.Namespace,
-    settings: ServeSettings,
-    router: ModelRouter[Any],
-    start: Callable[[Any], Awaitable[None]],
-    mode: str,
-    worker_samples: WorkerSamples | None = None,
-) -> int:
-    """The app over `router`, served until a signal; `start(host)` runs before listening."""
-    host = router.host
-    startup_id = router.current
-
-    async def start_all() -> None:
-        try:  # opening the job store marks jobs a previous server left running as zombies
-            app.state.jobs.store  # noqa: B018
-        except (OSError, sqlite3.Error) as exc:  # a read-only home: serve models, not jobs
-            logging.getLogger(__name__).warning("the job store is unavailable: %s", exc)
-        await start(host)
-        if getattr(args, "whisper_resident", False):
-            await pin_companion(router, "transcribe")
-
-    app = create_routed_app(router, settings, start_all, worker_samples=worker_samples)
-    app.state.serving_mode = "cluster" if "cluster" in mode else "workers" if mode else "in-process"
-    budget_text = f"{host.budget_bytes / BYTES_PER_GB:.1f} GB model budget{mode}"
-    if "cluster" in mode:  # its nodes and their budgets join once it starts
-        budget_text = mode.removeprefix(", ")
-    print(f"modelhost: serving {startup_id} on http://{args.host}:{args.port}/v1 ({budget_text})",
-          file=sys.stderr)  # fmt: skip
-    if settings.console:
-        print(f"modelhost: console on http://{args.host}:{args.port}/", file=sys.stderr)
-    started = serve(
-        app,
-        host=args.host,
-        port=args.port,
-        shutdown_timeout_s=args.shutdown_timeout,
-        log_level=args.log_level,
-    )
-    return 0 if started else 2

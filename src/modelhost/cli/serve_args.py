@@ -122,14 +122,3 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         "the cluster's first front made, kept in the cluster's key-value store)",
     )  # fmt: skip
     return parser
-
-
-def parse_replicas(values: list[str]) -> dict[str, int]:
-    """`--replicas MODEL=N` (repeatable) as {model: N}."""
-    replicas: dict[str, int] = {}
-    for value in values:
-        model, _, count = value.rpartition("=")
-        if not model or not count.isdigit() or int(count) < 1:
-            raise SystemExit(f"modelhost serve: --replicas takes MODEL=N (N >= 1), not '{value}'")
-        replicas[model] = int(count)
-    return replicas

@@ -1,6 +1,7 @@
 """A worker process: one model, the inference routes, served on a private Unix socket.
 
-The parent (`modelhost serve`) starts one per resident model through `worker_loader`, which runs
+The parent (`modelhost serve`) starts one per resident model through `assembly.worker_loader`,
+which runs
 
     python -m modelhost.cli.worker --model PATH --id ID --operations OPS --config JSON --socket PATH
 
@@ -23,81 +24,14 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from modelhost.residency.supervisor import (
-    MAX_RESTARTS,
-    PROGRESS_FILE,
-    WorkerFailed,
-    WorkerProcess,
-    write_load_progress,
-)
-from modelhost.residency.unit import LoadProgress
-from modelhost.residency.worker_unit import WorkerUnit
-from modelhost.serve_config import WorkerConfig
+from modelhost.residency.supervisor import PROGRESS_FILE, write_load_progress
+from modelhost.serve_config import TCP_PORT_FILE, WorkerConfig
 
 if TYPE_CHECKING:
     from modelhost.models.loaded import LoadedModel
-    from modelhost.residency.registry import ModelEntry
-    from modelhost.server.settings import ServeSettings
-
-WORKER_COMMAND = (sys.executable, "-m", "modelhost.cli.worker")
-TCP_PORT_FILE = "tcp-port"  # beside the socket: the port of `--listen`
-
-
-# ---------------------------------------------------------------------------------------------
-# The parent's side
-
-
-def worker_loader(
-    settings: ServeSettings,
-    *,
-    batch: int = 8,
-    max_queue: int = 64,
-    log_level: str = "warning",
-    start_timeout_s: float = 120.0,
-    max_restarts: int = MAX_RESTARTS,
-    env: Mapping[str, str] | None = None,
-    quantize: str | None = None,
-    threads: int | None = None,
-) -> Callable[[ModelEntry, LoadProgress], Awaitable[WorkerUnit]]:
-    """The host's `load`: spawn a worker for the entry (`env` added to its environment) and
-    wait until it answers; `quantize` is the worker's `load_model(quantize=...)`, `threads`
-    its intra-op threads (`--threads`; None: PyTorch's default)."""
-    config = WorkerConfig(
-        settings, batch=batch, max_queue=max_queue, threads=threads, quantize=quantize
-    ).to_json()
-
-    async def load(entry: ModelEntry, progress: LoadProgress) -> WorkerUnit:
-        started = time.perf_counter()
-        command = [*WORKER_COMMAND, "--model", str(entry.path), "--id", entry.id]
-        command += ["--operations", ",".join(entry.operations), "--config", config]
-        worker = WorkerProcess(
-            [*command, "--log-level", log_level],
-            start_timeout_s=start_timeout_s,
-            max_restarts=max_restarts,
-            env=env,
-            progress=progress,
-        )
-        try:
-            await worker.start()
-        except WorkerFailed as exc:
-            raise RuntimeError(str(exc)) from None
-        except BaseException:
-            await worker.stop()
-            raise
-        unit = WorkerUnit(entry.id, entry.weights_bytes, worker)
-        unit.load_ms = (time.perf_counter() - started) * 1000
-        await unit.read_card()
-        return unit
-
-    return load
-
-
-# ---------------------------------------------------------------------------------------------
-# The worker's side
 
 
 def bind_private_socket(path: str) -> socket.socket:
@@ -164,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn
 
-    from modelhost.cli.serve import build_stage
+    from modelhost.assembly import build_stage
     from modelhost.engine.engine import set_threads, share_the_gil_with_the_engine
     from modelhost.models.loading.loader import load_model
     from modelhost.residency.companions import open_stage

@@ -16,7 +16,6 @@ Both read their node's environment: the `ray start` that made the node chose MOD
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +24,6 @@ import ray
 from modelhost.residency.registry import ModelEntry, ModelRegistry, ServingShape
 from modelhost.residency.supervisor import WorkerFailed, WorkerProcess
 from modelhost.server.edge.cluster_secret import SECRET_ENV
-
-TCP_PORT_FILE = "tcp-port"  # cli_worker's, beside its socket (not imported: it loads the server)
 
 
 def node_address() -> str:
@@ -79,9 +76,12 @@ class ModelWorker:
         start_timeout_s: float,
         restart_ages: list[float] | None = None,
     ) -> dict[str, Any]:
-        """Spawn the worker (`cli_worker` `arguments`) and wait until it answers. `restart_ages`:
-        the model's restarts before this actor (its previous actor died), still counted."""
-        command = [sys.executable, "-m", "modelhost.cli.worker", *arguments]
+        """Spawn the worker (`WORKER_COMMAND` `arguments`) and wait until it answers.
+        `restart_ages`: the model's restarts before this actor (its previous actor died), still
+        counted."""
+        from modelhost.serve_config import WORKER_COMMAND
+
+        command = [*WORKER_COMMAND, *arguments]
         self.worker = WorkerProcess(
             [*command, "--listen", self.address],
             env={**env, SECRET_ENV: secret},
@@ -98,6 +98,8 @@ class ModelWorker:
     def where(self) -> dict[str, Any]:
         """The worker's TCP address, process and restarts (the port changes on a restart), and
         the ages of the restarts its rule still counts (handed on if this actor dies)."""
+        from modelhost.serve_config import TCP_PORT_FILE
+
         assert self.worker is not None
         port_file = Path(self.worker.socket_path).with_name(TCP_PORT_FILE)
         return {
