@@ -22,65 +22,13 @@ from torch import nn
 from modelhost.models.batch import ForwardBatch, KVCache
 from modelhost.models.kernels import native
 from modelhost.models.kernels.packed import QuantLinear
+from modelhost.models.kernels.structs import NativeLayer, NativeLinear, NativeStep, QLinearDesc
 from modelhost.models.networks.layers import GatedMLP
 
 if TYPE_CHECKING:
     from modelhost.models.networks.decoder import DecoderBlock, DecoderLM
 
-_i64, _ptr, _f32, _i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int32
 ROPE_KINDS = ("global", "local", "none")  # NativeLayer.rope's values, in order
-
-
-class NativeLinear(ctypes.Structure):
-    _fields_ = [
-        ("parts", native.QLinearDesc * 3),
-        ("count", _i64),
-        ("out", _i64),
-        ("bias", _ptr),
-    ]
-
-
-class NativeLayer(ctypes.Structure):
-    _fields_ = [
-        ("qkv", NativeLinear),
-        ("o", NativeLinear),
-        ("gate_up", NativeLinear),
-        ("down", NativeLinear),
-        ("input_norm", _ptr),
-        ("attention_out_norm", _ptr),
-        ("mlp_in_norm", _ptr),
-        ("mlp_out_norm", _ptr),
-        ("qk_norm", _ptr),
-        ("eps", _f32),
-        ("qk_eps", _f32),
-        ("scale", _f32),
-        ("softcap", _f32),
-        ("residual_scale", _f32),
-        ("act", _i32),
-        ("rope", _i32),
-        ("heads", _i64),
-        ("kv_heads", _i64),
-        ("dim", _i64),
-        ("window", _i64),
-        ("moe", _ptr),  # a mixture of experts' NativeMoE (models/networks/moe.py), else null
-    ]
-
-
-class NativeStep(ctypes.Structure):
-    _fields_ = [
-        ("rows", _i64),
-        ("width", _i64),
-        ("cos", _ptr * 3),  # the layers' rotary tables, by NativeLayer.rope
-        ("sin", _ptr * 3),
-        ("pools", _ptr),
-        ("half_pools", _i32),
-        ("slots", _ptr),
-        ("blocks", _ptr),
-        ("positions", _ptr),
-        ("blocks_per_row", _i64),
-        ("block_size", _i64),
-        ("threads", _i32),
-    ]
 
 
 class FusedDecode:
@@ -132,8 +80,8 @@ class FusedDecode:
         step = NativeStep(
             rows=hidden.shape[0],
             width=self.width,
-            cos=(_ptr * 3)(*[cos.data_ptr() for cos, _ in tables]),
-            sin=(_ptr * 3)(*[sin.data_ptr() for _, sin in tables]),
+            cos=(ctypes.c_void_p * 3)(*[cos.data_ptr() for cos, _ in tables]),
+            sin=(ctypes.c_void_p * 3)(*[sin.data_ptr() for _, sin in tables]),
             pools=ctypes.addressof(self._pool_pointers(kv)),
             half_pools=native.half_pool(kv.pools[0]),
             slots=batch.slot_mapping.data_ptr(),
@@ -150,7 +98,7 @@ class FusedDecode:
 
     def _pool_pointers(self, kv: KVCache) -> ctypes.Array:
         if self._pools is None or self._pools[0] is not kv:
-            pointers = (_ptr * len(kv.pools))(*[pool.data_ptr() for pool in kv.pools])
+            pointers = (ctypes.c_void_p * len(kv.pools))(*[pool.data_ptr() for pool in kv.pools])
             self._pools = (kv, pointers)
         return self._pools[1]
 
@@ -166,7 +114,7 @@ def _linear(module: nn.Module | None) -> NativeLinear | None:
         return None
     parts = [part.desc for part in module.parts]
     return NativeLinear(
-        parts=(native.QLinearDesc * 3)(*parts),
+        parts=(QLinearDesc * 3)(*parts),
         count=len(parts),
         out=module.out_features,
         bias=bias,

@@ -28,9 +28,11 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from modelhost.models.kernels.structs import STRUCTS, QLinearDesc
 from modelhost.paths import modelhost_home
 
 log = logging.getLogger(__name__)
@@ -38,7 +40,13 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("native_kernels.cpp")
 HEADERS = [
     Path(__file__).with_name(name)
-    for name in ("native_avx2.h", "native_qlinear.h", "native_repack.h", "native_moe.h")
+    for name in (
+        "native_common.h",
+        "native_avx2.h",
+        "native_qlinear.h",
+        "native_repack.h",
+        "native_moe.h",
+    )
 ]
 FLAGS = ["-O3", "-shared", "-fPIC", "-std=c++17", "-fopenmp"]
 # Builds of the one source, the first whose CPU check passes loads: each is built once.
@@ -46,24 +54,34 @@ VARIANTS = {"AVX-512 VNNI": [], "AVX2": ["-DMH_AVX2"]}
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # mh_gated_activation's `act`
 
 
-class QLinearDesc(ctypes.Structure):
-    """native_qlinear.h's QLinear: a packed weight (kernels/packed.py) as the kernels read it."""
+class StructMismatch(RuntimeError):
+    """The library's structs and their ctypes mirrors (kernels/structs.py) disagree."""
 
-    _fields_ = [
-        ("format", ctypes.c_int32),
-        ("reserved", ctypes.c_int32),
-        ("data", ctypes.c_void_p),
-        ("params", ctypes.c_void_p),
-        ("supers", ctypes.c_void_p),
-        ("out", ctypes.c_int64),
-        ("padded", ctypes.c_int64),
+
+def check_struct_sizes(library: Any) -> None:
+    """Refuse a library whose structs differ in size from their ctypes mirrors (a field added
+    on one side only): passing it one would have a kernel read memory at the wrong offsets."""
+    size = library.mh_struct_size
+    size.argtypes = [ctypes.c_int32]
+    size.restype = ctypes.c_int64
+    wrong = [
+        f"{struct.__name__} is {size(which)} bytes there and {ctypes.sizeof(struct)} in ctypes"
+        for which, struct in enumerate(STRUCTS)
+        if size(which) != ctypes.sizeof(struct)
     ]
+    if wrong:
+        raise StructMismatch(
+            "the native kernels' structs do not match models/kernels/structs.py: "
+            + "; ".join(wrong)
+        )
 
 
 class Kernels:
     """Typed entry points of the loaded library; arguments are contiguous CPU tensors."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
+        check_struct_sizes(library)
+        self.library = library
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
         desc = ctypes.POINTER(QLinearDesc)
         self._qmatmul = library.mh_qmatmul

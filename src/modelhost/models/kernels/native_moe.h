@@ -3,6 +3,11 @@
 // packed weights read once for all its rows, and each row's weighted outputs summed over its
 // experts in expert order (a row's result does not depend on the other rows).
 
+#pragma once
+
+#include "native_common.h"
+#include "native_qlinear.h"
+
 namespace {
 
 struct ExpertRow {

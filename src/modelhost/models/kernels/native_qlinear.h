@@ -30,6 +30,10 @@
 // dequantized value of the file, exactly (fp16 d and dmin times small integers are exact in
 // fp32).
 
+#pragma once
+
+#include "native_common.h"
+
 struct QLinear {          // mirrors models/kernels/native.py's QLinearDesc
     int32_t format;       // the GGUF type id (kQ4_0 ...)
     int32_t reserved;

@@ -16,6 +16,11 @@
 //   Q6_K 256: ql[128], qh[64], scales[16] (int8), d     w = d sc (q - 32)        (16)
 // (legacy types: value j and j + 16 of a block share qs[j]'s low and high nibble.)
 
+#pragma once
+
+#include "native_common.h"
+#include "native_qlinear.h"
+
 namespace {
 
 struct BlockShape {

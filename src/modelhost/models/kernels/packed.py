@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from modelhost.models.kernels import native
+from modelhost.models.kernels.structs import QLinearDesc
 from modelhost.models.loading.footprint import TYPE_NAMES, padded_width
 
 
@@ -26,7 +27,7 @@ class PackedWeight:
         self.format, self.out, self.width = format, out, width
         self.data, self.params, self.supers = arrays
         self.padded = padded_width(width)
-        self.desc = native.QLinearDesc(
+        self.desc = QLinearDesc(
             format=format,
             data=self.data.data_ptr(),
             params=self.params.data_ptr(),

@@ -19,6 +19,7 @@ from torch import nn
 from modelhost.models.config import ModelConfig
 from modelhost.models.kernels import native
 from modelhost.models.kernels.packed import QuantLinear
+from modelhost.models.kernels.structs import NativeMoE, QLinearDesc
 from modelhost.models.networks.layers import GatedMLP
 
 
@@ -73,20 +74,6 @@ class SparseMoE(nn.Module):
         return self._native
 
 
-class NativeMoE(ctypes.Structure):
-    """native_moe.h's NativeMoE."""
-
-    _fields_ = [
-        ("router", ctypes.c_void_p),
-        ("gate_up", ctypes.c_void_p),
-        ("down", ctypes.c_void_p),
-        ("experts", ctypes.c_int64),
-        ("top_k", ctypes.c_int64),
-        ("norm_topk", ctypes.c_int32),
-        ("act", ctypes.c_int32),
-    ]
-
-
 class NativeExperts:
     """A SparseMoE for `mh_moe`: pointers to its router's weight and to every expert's fused
     gate/up and down weights (QLinear descriptions, no copies), which must not move."""
@@ -122,7 +109,7 @@ class NativeExperts:
                 return None
             gate_ups.append(gate_up.parts[0].desc)
             downs.append(down.parts[0].desc)
-        array = native.QLinearDesc * len(gate_ups)
+        array = QLinearDesc * len(gate_ups)
         return cls(kernels, array(*gate_ups), array(*downs), moe)
 
 
