@@ -14,7 +14,7 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import ray
 
@@ -92,7 +92,7 @@ def _serve(
         node_budget_bytes=int(args.node_budget * BYTES_PER_GB) if args.node_budget else None,
         hold_s=args.hold,
     )
-    router: ModelRouter[Any] = ModelRouter(cast(Any, cluster), registry, current=names[0])
+    router: ModelRouter[Any] = ModelRouter(cluster, registry, current=names[0])
 
     async def start(host: Any) -> None:
         await membership.wait_for_nodes()

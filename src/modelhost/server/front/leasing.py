@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from modelhost.inference.contracts import RequestCancelled
-from modelhost.residency.cluster import request_body
 from modelhost.residency.router import ModelRouter
 from modelhost.residency.unit import ResidencyError
 from modelhost.residency.worker_unit import WorkerUnit
@@ -68,8 +67,8 @@ class ModelLeasing:
         context = current_request()
         if context is not None:
             context.model = model_id  # the live view's model column
-        request_body.set(body)  # a cluster's replicas are chosen by the conversation's prefix
-        acquiring = asyncio.create_task(self.router.acquire(model_id))
+        # A cluster's replicas are chosen by the conversation's prefix, read from the body.
+        acquiring = asyncio.create_task(self.router.acquire(model_id, body=body))
         gone = asyncio.create_task(wait_for_disconnect(receive))
         await asyncio.wait({acquiring, gone}, return_when=asyncio.FIRST_COMPLETED)
         if gone.done():

@@ -9,7 +9,7 @@ OpenAI's shape; `unload` refuses a model that is answering a request unless `?fo
 from __future__ import annotations
 
 import os
-from typing import Any, cast
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -78,7 +78,7 @@ async def engine(request: Request) -> Response:
         row: dict[str, Any] = {"id": model.id, "role": model.role, "state": model.state}
         if model.node is not None:  # a cluster's: each replica on its node
             row["node"] = model.node
-            unit = cast(Any, router.host).peek_on(model.id, model.node)
+            unit = router.host.peek_on(model.id, model.node)
             worker = getattr(unit, "worker", None)
         if worker is not None:
             row.update(pid=worker.pid, worker_state=worker.state, restarts=worker.restarts)
