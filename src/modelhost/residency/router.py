@@ -18,6 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+from modelhost.inference.encoder_ids import (
+    embedding_model_only_message,
+    not_an_embedding_model_message,
+)
 from modelhost.residency.lease import Lease
 from modelhost.residency.registry import ModelEntry
 from modelhost.residency.unit import ResidencyError, ResidentModel, Unit
@@ -188,12 +192,9 @@ def cannot_message(entry: ModelEntry | None, need: str) -> str:
     """The reference's refusal of a model asked for what it does not do."""
     name = entry.id if entry is not None else "the current model"
     if need == "embed":
-        return (
-            f'served model "{name}" is not an embedding model; serve an embedding model '
-            "(e.g. Qwen3-Embedding) to use /v1/embeddings"
-        )
+        return not_an_embedding_model_message(name)
     if need == "transcribe" and entry is None:
         return "no transcription model is installed: no local Whisper (faster-whisper) model"
     if need == "transcribe":
         return f'model "{name}" is not a transcription model'
-    return f'model "{name}" is an embedding model; it serves /v1/embeddings only'
+    return embedding_model_only_message(name)
