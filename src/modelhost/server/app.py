@@ -21,6 +21,7 @@ from modelhost.server.front.model_admin import ADMIN_ROUTES
 from modelhost.server.front.worker_admin import WORKER_ROUTES
 from modelhost.server.job_routes import install_jobs, with_jobs
 from modelhost.server.observability.console import install_console, worker_requests
+from modelhost.server.observability.live_feed import LiveFeed
 from modelhost.server.observability.prometheus import Metrics, WorkerSamples, metrics_endpoint
 from modelhost.server.openai.wire import openai_error
 from modelhost.server.responses.store import ResponseStore
@@ -133,6 +134,8 @@ def _new_app(
     app.state.settings = settings
     app.state.surfaces = surfaces
     app.state.metrics = Metrics(app.state, worker_samples)
+    app.state.live = LiveFeed()  # the console's live view: requests in flight and just ended
+    app.state.request_observers = [app.state.live]  # told of each request by the edge
     app.router.add_route("/metrics", metrics_endpoint, methods=["GET"])
     if settings.log_format == "json":
         use_json_logs()
@@ -155,7 +158,9 @@ class _ModelhostApp(Starlette):
 
     def build_middleware_stack(self) -> ASGIApp:
         state = self.state
-        return edge(super().build_middleware_stack(), state.settings, state.metrics, state.surfaces)
+        stack = super().build_middleware_stack()
+        observers = state.request_observers
+        return edge(stack, state.settings, state.metrics, state.surfaces, observers)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -124,7 +124,7 @@ def server_for(
         config,
         drain=getattr(app.state, "drain", None),
         jobs=getattr(app.state, "jobs", None),
-        live=getattr(getattr(app.state, "metrics", None), "live", None),
+        live=getattr(app.state, "live", None),
     )
 
 

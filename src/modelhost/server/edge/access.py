@@ -41,7 +41,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from modelhost.server.edge.limits import BodyLimits
-from modelhost.server.edge.request_context import ObservedRequests
+from modelhost.server.edge.request_context import ObservedRequests, RequestObserver
 from modelhost.server.observability.console import is_console_file
 from modelhost.server.observability.prometheus import Metrics
 from modelhost.server.surfaces import Surfaces
@@ -53,11 +53,18 @@ OPEN_PATHS = frozenset({"/health"})
 OPERATOR_PREFIX = "/api/"  # /api/models/..., /api/hub/serve, /api/jobs
 
 
-def edge(app: ASGIApp, settings: Any, metrics: Metrics | None, surfaces: Surfaces) -> ASGIApp:
+def edge(
+    app: ASGIApp,
+    settings: Any,
+    metrics: Metrics | None,
+    surfaces: Surfaces,
+    observers: Sequence[RequestObserver] = (),
+) -> ASGIApp:
     """`app` wrapped in the edge layers `settings` asks for (see the module docstring); their
-    refusals take the error shape of the surface a path belongs to."""
+    refusals take the error shape of the surface a path belongs to; `observers` are told of
+    each request."""
     if settings.owner == "worker":  # a worker's socket is reachable by its parent only
-        return ObservedRequests(app, metrics)
+        return ObservedRequests(app, metrics, observers)
     wrapped: ASGIApp = BodyLimits(
         app,
         surfaces,
@@ -80,7 +87,7 @@ def edge(app: ASGIApp, settings: Any, metrics: Metrics | None, surfaces: Surface
     wrapped = LocalAccessGuard(
         wrapped, bind_host=settings.host, allowed_origins=settings.cors_origins
     )
-    return ObservedRequests(wrapped, metrics)
+    return ObservedRequests(wrapped, metrics, observers)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,9 +16,10 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -86,12 +87,27 @@ class RequestOutcome:
     total_s: float
 
 
-class ObservedRequests:
-    """Request ids, `x-request-id` on every response, request counts and the fallback log line."""
+class RequestObserver(Protocol):
+    """Told when each request reaches the edge and when it ends (the console's live feed is
+    one); registered on the app (`app.state.request_observers`), not owned by the metrics."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics | None) -> None:
+    def started(self, context: RequestContext) -> None: ...
+    def ended(self, context: RequestContext, status: int) -> None: ...
+
+
+class ObservedRequests:
+    """Request ids, `x-request-id` on every response, request counts and the fallback log line;
+    each request's start and end told to `observers`."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        metrics: Metrics | None,
+        observers: Sequence[RequestObserver] = (),
+    ) -> None:
         self.app = app
         self.metrics = metrics
+        self.observers = observers
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -115,8 +131,8 @@ class ObservedRequests:
             await send(message)
 
         token = _CURRENT.set(context)
-        if self.metrics is not None:
-            self.metrics.live.started(context)
+        for observer in self.observers:
+            observer.started(context)
         try:
             await self.app(scope, receive, send_with_id)
         except BaseException:
@@ -132,7 +148,8 @@ class ObservedRequests:
         if self.metrics is not None:
             route = route_label(scope)
             self.metrics.requests.labels(context.method, route, str(status)).inc()
-            self.metrics.live.ended(context, status)
+        for observer in self.observers:
+            observer.ended(context, status)
         if not context.logged:
             total_ms = (time.monotonic() - context.arrived_at) * 1000
             level = logging.DEBUG if context.path in QUIET_PATHS else logging.INFO

@@ -33,7 +33,7 @@ from modelhost.server.observability.live_feed import LiveFeed, merge_worker_rows
 from modelhost.server.openai import discovery as models
 from modelhost.server.openai.wire import openai_error
 
-CONSOLE_DIR = Path(__file__).resolve().parent.parent / "console"
+CONSOLE_DIR = Path(__file__).resolve().parents[2] / "console"  # modelhost/console
 ASSET_PREFIX = "/console/"
 LIVE_PATH = "/api/live"
 CONTENT_TYPES = {
@@ -98,7 +98,7 @@ async def live(request: Request) -> Response:
     """The live view's stream: a snapshot now, then one on each change (at most every
     `SNAPSHOT_GAP_S`), each second while a request is in flight, and a comment on quiet; it
     ends when the server starts shutting down (the page reconnects to the next one)."""
-    feed: LiveFeed = request.app.state.metrics.live
+    feed: LiveFeed = request.app.state.live
     heartbeat_s: float = request.app.state.settings.heartbeat_s
 
     async def frames() -> AsyncIterator[str]:
@@ -122,7 +122,7 @@ async def live(request: Request) -> Response:
 
 async def live_snapshot(app: Starlette) -> dict[str, Any]:
     """The requests (a worker's token figures merged in) and residency, as the page shows them."""
-    feed: LiveFeed = app.state.metrics.live
+    feed: LiveFeed = app.state.live
     router = getattr(app.state, "router", None)
     worker_rows = await _worker_rows(router, feed.awaiting_figures()) if router else []
     feed.fill(worker_rows)
@@ -155,7 +155,7 @@ async def _worker_rows(router: Any, models: set[str]) -> list[dict[str, Any]]:
 
 async def worker_requests(request: Request) -> Response:
     """`GET /admin/requests` on a worker's socket: its feed, for the front's live view."""
-    return JSONResponse({"requests": request.app.state.metrics.live.rows()})
+    return JSONResponse({"requests": request.app.state.live.rows()})
 
 
 def install_console(app: Starlette) -> None:

@@ -59,7 +59,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from modelhost.server.edge.request_context import RequestOutcome
-from modelhost.server.observability.live_feed import LiveFeed
 
 disable_created_metrics()  # no `_created` twin for every counter and histogram
 
@@ -142,7 +141,6 @@ class Metrics:
         )
         self.serving = ServingCollector(state)
         registry.register(self.serving)
-        self.live = LiveFeed()  # the console's live view: requests in flight and just ended
 
     def render(self) -> bytes:
         return exposition(self.registry)
