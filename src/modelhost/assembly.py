@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from modelhost.inference.admission import BYTES_PER_GB
+from modelhost.inference.admission import BYTES_PER_GB, AdmissionPolicy, plan_memory
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.registry import ModelEntry, ModelRegistry
 from modelhost.residency.router import ModelRouter
@@ -32,7 +32,7 @@ from modelhost.serve_config import (
     default_budget_bytes,
     quantize_mode,
 )
-from modelhost.server.app import admission_policy, create_app, create_routed_app
+from modelhost.server.app import create_app, create_routed_app
 from modelhost.server.http_server import serve
 from modelhost.server.observability.prometheus import WorkerSamples
 from modelhost.server.settings import ServeSettings
@@ -40,12 +40,49 @@ from modelhost.server.settings import ServeSettings
 if TYPE_CHECKING:
     from starlette.applications import Starlette
 
+    from modelhost.engine.engine import Engine
     from modelhost.inference.stage import InferenceStage
     from modelhost.models.loaded import LoadedModel
 
 
 # ---------------------------------------------------------------------------------------------
 # A stage, and one model's app
+
+
+def admission_policy(model: LoadedModel, settings: ServeSettings, *, rows: int) -> AdmissionPolicy:
+    """The ceilings for `model`: its window (or --context-length) and the --memory-budget.
+
+    Raises BudgetTooSmall when the budget cannot hold the weights and any context.
+    """
+    window = model.config.context_length
+    flagged = settings.context_length is not None and settings.context_length < window
+    if flagged:
+        window = settings.context_length  # type: ignore[assignment]
+    memory = None
+    if settings.memory_budget_gb is not None:
+        memory = plan_memory(
+            model.config,
+            weights_bytes=model.weights_bytes,
+            dtype_bytes=model.dtype.itemsize,
+            kv_dtype_bytes=model.cache_dtype.itemsize,
+            memory_budget_bytes=int(settings.memory_budget_gb * BYTES_PER_GB),
+            chunk_tokens=settings.chunk_tokens,
+            rows=rows,
+        )
+    return AdmissionPolicy(context_window=window, memory=memory, context_length_flag=flagged)
+
+
+def build_app(
+    engine: Engine, model: LoadedModel, settings: ServeSettings | None = None
+) -> Starlette:
+    """The server for one in-process model: `engine` already built over `model` (tests and
+    embedders that build their own engine)."""
+    from modelhost.inference.stage import InferenceStage
+
+    settings = settings or ServeSettings()
+    policy = admission_policy(model, settings, rows=engine.stats().batch)
+    stage = InferenceStage(engine, model, policy=policy, defaults=settings.defaults)
+    return create_app(stage, settings)
 
 
 def build_stage(

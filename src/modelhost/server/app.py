@@ -12,7 +12,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
-from modelhost.inference.admission import BYTES_PER_GB, AdmissionPolicy, plan_memory
 from modelhost.residency.router import ModelRouter
 from modelhost.server.edge.access import edge
 from modelhost.server.edge.json_logs import use_json_logs
@@ -29,44 +28,7 @@ from modelhost.server.settings import ServeSettings
 from modelhost.server.surfaces import SURFACES, Surfaces
 
 if TYPE_CHECKING:
-    from modelhost.engine.engine import Engine
     from modelhost.inference.stage import InferenceStage
-    from modelhost.models.loaded import LoadedModel
-
-
-def admission_policy(model: LoadedModel, settings: ServeSettings, *, rows: int) -> AdmissionPolicy:
-    """The ceilings for `model`: its window (or --context-length) and the --memory-budget.
-
-    Raises BudgetTooSmall when the budget cannot hold the weights and any context.
-    """
-    window = model.config.context_length
-    flagged = settings.context_length is not None and settings.context_length < window
-    if flagged:
-        window = settings.context_length  # type: ignore[assignment]
-    memory = None
-    if settings.memory_budget_gb is not None:
-        memory = plan_memory(
-            model.config,
-            weights_bytes=model.weights_bytes,
-            dtype_bytes=model.dtype.itemsize,
-            kv_dtype_bytes=model.cache_dtype.itemsize,
-            memory_budget_bytes=int(settings.memory_budget_gb * BYTES_PER_GB),
-            chunk_tokens=settings.chunk_tokens,
-            rows=rows,
-        )
-    return AdmissionPolicy(context_window=window, memory=memory, context_length_flag=flagged)
-
-
-def build_app(
-    engine: Engine, model: LoadedModel, settings: ServeSettings | None = None
-) -> Starlette:
-    """The server for one in-process model: `engine` already built over `model`."""
-    from modelhost.inference.stage import InferenceStage
-
-    settings = settings or ServeSettings()
-    policy = admission_policy(model, settings, rows=engine.stats().batch)
-    stage = InferenceStage(engine, model, policy=policy, defaults=settings.defaults)
-    return create_app(stage, settings)
 
 
 def create_app(
