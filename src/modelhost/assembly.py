@@ -19,8 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from modelhost.inference.admission import BYTES_PER_GB, AdmissionPolicy, plan_memory
-from modelhost.residency.host import ResidencyHost
-from modelhost.residency.registry import ModelEntry, ModelRegistry
+from modelhost.residency.registry import ModelEntry
 from modelhost.residency.router import ModelRouter
 from modelhost.residency.supervisor import MAX_RESTARTS, WorkerFailed, WorkerProcess
 from modelhost.residency.unit import LoadProgress
@@ -28,8 +27,6 @@ from modelhost.residency.worker_unit import WorkerUnit
 from modelhost.serve_config import (
     WORKER_COMMAND,
     WorkerConfig,
-    available_memory_bytes,
-    default_budget_bytes,
     quantize_mode,
 )
 from modelhost.server.app import create_app, create_routed_app
@@ -205,29 +202,6 @@ async def pin_companion(router: ModelRouter[Any], need: str) -> None:
     model_id = router.route(None, need)
     async with await router.acquire(model_id):
         router.host.pin(model_id)
-
-
-def serve_routed(
-    args: argparse.Namespace,
-    settings: ServeSettings,
-    registry: ModelRegistry,
-    startup: ModelEntry,
-    load: Any,
-    start: Callable[[ResidencyHost[Any]], Awaitable[None]],
-    mode: str,
-    worker_samples: WorkerSamples | None = None,
-) -> int:
-    """Host, router and app over `load`; `start` brings the startup model in before listening."""
-    budget_gb = args.model_budget
-    host: ResidencyHost[Any] = ResidencyHost(
-        budget_bytes=int(budget_gb * BYTES_PER_GB) if budget_gb else default_budget_bytes(),
-        source=registry.get,
-        load=load,
-        hold_s=args.hold,
-        available=available_memory_bytes,
-    )
-    router = ModelRouter(host, registry, current=startup.id)
-    return serve_router(args, settings, router, start, mode, worker_samples)
 
 
 def serve_router(

@@ -12,21 +12,29 @@ import asyncio
 import functools
 import logging
 import sys
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from modelhost.assembly import (
     build_stage,
     serve_cluster,
-    serve_routed,
+    serve_router,
     worker_loader,
 )
 from modelhost.cli.progress import ProgressBar, load_reporter
-from modelhost.inference.admission import BudgetTooSmall
+from modelhost.inference.admission import BYTES_PER_GB, BudgetTooSmall
 from modelhost.models.loading.embedded import DEFAULT_MODEL
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.registry import ModelEntry, ModelRegistry
+from modelhost.residency.router import ModelRouter
 from modelhost.residency.unit import LoadProgress, ResidencyError
-from modelhost.serve_config import quantize_mode, serving_shape, settings_from_args
+from modelhost.serve_config import (
+    available_memory_bytes,
+    default_budget_bytes,
+    quantize_mode,
+    serving_shape,
+    settings_from_args,
+)
 from modelhost.server.observability.prometheus import WorkerSamples
 from modelhost.server.settings import ServeSettings
 
@@ -86,7 +94,7 @@ def run_serve(args: argparse.Namespace) -> int:
         host.adopt(startup, unit, load_ms=unit.load_ms)
 
     load = in_process_loader(functools.partial(loader.load_model, quantize=quantize), stage_for)
-    return serve_routed(args, settings, registry, startup, load, adopt_startup_model, "")
+    return _serve_routed(args, settings, registry, startup, load, adopt_startup_model, "")
 
 
 def _run_workers(
@@ -116,7 +124,7 @@ def _run_workers(
         quantize=quantize_mode(args),
         threads=getattr(args, "threads", None),
     )
-    return serve_routed(
+    return _serve_routed(
         args, settings, registry, startup, load, load_startup_model, ", worker processes", samples
     )
 
@@ -141,3 +149,26 @@ async def show_load(host: ResidencyHost[Any], model_id: str) -> None:
 
 def _without_progress_lines(record: logging.LogRecord) -> bool:
     return record.msg != LoadProgress.LOG_MESSAGE
+
+
+def _serve_routed(
+    args: argparse.Namespace,
+    settings: ServeSettings,
+    registry: ModelRegistry,
+    startup: ModelEntry,
+    load: Any,
+    start: Callable[[ResidencyHost[Any]], Awaitable[None]],
+    mode: str,
+    worker_samples: WorkerSamples | None = None,
+) -> int:
+    """Host, router and app over `load`; `start` brings the startup model in before listening."""
+    budget_gb = args.model_budget
+    host: ResidencyHost[Any] = ResidencyHost(
+        budget_bytes=int(budget_gb * BYTES_PER_GB) if budget_gb else default_budget_bytes(),
+        source=registry.get,
+        load=load,
+        hold_s=args.hold,
+        available=available_memory_bytes,
+    )
+    router = ModelRouter(host, registry, current=startup.id)
+    return serve_router(args, settings, router, start, mode, worker_samples)
