@@ -194,7 +194,7 @@ def worker_loader(
 
 
 # ---------------------------------------------------------------------------------------------
-# The routed app: a host, its router, served until a signal
+# The routed app over a router (whatever host it leases from), served until a signal
 
 
 async def pin_companion(router: ModelRouter[Any], need: str) -> None:
