@@ -31,7 +31,7 @@ from modelhost.inference.decision_prompt import DecisionQuestion, DecisionReques
 from modelhost.inference.decisions import decide
 from modelhost.inference.stage import InferenceStage
 from modelhost.models.loaded import LoadedModel
-from modelhost.models.loader import load_model
+from modelhost.models.loading.loader import load_model
 
 TICKET = (
     "Customer wrote: I ordered a pair of running shoes three weeks ago and the parcel still has "

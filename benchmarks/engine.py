@@ -6,7 +6,7 @@
                                           [--out FILE]
 
 Runs the engine directly (no HTTP), greedy, EOS ignored so every stream makes its full length.
-Each `--modes` entry loads the model with that CPU linear mode (models/quant.py); with several,
+Each `--modes` entry loads the model with that CPU linear mode (loading/quant.py); with several,
 the table adds each mode's ratio to the first, measured in the same run. Prints a table and writes
 JSON (default benchmarks/results/engine-<time>.json). These machines are shared and noisy: compare
 ratios within one run, not figures across runs.
@@ -27,7 +27,7 @@ import torch
 from modelhost.engine.engine import Engine, EngineConfig, share_the_gil_with_the_engine
 from modelhost.engine.sampling_params import SamplingParams
 from modelhost.models.loaded import LoadedModel
-from modelhost.models.loader import load_model
+from modelhost.models.loading.loader import load_model
 from modelhost.models.modes import MODES
 
 FILLER = "The quick brown fox jumps over the lazy dog while the sun sets slowly in the west. "

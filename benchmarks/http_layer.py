@@ -38,7 +38,7 @@ from live_server import LiveServer  # noqa: E402
 from scripted_engine import ScriptedEngine, scripted_model  # noqa: E402
 from serving import thread_cpu_s, write_result  # noqa: E402  (beside this script)
 
-from modelhost.server.app import build_app  # noqa: E402
+from modelhost.assembly import build_app  # noqa: E402
 from modelhost.server.settings import ServeSettings  # noqa: E402
 
 FRAME = (

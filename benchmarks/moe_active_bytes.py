@@ -18,7 +18,7 @@ import json
 import re
 from pathlib import Path
 
-from modelhost.models.gguf_header import read_header
+from modelhost.models.loading.gguf_header import read_header
 
 _EXPERT = re.compile(r"blk\.\d+\.ffn_(gate|up|down)_exps\.weight$")
 

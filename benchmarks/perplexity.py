@@ -1,4 +1,4 @@
-"""Quality of the CPU linear modes (models/quant.py): perplexity and greedy agreement.
+"""Quality of the CPU linear modes (models/loading/quant.py): perplexity and greedy agreement.
 
     .venv/bin/python benchmarks/perplexity.py [--models ...] [--modes none int8 auto int4]
 
@@ -25,9 +25,9 @@ from modelhost.engine.sampling_params import SamplingParams
 from modelhost.engine.scheduler import ScheduledRow, SchedulerOutput
 from modelhost.engine.sequence import Sequence
 from modelhost.models.loaded import LoadedModel
-from modelhost.models.loader import load_model
+from modelhost.models.loading.loader import load_model
+from modelhost.models.loading.quant import describe
 from modelhost.models.modes import MODES
-from modelhost.models.quant import describe
 
 TEXT = """\
 It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of

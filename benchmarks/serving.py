@@ -45,19 +45,18 @@ from typing import Any
 import httpx
 import torch
 
-from modelhost.cli_serve import build_serving
-from modelhost.cli_worker import worker_loader
+from modelhost.assembly import build_serving, worker_loader
 from modelhost.engine.engine import share_the_gil_with_the_engine
 from modelhost.engine.sampling_params import SamplingParams
 from modelhost.inference.contracts import ChatPrompt, InferenceRequest
 from modelhost.inference.prompt import prompt_ids_for
-from modelhost.models.loader import load_model
+from modelhost.models.loading.loader import load_model
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.registry import ModelRegistry, ServingShape
 from modelhost.residency.router import ModelRouter
 from modelhost.server.app import create_routed_app
 from modelhost.server.http_server import server_for
-from modelhost.server.prometheus import WorkerSamples
+from modelhost.server.observability.prometheus import WorkerSamples
 from modelhost.server.settings import ServeSettings
 
 CONTENT = re.compile(r'"content":"[^"]')  # a chunk that carries text (not the opening role)

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/step.py MODEL MODE ROWS STEPS      (THREADS=1 by default)
 
 Rows are admitted, prefilled and warmed up for 4 steps, then `Engine._step()` runs STEPS times
-on the calling thread (greedy, EOS ignored). MODE is a CPU linear mode (models/quant.py). Pair it
+on the calling thread (greedy, EOS ignored). MODE is a CPU linear mode (loading/quant.py). Pair it
 with `py-spy record -f raw` to profile one decode step.
 """
 
@@ -19,7 +19,7 @@ from modelhost.engine.engine import Engine, EngineConfig, share_the_gil_with_the
 from modelhost.engine.row_output import RowOutput
 from modelhost.engine.sampling_params import SamplingParams
 from modelhost.engine.sequence import Sequence
-from modelhost.models.loader import load_model
+from modelhost.models.loading.loader import load_model
 
 
 def main() -> None:

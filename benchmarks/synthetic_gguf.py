@@ -263,7 +263,7 @@ def tensor_chunks(spec: TensorSpec, rng: np.random.Generator) -> Iterator[np.nda
 @functools.cache
 def tokenizer_fields(source: str = TOKENIZER_SOURCE) -> tuple[Field, ...]:
     """Every `tokenizer.*` field of an embedded model's GGUF, in its order."""
-    from modelhost.models.embedded import embedded_path
+    from modelhost.models.loading.embedded import embedded_path
 
     return tuple(f for f in read_fields(embedded_path(source)) if f.key.startswith("tokenizer."))
 

@@ -15,7 +15,7 @@ import torch  # noqa: E402
 
 from modelhost.engine.engine import share_the_gil_with_the_engine  # noqa: E402
 from modelhost.models.loaded import LoadedModel  # noqa: E402
-from modelhost.models.loader import load_model  # noqa: E402
+from modelhost.models.loading.loader import load_model  # noqa: E402
 
 # The engine, the event loop and test clients share two cores here; a second intra-op thread
 # spinning against them makes every matmul many times slower, and tests measure no speed.

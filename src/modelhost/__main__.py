@@ -1,3 +1,3 @@
-from modelhost.cli import main
+from modelhost.cli.main import main
 
 raise SystemExit(main())

@@ -21,10 +21,15 @@ from modelhost.models.modes import default_mode
 from modelhost.residency.kv_store import default_budget_bytes as default_kv_disk_bytes
 from modelhost.residency.registry import ServingShape
 from modelhost.residency.supervisor import proc_bytes
-from modelhost.server.limits import DEFAULT_MAX_BODY_BYTES, MiB
+from modelhost.server.edge.limits import DEFAULT_MAX_BODY_BYTES, MiB
 from modelhost.server.settings import ServeSettings
 
 SETTING_FIELDS = frozenset(ServeSettings.__dataclass_fields__)
+# A worker process's entry, and the file beside its socket where `--listen` writes its TCP port:
+# the same on this machine (assembly.worker_loader) and on a cluster's node (cluster/actors.py).
+WORKER_MODULE = "modelhost.cli.worker"  # its main, and warm_up for spare workers
+WORKER_COMMAND = (sys.executable, "-m", WORKER_MODULE)
+TCP_PORT_FILE = "tcp-port"
 
 
 def settings_from_args(args: argparse.Namespace) -> ServeSettings:
@@ -115,8 +120,19 @@ def serving_shape(args: argparse.Namespace, settings: ServeSettings) -> ServingS
     )
 
 
+def parse_replicas(values: list[str]) -> dict[str, int]:
+    """`--replicas MODEL=N` (repeatable) as {model: N}."""
+    replicas: dict[str, int] = {}
+    for value in values:
+        model, _, count = value.rpartition("=")
+        if not model or not count.isdigit() or int(count) < 1:
+            raise SystemExit(f"modelhost serve: --replicas takes MODEL=N (N >= 1), not '{value}'")
+        replicas[model] = int(count)
+    return replicas
+
+
 def quantize_mode(args: argparse.Namespace) -> str:
-    """`--quantize`, else MODELHOST_QUANTIZE, else the default (models/quant.py says each)."""
+    """`--quantize`, else MODELHOST_QUANTIZE, else the default (loading/quant.py says each)."""
     return getattr(args, "quantize", None) or default_mode()
 
 

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from modelhost.cli_serve_args import parse_replicas
-from modelhost.server.cluster_secret import read_token_file
+from modelhost.serve_config import parse_replicas
+from modelhost.server.edge.cluster_secret import read_token_file
 
 SINGLE_MACHINE_IMPORTS = """
 import sys
-import modelhost.cli, modelhost.cli_serve, modelhost.cli_worker, modelhost.cli_ls
-import modelhost.server.app, modelhost.server.leasing, modelhost.server.worker_proxy
+import modelhost.cli.main, modelhost.cli.serve, modelhost.cli.worker, modelhost.cli.ls
+import modelhost.server.app, modelhost.server.front.leasing, modelhost.server.front.worker_proxy
 import modelhost.residency.cluster
 assert "ray" not in sys.modules, sorted(m for m in sys.modules if m.startswith("ray"))
 """

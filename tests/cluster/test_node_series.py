@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from modelhost.server.prometheus import Metrics
+from modelhost.server.observability.prometheus import Metrics
 
 pytest.importorskip("ray")
 

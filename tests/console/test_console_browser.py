@@ -20,14 +20,14 @@ import pytest
 from live_server import LiveServer
 from scripted_engine import ScriptedEngine, scripted_model
 
-from modelhost.cli_serve import build_stage
+from modelhost.assembly import build_app, build_stage
 from modelhost.models.loaded import LoadedModel
-from modelhost.models.loader import load_model
+from modelhost.models.loading.loader import load_model
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.inprocess import InProcessUnit, in_process_loader
 from modelhost.residency.registry import ModelRegistry, ServingShape
 from modelhost.residency.router import ModelRouter
-from modelhost.server.app import build_app, create_routed_app
+from modelhost.server.app import create_routed_app
 from modelhost.server.settings import ServeSettings
 
 sync_api = pytest.importorskip("playwright.sync_api")

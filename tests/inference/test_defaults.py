@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from modelhost.inference.contracts import (
@@ -10,7 +12,7 @@ from modelhost.inference.contracts import (
     SamplingRequest,
     TextPrompt,
 )
-from modelhost.inference.defaults import ServingDefaults, resolve_sampling
+from modelhost.inference.defaults import ServingDefaults, requested_max_tokens, resolve_sampling
 
 
 def request(thinking: bool | None = None, **sampling: object) -> InferenceRequest:
@@ -69,3 +71,10 @@ def test_resolved_params_carry_the_clamped_max_tokens_and_the_seed() -> None:
 def test_an_out_of_range_knob_is_a_400() -> None:
     with pytest.raises(InvalidRequest):
         resolve_sampling(request(repetition_penalty=-1.0), ServingDefaults(), {}, max_tokens=8)
+
+
+def test_max_tokens_is_the_request_s_then_the_flag_s_then_all_the_room_left() -> None:
+    asked = dataclasses.replace(request(), max_tokens=12)
+    assert requested_max_tokens(asked, ServingDefaults(max_tokens=40)) == 12
+    assert requested_max_tokens(request(), ServingDefaults(max_tokens=40)) == 40
+    assert requested_max_tokens(request(), ServingDefaults()) is None

@@ -16,7 +16,7 @@ from modelhost.inference.contracts import ChatPrompt, InferenceRequest
 from modelhost.inference.prompt import prompt_ids_for
 from modelhost.models.families import MISTRAL
 from modelhost.models.loaded import LoadedModel
-from modelhost.models.loader import load_model
+from modelhost.models.loading.loader import load_model
 from modelhost.text.detokenizer import IncrementalDetokenizer
 
 pytestmark = pytest.mark.slow

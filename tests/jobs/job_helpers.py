@@ -12,7 +12,7 @@ from job_test_kinds import TEST_KINDS
 from scripted_engine import ScriptedEngine, scripted_model
 from starlette.applications import Starlette
 
-from modelhost.server.app import build_app
+from modelhost.assembly import build_app
 from modelhost.server.settings import ServeSettings
 
 TERMINAL = ("done", "failed", "zombie")

@@ -13,7 +13,7 @@ from live_server import LiveServer, free_port
 from scripted_engine import ScriptedEngine
 
 from modelhost.bench import BenchConfig, percentile, run_bench
-from modelhost.cli import main
+from modelhost.cli.main import main
 
 SCRIPT = ("one", " two", " three", " four", " five", " six")
 

@@ -10,7 +10,7 @@ import pytest
 from job_helpers import submit, wait_for
 from live_server import LiveServer
 
-from modelhost.cli import main
+from modelhost.cli.main import main
 
 
 def test_jobs_ls_shows_a_progress_bar_for_a_running_job(

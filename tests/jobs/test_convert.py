@@ -18,7 +18,7 @@ from modelhost.engine.engine import Engine, EngineConfig
 from modelhost.engine.sampling_params import SamplingParams
 from modelhost.jobs.convert import write_hf_directory
 from modelhost.models.loaded import LoadedModel
-from modelhost.models.loader import load_model
+from modelhost.models.loading.loader import load_model
 from modelhost.residency.registry import ModelRegistry
 
 PROMPT = "The three primary colours are"

@@ -12,10 +12,10 @@ import pytest
 from job_helpers import submit, wait_for
 from live_server import LiveServer
 
+from modelhost.assembly import build_app
 from modelhost.engine.engine import Engine, EngineConfig
 from modelhost.jobs.eval_serve import SAMPLE_TEXT
 from modelhost.models.loaded import LoadedModel
-from modelhost.server.app import build_app
 from modelhost.server.settings import ServeSettings
 
 PROMPT = "The capital of France is Paris. The capital of Italy is"

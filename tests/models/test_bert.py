@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from modelhost.models.bert import EmbeddingModel, cosine, load_bert
-from modelhost.models.embedded import EMBEDDING_MODEL, encoder_path
+from modelhost.models.loading.embedded import EMBEDDING_MODEL, encoder_path
+from modelhost.models.networks.bert import EmbeddingModel, cosine, load_bert
 
 SENTENCES = [
     "A man is playing a guitar.",

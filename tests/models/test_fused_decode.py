@@ -1,4 +1,4 @@
-"""The one-call decode path (models/fused_decode.py) against the module-by-module one."""
+"""The one-call decode path (models/kernels/fused_decode.py) against the module-by-module one."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from modelhost.engine.engine import Engine, EngineConfig, RequestStream
 from modelhost.engine.sampling_params import SamplingParams
-from modelhost.models import native
+from modelhost.models.kernels import native
 from modelhost.models.loaded import LoadedModel
 
 pytestmark = pytest.mark.skipif(native.kernels() is None, reason="no native kernels here")

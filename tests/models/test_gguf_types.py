@@ -11,10 +11,10 @@ from gguf import GGMLQuantizationType
 from prompt_logits import prompt_logits
 from synthetic_files import TYPES, retype_tensor, write_tiny
 
-from modelhost.models import native
-from modelhost.models.gguf_header import read_header
-from modelhost.models.loader import load_model
-from modelhost.models.weights import UnsupportedTensor
+from modelhost.models.kernels import native
+from modelhost.models.loading.gguf_header import read_header
+from modelhost.models.loading.loader import load_model
+from modelhost.models.loading.weights import UnsupportedTensor
 from modelhost.residency.registry import ModelRegistry
 
 pytestmark = pytest.mark.skipif(native.kernels() is None, reason="no native kernels here")

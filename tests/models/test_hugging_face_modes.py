@@ -12,8 +12,8 @@ import transformers
 from prompt_logits import prompt_logits
 from tiny_models import make_tiny_checkpoint
 
-from modelhost.models import native
-from modelhost.models.loader import load_model
+from modelhost.models.kernels import native
+from modelhost.models.loading.loader import load_model
 
 pytestmark = pytest.mark.skipif(native.kernels() is None, reason="no native kernels here")
 

@@ -10,10 +10,10 @@ import pytest
 from synthetic_files import write_tiny
 from tiny_models import make_tiny_checkpoint
 
-from modelhost.models import loader
-from modelhost.models.embedded import DEFAULT_MODEL
 from modelhost.models.families import GEMMA_TEMPLATE
-from modelhost.models.loader import ModelNotFound, load_model, resolve
+from modelhost.models.loading import loader
+from modelhost.models.loading.embedded import DEFAULT_MODEL
+from modelhost.models.loading.loader import ModelNotFound, load_model, resolve
 
 
 def test_loader_resolves_the_default_model_when_no_name_is_given():
@@ -41,7 +41,7 @@ def test_loader_warm_load_uses_the_cache_without_parsing_the_gguf(smollm2, monke
 def test_a_gguf_tokenizer_is_the_one_transformers_builds_from_the_file(model_id):
     from transformers import AutoTokenizer
 
-    from modelhost.models.embedded import embedded_path
+    from modelhost.models.loading.embedded import embedded_path
 
     path = embedded_path(model_id)
     built = loader._gguf_tokenizer(path)
@@ -92,8 +92,8 @@ def test_loading_leaves_no_threads_behind_to_compete_with_the_engines_own(tmp_pa
     path = write_tiny(tmp_path / "tiny-q4_k_m.gguf", "Q4_K_M")
     script = (
         "import os, sys\n"
-        "from modelhost.models import native\n"
-        "from modelhost.models.loader import load_model\n"
+        "from modelhost.models.kernels import native\n"
+        "from modelhost.models.loading.loader import load_model\n"
         "native.kernels()\n"
         "before = len(os.listdir('/proc/self/task'))\n"
         "load_model(sys.argv[1])\n"

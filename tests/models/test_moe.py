@@ -1,4 +1,4 @@
-"""Qwen3-MoE's own parts (models/moe.py, native_moe.h) on a tiny random checkpoint; its
+"""Qwen3-MoE's own parts (models/networks/moe.py, native_moe.h) on a tiny random checkpoint; its
 parity with transformers (folder and GGUF, fp32, native, Q8_0) is tests/models/test_parity.py's,
 through tiny_models.ARCHITECTURES["qwen3_moe"]."""
 
@@ -14,9 +14,9 @@ from prompt_logits import prompt_logits
 from tiny_gguf import write_gguf_from_hf
 from tiny_models import make_tiny_checkpoint, reference_model
 
-from modelhost.models import native
-from modelhost.models.loader import load_model
-from modelhost.models.moe import SparseMoE
+from modelhost.models.kernels import native
+from modelhost.models.loading.loader import load_model
+from modelhost.models.networks.moe import SparseMoE
 from modelhost.residency.registry import ModelRegistry
 
 needs_kernels = pytest.mark.skipif(native.kernels() is None, reason="no native kernels here")

@@ -1,4 +1,4 @@
-"""The native kernels (models/native.py): packed matmuls of every GGUF type, attention,
+"""The native kernels (models/kernels/native.py): packed matmuls of every GGUF type, attention,
 norms, activations and token choice."""
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import torch
 from gguf.quants import dequantize, quantize
 from gguf_blocks import ALL_TYPES, FLOATS, K_TYPES, LEGACY, T, random_tensor
 
-from modelhost.models import layers, native
-from modelhost.models.layers import Rotary, apply_rotary_
-from modelhost.models.packed import PackedWeight
+from modelhost.models.kernels import native
+from modelhost.models.kernels.packed import PackedWeight
+from modelhost.models.networks import layers
+from modelhost.models.networks.layers import Rotary, apply_rotary_
 
 kernels = native.kernels()
 pytestmark = pytest.mark.skipif(
@@ -143,8 +144,8 @@ _AVX2_CHECK = """
 import sys, torch
 sys.path.insert(0, "tests")
 from gguf_blocks import ALL_TYPES, random_tensor
-from modelhost.models import native
-from modelhost.models.packed import PackedWeight
+from modelhost.models.kernels import native
+from modelhost.models.kernels.packed import PackedWeight
 kernels = native.kernels()
 torch.manual_seed(0)
 x = torch.randn(11, 512)

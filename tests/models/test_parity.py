@@ -19,7 +19,7 @@ from tiny_models import ARCHITECTURES, make_tiny_checkpoint, reference_model
 from modelhost.engine.engine import Engine, EngineConfig
 from modelhost.engine.sampling_params import SamplingParams
 from modelhost.models.loaded import LoadedModel
-from modelhost.models.loader import load_model
+from modelhost.models.loading.loader import load_model
 
 LOGIT_TOLERANCE = 1e-3
 EMBEDDED = {"smollm2": "smollm2-135m-instruct", "gemma3": "gemma-3-270m"}

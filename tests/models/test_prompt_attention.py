@@ -1,4 +1,4 @@
-"""Prompt tokens attended natively over the paged keys (models/layers.py) against SDPA over the
+"""Prompt tokens attended natively over the paged keys (networks/layers.py) against SDPA over the
 gathered context, the path longer contexts and machines without the kernels take.
 
 fp32 weights and KV (`quantize="none"`): over an fp16 pool, a key that moves by an ulp of fp32
@@ -15,9 +15,10 @@ from prompt_logits import prompt_logits
 
 from modelhost.engine.engine import Engine, EngineConfig, RequestStream
 from modelhost.engine.sampling_params import SamplingParams
-from modelhost.models import layers, native
+from modelhost.models.kernels import native
 from modelhost.models.loaded import LoadedModel
-from modelhost.models.loader import load_model
+from modelhost.models.loading.loader import load_model
+from modelhost.models.networks import layers
 
 pytestmark = pytest.mark.skipif(native.kernels() is None, reason="no native kernels here")
 

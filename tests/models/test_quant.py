@@ -1,4 +1,4 @@
-"""How CPU linears hold their weights (models/quant.py): the file's own form, or a mode's."""
+"""How CPU linears hold their weights (loading/quant.py): the file's own form, or a mode's."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ from gguf.quants import dequantize
 from gguf_blocks import T
 from prompt_logits import prompt_logits
 
-from modelhost.models import footprint, native
-from modelhost.models.embedded import embedded_path
-from modelhost.models.footprint import target_type
+from modelhost.models.kernels import native
 from modelhost.models.loaded import LoadedModel
-from modelhost.models.loader import load_model
-from modelhost.models.quant import DenseLinear, describe, quantize_blocks
+from modelhost.models.loading import footprint
+from modelhost.models.loading.embedded import embedded_path
+from modelhost.models.loading.footprint import target_type
+from modelhost.models.loading.loader import load_model
+from modelhost.models.loading.quant import DenseLinear, describe, quantize_blocks
 
 needs_kernels = pytest.mark.skipif(native.kernels() is None, reason="no native kernels here")
 

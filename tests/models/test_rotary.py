@@ -1,10 +1,10 @@
-"""Rotary embedding values (models/layers.py's Rotary), from its table or computed."""
+"""Rotary embedding values (models/networks/layers.py's Rotary), from its table or computed."""
 
 from __future__ import annotations
 
 import torch
 
-from modelhost.models.layers import Rotary
+from modelhost.models.networks.layers import Rotary
 
 
 def reference(rotary: Rotary, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,7 +11,7 @@ import gguf
 import numpy as np
 import pytest
 
-from modelhost.models.embedded import embedded_path
+from modelhost.models.loading.embedded import embedded_path
 
 # Appended, not prepended: benchmarks/ holds engine.py, step.py ... which must shadow nothing.
 sys.path.append(str(Path(__file__).resolve().parents[2] / "benchmarks"))

@@ -13,7 +13,7 @@ from reliability_support import AppFactory, ClientFactory
 from scripted_engine import ScriptedEngine, scripted_model
 from starlette.applications import Starlette
 
-from modelhost.server.app import build_app
+from modelhost.assembly import build_app
 from modelhost.server.settings import ServeSettings
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from reliability_support import HELLO, AppFactory, ClientFactory
 
-from modelhost.server.access import access_problem, host_allowed
+from modelhost.server.edge.access import access_problem, host_allowed
 
 
 async def post(make_app: AppFactory, client_of: ClientFactory, headers: dict[str, str],

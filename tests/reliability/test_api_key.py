@@ -13,7 +13,8 @@ import openai
 import pytest
 from reliability_support import HELLO, AppFactory, ClientFactory
 
-from modelhost import cli_serve_args, serve_config
+from modelhost import serve_config
+from modelhost.cli import serve_args as cli_serve_args
 
 KEY = "sk-local-test-key"
 MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
@@ -137,7 +138,7 @@ async def test_keys_are_compared_in_constant_time(
 ) -> None:
     import hmac
 
-    from modelhost.server import access
+    from modelhost.server.edge import access
 
     compared: list[tuple[bytes, bytes]] = []
     original = hmac.compare_digest

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scripted_engine import ScriptedEngine, scripted_model
 
-from modelhost.server.app import build_app
+from modelhost.assembly import build_app
 from modelhost.server.settings import ServeSettings
 
 ANSWER_TIMEOUT_S = 15.0

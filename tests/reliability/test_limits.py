@@ -19,7 +19,7 @@ from modelhost.residency.registry import ModelEntry, ModelRegistry
 from modelhost.residency.router import ModelRouter
 from modelhost.residency.unit import LoadProgress
 from modelhost.server.app import create_routed_app
-from modelhost.server.limits import BodyLimits, json_shape_problem
+from modelhost.server.edge.limits import BodyLimits, json_shape_problem
 from modelhost.server.settings import ServeSettings
 from modelhost.server.surfaces import SURFACES
 

@@ -20,7 +20,7 @@ import pytest
 from live_server import LiveServer, open_tcp_fds
 from scripted_engine import ScriptedEngine, scripted_model
 
-from modelhost.cli_worker import worker_loader
+from modelhost.assembly import worker_loader
 from modelhost.inference.stage import InferenceStage
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.inprocess import InProcessUnit

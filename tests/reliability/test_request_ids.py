@@ -19,7 +19,7 @@ from modelhost.residency.supervisor import WorkerProcess
 from modelhost.residency.unit import LoadProgress
 from modelhost.residency.worker_unit import WorkerUnit
 from modelhost.server.app import create_routed_app
-from modelhost.server.json_logs import JsonLogFormatter, use_json_logs
+from modelhost.server.edge.json_logs import JsonLogFormatter, use_json_logs
 from modelhost.server.settings import ServeSettings
 
 CHAT = "/v1/chat/completions"

@@ -23,8 +23,8 @@ pytestmark = pytest.mark.slow  # the tiny model borrows SmolLM2's tokenizer
 
 SERVE = """
 import argparse, sys
-from modelhost.cli_serve import run_serve
-from modelhost.cli_serve_args import add_serve_parser
+from modelhost.cli.serve import run_serve
+from modelhost.cli.serve_args import add_serve_parser
 parser = argparse.ArgumentParser(prog="modelhost")
 add_serve_parser(parser.add_subparsers(dest="command"))
 sys.exit(run_serve(parser.parse_args(["serve", *sys.argv[1:]])))

@@ -7,7 +7,7 @@ from gguf import GGMLQuantizationType
 from synthetic_files import retype_tensor, write_tiny
 from tiny_models import make_tiny_checkpoint
 
-from modelhost.cli import main
+from modelhost.cli.main import main
 
 
 def test_ls_prints_each_local_model_with_its_estimate_and_whether_it_fits(

@@ -10,7 +10,9 @@ import pytest
 from starlette.testclient import TestClient
 from tiny_models import make_tiny_checkpoint
 
-from modelhost import cli_serve, cli_serve_args
+from modelhost import assembly
+from modelhost.cli import serve as cli_serve
+from modelhost.cli import serve_args as cli_serve_args
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -25,7 +27,7 @@ def test_serve_makes_the_first_model_current_and_knows_the_others_under_the_budg
     first = make_tiny_checkpoint(tmp_path / "tiny-a", "llama", smollm2)
     second = make_tiny_checkpoint(tmp_path / "tiny-b", "qwen2", smollm2)
     served: dict[str, Any] = {}
-    monkeypatch.setattr(cli_serve, "serve", lambda app, **options: served.update(app=app) or True)
+    monkeypatch.setattr(assembly, "serve", lambda app, **options: served.update(app=app) or True)
     args = parse(str(first), str(second), "--model-budget", "0.03", "--in-process")
     assert cli_serve.run_serve(args) == 0
     router = served["app"].state.router
@@ -45,6 +47,6 @@ def test_serve_makes_the_first_model_current_and_knows_the_others_under_the_budg
 def test_serve_refuses_a_model_it_cannot_find_before_it_listens(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(cli_serve, "serve", lambda *a, **k: pytest.fail("must not serve"))
+    monkeypatch.setattr(assembly, "serve", lambda *a, **k: pytest.fail("must not serve"))
     assert cli_serve.run_serve(parse("no-such-model")) == 2
     assert "model 'no-such-model' not found" in capsys.readouterr().err

@@ -17,7 +17,6 @@ from modelhost.residency.cluster import (
     Node,
     affinity_key,
     choose_replica,
-    request_body,
 )
 from modelhost.residency.unit import ResidencyError
 
@@ -131,12 +130,27 @@ async def test_requests_for_a_replicated_model_are_spread_over_its_replicas(two_
     await lease(cluster, "a")
     await cluster.maintain()
     assert placed(cluster) == {"a": ["large", "small"]}
-    request_body.set(None)
     leases = [await cluster.acquire("a") for _ in range(4)]
     busy = {m.node: m.leases for m in cluster.resident()}
     assert busy == {"large": 2, "small": 2}
     for held in leases:
         held.release()
+
+
+async def test_the_turns_of_one_conversation_lease_the_same_replica(two_nodes):
+    cluster, _, _ = two_nodes
+    cluster.replicas = {"a": 2}
+    await lease(cluster, "a")
+    await cluster.maintain()
+    assert placed(cluster) == {"a": ["large", "small"]}
+    # This conversation's prefix hashes to "small"; with no body, equal queues go to "large".
+    turn = b'{"model": "a", "messages": [{"role": "user", "content": "bonjour"}]}'
+    nodes = set()
+    for _ in range(6):  # one at a time: neither replica is ever busier than the other
+        held = await cluster.acquire("a", body=turn)
+        nodes.update(m.node for m in cluster.resident() if m.leases)
+        held.release()
+    assert nodes == {"small"}
 
 
 async def test_maintain_adds_a_replica_only_where_it_fits_without_evicting(two_nodes):

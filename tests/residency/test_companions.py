@@ -14,10 +14,10 @@ import pytest
 from live_server import LiveServer
 from routed_world import FakeRegistry
 
+from modelhost.assembly import build_stage
 from modelhost.audio.whisper_files import WHISPER_BASE
-from modelhost.cli_serve import build_stage
-from modelhost.models.embedded import EMBEDDING_MODEL
-from modelhost.models.loader import load_model
+from modelhost.models.loading.embedded import EMBEDDING_MODEL
+from modelhost.models.loading.loader import load_model
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.inprocess import InProcessUnit, in_process_loader
 from modelhost.residency.registry import ModelEntry, ModelRegistry, ServingShape

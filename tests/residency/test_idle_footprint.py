@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from modelhost.cli_serve import build_stage
+from modelhost.assembly import build_stage
 from modelhost.engine.kv_pool_size import IDLE_KV_BYTES
 from modelhost.engine.sampling_params import SamplingParams
 from modelhost.residency.inprocess import InProcessUnit

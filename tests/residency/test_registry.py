@@ -13,9 +13,9 @@ from tiny_models import make_tiny_checkpoint
 
 from modelhost.engine.kv_pool_size import IDLE_KV_BYTES
 from modelhost.inference.admission import working_bytes
-from modelhost.models.embedded import DEFAULT_MODEL, embedded_path
-from modelhost.models.hf_config import config_from_hf
-from modelhost.models.loader import load_model
+from modelhost.models.loading.embedded import DEFAULT_MODEL, embedded_path
+from modelhost.models.loading.hf_config import config_from_hf
+from modelhost.models.loading.loader import load_model
 from modelhost.residency.registry import ModelRegistry, ServingShape
 
 

@@ -13,8 +13,8 @@ import openai
 import pytest
 from live_server import LiveServer
 
-from modelhost.cli_serve import build_stage
-from modelhost.models.loader import load_model
+from modelhost.assembly import build_stage
+from modelhost.models.loading.loader import load_model
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.inprocess import InProcessUnit, in_process_loader
 from modelhost.residency.registry import ModelRegistry, ServingShape

@@ -16,22 +16,22 @@ import httpx
 import pytest
 from live_server import LiveServer, free_port
 
-from modelhost.cli_worker import WORKER_MODULE, worker_loader
+from modelhost.cli.worker import WORKER_MODULE, worker_loader
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.registry import ModelRegistry, ServingShape
 from modelhost.residency.router import ModelRouter
 from modelhost.residency.spare_pool import SpareWorkers
 from modelhost.residency.worker_unit import WorkerUnit
 from modelhost.server.app import create_routed_app
-from modelhost.server.prometheus import WorkerSamples
+from modelhost.server.observability.prometheus import WorkerSamples
 from modelhost.server.settings import ServeSettings
 
 pytestmark = pytest.mark.slow
 WAIT_S = 300.0  # a spare warms up at a low priority: slow on a busy machine
 SERVE = """
 import argparse, sys
-from modelhost.cli_serve import run_serve
-from modelhost.cli_serve_args import add_serve_parser
+from modelhost.cli.serve import run_serve
+from modelhost.cli.serve_args import add_serve_parser
 parser = argparse.ArgumentParser(prog="modelhost")
 add_serve_parser(parser.add_subparsers(dest="command"))
 sys.exit(run_serve(parser.parse_args(["serve", *sys.argv[1:]])))

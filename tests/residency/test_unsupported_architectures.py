@@ -16,9 +16,9 @@ import pytest
 from live_server import LiveServer
 from tiny_models import make_tiny_checkpoint
 
-from modelhost.cli import main
-from modelhost.cli_serve import build_stage
-from modelhost.models.loader import load_model
+from modelhost.assembly import build_stage
+from modelhost.cli.main import main
+from modelhost.models.loading.loader import load_model
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.inprocess import InProcessUnit, in_process_loader
 from modelhost.residency.registry import ModelEntry, ModelRegistry, ServingShape

@@ -18,7 +18,7 @@ import pytest
 from live_server import LiveServer
 from routed_world import FakeRegistry
 
-from modelhost.cli_worker import worker_loader
+from modelhost.assembly import worker_loader
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.registry import ModelRegistry, ServingShape
 from modelhost.residency.router import ModelRouter

@@ -11,7 +11,7 @@ import pytest
 from gguf import GGMLQuantizationType
 from synthetic_files import retype_tensor, write_tiny
 
-from modelhost.cli_worker import worker_loader
+from modelhost.assembly import worker_loader
 from modelhost.residency.registry import ModelRegistry
 from modelhost.residency.unit import LoadProgress
 from modelhost.server.settings import ServeSettings

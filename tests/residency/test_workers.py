@@ -19,18 +19,18 @@ import pytest
 from live_server import LiveServer, open_tcp_fds
 from prometheus_client.parser import text_string_to_metric_families
 
+from modelhost.assembly import worker_loader
 from modelhost.audio.whisper_files import WHISPER_BASE
-from modelhost.cli_worker import worker_loader
-from modelhost.models.embedded import EMBEDDING_MODEL
+from modelhost.models.loading.embedded import EMBEDDING_MODEL
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.registry import ModelRegistry, ServingShape
 from modelhost.residency.router import ModelRouter
 from modelhost.residency.supervisor import MAX_RESTARTS
 from modelhost.residency.worker_unit import WorkerUnit
 from modelhost.server.app import create_routed_app
-from modelhost.server.prometheus import WorkerSamples
+from modelhost.server.front.worker_proxy import PID_HEADER
+from modelhost.server.observability.prometheus import WorkerSamples
 from modelhost.server.settings import ServeSettings
-from modelhost.server.worker_proxy import PID_HEADER
 
 pytestmark = pytest.mark.slow
 SHAPE = ServingShape(batch=2)

@@ -12,8 +12,8 @@ from live_server import LiveServer
 from scripted_engine import ScriptedEngine, scripted_model
 from starlette.applications import Starlette
 
+from modelhost.assembly import build_app
 from modelhost.models.loaded import LoadedModel
-from modelhost.server.app import build_app
 from modelhost.server.settings import ServeSettings
 
 AppFactory = Callable[..., Starlette]

@@ -9,7 +9,9 @@ import sys
 import pytest
 from scripted_engine import scripted_model
 
-from modelhost import cli_serve, cli_serve_args, serve_config
+from modelhost import assembly, serve_config
+from modelhost.cli import serve as cli_serve
+from modelhost.cli import serve_args as cli_serve_args
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -64,11 +66,11 @@ def test_the_command_line_parses_without_importing_pytorch_or_the_server() -> No
     # `modelhost bench` and `modelhost jobs` are clients: they start in a fraction of a second.
     code = """
 import contextlib, io, sys
-from modelhost.cli import main
+from modelhost.cli.main import main
 for command in ("bench", "jobs"):
     with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):
         main([command, "--help"])
-print(sorted(m for m in ("torch", "starlette", "modelhost.cli_serve") if m in sys.modules))
+print(sorted(m for m in ("torch", "starlette", "modelhost.cli.serve") if m in sys.modules))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -77,9 +79,9 @@ print(sorted(m for m in ("torch", "starlette", "modelhost.cli_serve") if m in sy
 def test_serve_in_process_refuses_a_memory_budget_below_the_weights_before_it_listens(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from modelhost.models import loader
+    from modelhost.models.loading import loader
 
     monkeypatch.setattr(loader, "load_model", lambda name=None, **options: scripted_model())
-    monkeypatch.setattr(cli_serve, "serve", lambda *a, **k: pytest.fail("must not serve"))
+    monkeypatch.setattr(assembly, "serve", lambda *a, **k: pytest.fail("must not serve"))
     assert cli_serve.run_serve(parse("--in-process", "--memory-budget", "0.001")) == 2
     assert "cannot hold the weights" in capsys.readouterr().err

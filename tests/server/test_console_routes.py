@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 from scripted_engine import ScriptedEngine
 
-from modelhost.server.console import CONSOLE_DIR
+from modelhost.server.observability.console import CONSOLE_DIR
 
 HTML = {"accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}

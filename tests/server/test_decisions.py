@@ -11,9 +11,9 @@ import httpx
 import pytest
 from scripted_engine import ScriptedEngine, scripted_model
 
+from modelhost.assembly import build_app
 from modelhost.engine.engine import Engine, EngineConfig
 from modelhost.models.loaded import LoadedModel
-from modelhost.server.app import build_app
 from modelhost.server.settings import ServeSettings
 
 TICKET = "Customer: my card was charged twice for the same order and I want a refund now!"

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from modelhost.inference.contracts import GrammarSpec
-from modelhost.server import openai_fields as fields
+from modelhost.server.openai import fields
 
 SCHEMA = {"type": "object"}
 JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}

@@ -12,7 +12,7 @@ import pytest
 from scripted_engine import ScriptedEngine, scripted_model
 from starlette.applications import Starlette
 
-from modelhost.server.response_store import ResponseStore
+from modelhost.server.responses.store import ResponseStore
 
 AppFactory = Callable[..., Starlette]
 ClientFactory = Callable[[Starlette], httpx.AsyncClient]

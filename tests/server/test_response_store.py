@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from modelhost.server.response_store import ResponseStore, StoredResponse
+from modelhost.server.responses.store import ResponseStore, StoredResponse
 
 
 def entry(text: str = "x") -> StoredResponse:

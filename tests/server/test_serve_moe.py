@@ -15,9 +15,9 @@ from live_server import LiveServer
 from tiny_gguf import write_gguf_from_hf
 from tiny_models import make_tiny_checkpoint
 
-from modelhost.cli_serve import build_stage
+from modelhost.assembly import build_stage
 from modelhost.models.loaded import LoadedModel
-from modelhost.models.loader import load_model
+from modelhost.models.loading.loader import load_model
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.inprocess import InProcessUnit, in_process_loader
 from modelhost.residency.registry import ModelRegistry, ServingShape

@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from modelhost.cli_serve import build_serving
+from modelhost.assembly import build_serving
 from modelhost.inference.admission import BYTES_PER_GB, working_bytes
 from modelhost.models.loaded import LoadedModel
 from modelhost.server.settings import ServeSettings

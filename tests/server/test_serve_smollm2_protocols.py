@@ -9,7 +9,7 @@ import anthropic
 import openai
 import pytest
 
-from modelhost.cli_serve import build_serving
+from modelhost.assembly import build_serving
 from modelhost.models.loaded import LoadedModel
 from modelhost.server.settings import ServeSettings
 

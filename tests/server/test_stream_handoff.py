@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from modelhost.cli_worker import bind_private_socket
-from modelhost.server.stream_handoff import (
+from modelhost.cli.worker import bind_private_socket
+from modelhost.server.front.stream_handoff import (
     HANDOFF_HEADER,
     READY,
     SocketReceiver,

@@ -18,7 +18,7 @@ import jsonschema
 import openai
 import pytest
 
-from modelhost.cli_serve import build_serving
+from modelhost.assembly import build_serving
 from modelhost.models.loaded import LoadedModel
 from modelhost.server.settings import ServeSettings
 

@@ -10,10 +10,10 @@ import httpx
 import pytest
 from routed_world import RoutedWorld
 
-from modelhost.server.anthropic_wire import ANTHROPIC_ERRORS
+from modelhost.server.anthropic.wire import ANTHROPIC_ERRORS
 from modelhost.server.app import create_routed_app
-from modelhost.server.openai_wire import OPENAI_ERRORS
-from modelhost.server.responses_wire import RESPONSES_ERRORS
+from modelhost.server.openai.wire import OPENAI_ERRORS
+from modelhost.server.responses.wire import RESPONSES_ERRORS
 from modelhost.server.settings import ServeSettings
 from modelhost.server.surfaces import SURFACES, Surfaces
 

@@ -17,17 +17,17 @@ from typing import Any
 import httpx
 import pytest
 
-from modelhost.cli_worker import bind_private_socket
+from modelhost.cli.worker import bind_private_socket
 from modelhost.residency.supervisor import WorkerProcess
 from modelhost.residency.worker_unit import WorkerUnit
 from modelhost.serve_config import WorkerConfig
+from modelhost.server.edge.request_context import ObservedRequests
+from modelhost.server.front.stream_handoff import HANDOFF_HEADER, handoff_socket_path
+from modelhost.server.front.worker_proxy import relay
 from modelhost.server.http_server import TRANSPORT_EXTENSION
-from modelhost.server.prometheus import Metrics
-from modelhost.server.request_context import ObservedRequests
+from modelhost.server.observability.prometheus import Metrics
 from modelhost.server.settings import ServeSettings
-from modelhost.server.stream_handoff import HANDOFF_HEADER, handoff_socket_path
 from modelhost.server.surfaces import SURFACES
-from modelhost.server.worker_proxy import relay
 
 
 class DyingStream(httpx.AsyncByteStream):

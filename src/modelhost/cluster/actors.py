@@ -3,7 +3,7 @@
 - `NodeAgent`, one per node: what the node holds (its registry, as `modelhost ls` sees it there:
   `MODELHOST_HOME/models`, the Hugging Face cache, the embedded models), its memory, its address.
 - `ModelWorker`, one per resident model: it spawns and owns today's worker process on its node
-  (`modelhost.cli_worker`, the same `WorkerProcess` a single machine uses, with its 3-per-minute
+  (`modelhost.cli.worker`, the same `WorkerProcess` a single machine uses, with its 3-per-minute
   restart rule), which listens on its private Unix socket and on the node's cluster address
   (`--listen`), guarded by the cluster secret. Tokens go from that worker to the front as
   HTTP/SSE over TCP; Ray carries only control calls (start, health, measure, stop). An actor
@@ -20,7 +20,6 @@ when simulated nodes share one machine.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +29,8 @@ from modelhost.cluster.node_series import NodeSamples, plain_samples, samples_di
 from modelhost.paths import modelhost_home
 from modelhost.residency.registry import ModelEntry, ModelRegistry, ServingShape
 from modelhost.residency.supervisor import WorkerFailed, WorkerProcess
-from modelhost.server.cluster_secret import SECRET_ENV
-from modelhost.server.prometheus import read_samples
-
-TCP_PORT_FILE = "tcp-port"  # cli_worker's, beside its socket (not imported: it loads the server)
+from modelhost.server.edge.cluster_secret import SECRET_ENV
+from modelhost.server.observability.prometheus import read_samples
 
 
 def node_address() -> str:
@@ -114,9 +111,12 @@ class ModelWorker:
         start_timeout_s: float,
         restart_ages: list[float] | None = None,
     ) -> dict[str, Any]:
-        """Spawn the worker (`cli_worker` `arguments`) and wait until it answers. `restart_ages`:
-        the model's restarts before this actor (its previous actor died), still counted."""
-        command = [sys.executable, "-m", "modelhost.cli_worker", *arguments]
+        """Spawn the worker (`WORKER_COMMAND` `arguments`) and wait until it answers.
+        `restart_ages`: the model's restarts before this actor (its previous actor died), still
+        counted."""
+        from modelhost.serve_config import WORKER_COMMAND
+
+        command = [*WORKER_COMMAND, *arguments]
         self.worker = WorkerProcess(
             [*command, "--listen", self.address],
             env={**env, **node_env(), SECRET_ENV: secret},
@@ -133,6 +133,8 @@ class ModelWorker:
     def where(self) -> dict[str, Any]:
         """The worker's TCP address, process and restarts (the port changes on a restart), and
         the ages of the restarts its rule still counts (handed on if this actor dies)."""
+        from modelhost.serve_config import TCP_PORT_FILE
+
         assert self.worker is not None
         port_file = Path(self.worker.socket_path).with_name(TCP_PORT_FILE)
         return {

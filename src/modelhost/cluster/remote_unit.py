@@ -1,7 +1,7 @@
 """A resident model on another node, as the front's residency and proxy see it: a `WorkerUnit`
 whose worker is a `ModelWorker` actor's process, reached over TCP with the cluster secret.
 
-The proxy (`server/worker_proxy`) is the one a single machine uses: the same requests, relayed
+The proxy (`server/front/worker_proxy`) is the one a single machine uses: the same requests, relayed
 streams, 502 `engine_unavailable` and mid-stream error frames. Only the channel differs: a TCP
 connection to the node's address (no handing the client's socket over: it is on this machine),
 and control calls go to the actor through Ray, each with a timeout, a node that does not answer
@@ -22,7 +22,7 @@ import ray
 
 from modelhost.residency.supervisor import RestartWindow
 from modelhost.residency.worker_unit import WorkerUnit
-from modelhost.server.cluster_secret import SECRET_HEADER
+from modelhost.server.edge.cluster_secret import SECRET_HEADER
 
 log = logging.getLogger("modelhost.cluster")
 

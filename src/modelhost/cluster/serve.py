@@ -1,6 +1,6 @@
 """`modelhost serve --cluster HEAD:PORT`: this process joins the Ray cluster as its front.
 
-The front serves the same app as a single machine (`cli_serve.serve_router`): one port, every
+The front serves the same app as a single machine (`assembly.serve_router`): one port, every
 protocol, the same access guard and API key. Its router leases from a `ClusterHost` (one
 residency host per node, `residency/cluster.py`), which `Membership` keeps current; each
 resident model is a `ModelWorker` actor's worker process on its node, reached over TCP with the
@@ -12,24 +12,23 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import ray
 
-from modelhost.cli_serve import serve_router
-from modelhost.cli_serve_args import parse_replicas
 from modelhost.cluster.membership import NAMESPACE, Membership, cluster_secret
 from modelhost.cluster.node_series import NodeSeries
 from modelhost.cluster.remote_unit import RemoteWorkerUnit
 from modelhost.inference.admission import BYTES_PER_GB
-from modelhost.models.embedded import DEFAULT_MODEL
+from modelhost.models.loading.embedded import DEFAULT_MODEL
 from modelhost.residency.cluster import ClusterHost, ClusterRegistry
 from modelhost.residency.registry import ModelEntry
 from modelhost.residency.router import ModelRouter
 from modelhost.residency.unit import ResidencyError
-from modelhost.serve_config import WorkerConfig, quantize_mode, serving_shape
-from modelhost.server.cluster_secret import read_token_file
+from modelhost.serve_config import parse_replicas, serving_shape
+from modelhost.server.edge.cluster_secret import read_token_file
 from modelhost.server.settings import ServeSettings
 
 
@@ -45,7 +44,16 @@ def find_model(registry: ClusterRegistry, name: str) -> ModelEntry | None:
     return None
 
 
-def run_cluster(args: argparse.Namespace, settings: ServeSettings) -> int:
+def run_cluster(
+    args: argparse.Namespace,
+    settings: ServeSettings,
+    *,
+    worker_arguments: Callable[[ModelEntry], list[str]],
+    serve: Callable[..., int],
+) -> int:
+    """Join the cluster and serve its front: `worker_arguments` is every node's worker launch,
+    `serve(settings, router, start, mode, samples)` the app a single machine serves
+    (`assembly.serve_router`)."""
     replicas = parse_replicas(args.replicas)
     token = read_token_file(args.cluster_token_file) if args.cluster_token_file else None
     try:
@@ -59,29 +67,20 @@ def run_cluster(args: argparse.Namespace, settings: ServeSettings) -> int:
         print(f"modelhost serve: cannot join the cluster at {args.cluster}: {exc}", file=sys.stderr)
         return 2
     try:
-        return _serve(args, settings, replicas, cluster_secret(token))
+        secret = cluster_secret(token)
+        return _serve(args, settings, replicas, secret, worker_arguments, serve)
     finally:
         ray.shutdown()
 
 
 def _serve(
-    args: argparse.Namespace, settings: ServeSettings, replicas: dict[str, int], secret: str
+    args: argparse.Namespace,
+    settings: ServeSettings,
+    replicas: dict[str, int],
+    secret: str,
+    worker_arguments: Callable[[ModelEntry], list[str]],
+    serve: Callable[..., int],
 ) -> int:
-    config = WorkerConfig(
-        settings,
-        batch=args.batch,
-        max_queue=args.max_queue,
-        threads=getattr(args, "threads", None),
-        quantize=quantize_mode(args),
-    ).to_json()
-
-    def worker_arguments(entry: ModelEntry) -> list[str]:
-        operations = ",".join(entry.operations)
-        return [
-            *("--model", str(entry.path), "--id", entry.id, "--operations", operations),
-            *("--config", config, "--log-level", args.log_level),
-        ]
-
     names = list(args.models) or [DEFAULT_MODEL]
     cluster: ClusterHost[RemoteWorkerUnit] = ClusterHost(replicas=replicas)
     registry = ClusterRegistry(cluster.live_nodes)
@@ -94,7 +93,7 @@ def _serve(
         node_budget_bytes=int(args.node_budget * BYTES_PER_GB) if args.node_budget else None,
         hold_s=args.hold,
     )
-    router: ModelRouter[Any] = ModelRouter(cast(Any, cluster), registry, current=names[0])
+    router: ModelRouter[Any] = ModelRouter(cluster, registry, current=names[0])
 
     async def start(host: Any) -> None:
         await membership.wait_for_nodes()
@@ -121,4 +120,4 @@ def _serve(
         cluster.run_beside(membership.run())
 
     series = NodeSeries(membership.agents)  # the workers' request series, for /metrics
-    return serve_router(args, settings, router, start, f", cluster at {args.cluster}", series)
+    return serve(settings, router, start, f", cluster at {args.cluster}", series)

@@ -10,8 +10,8 @@ from modelhost.engine.block_manager import cdiv
 from modelhost.engine.kv_memory import ReservedPools
 from modelhost.engine.prompt_logprobs import prompt_logits_index
 from modelhost.engine.scheduler import ScheduledRow, SchedulerOutput
-from modelhost.models import native
 from modelhost.models.batch import ForwardBatch, KVCache
+from modelhost.models.kernels import native
 from modelhost.models.loaded import LoadedModel
 
 PROMPT_THREADS_MIN_TOKENS = 64
@@ -32,7 +32,7 @@ class ModelRunner:
         kernels = native.kernels()
         if kernels is not None and prompt_threads is not None:
             # The native weight kernels stream weights from memory in every step, decode
-            # included: they run on the prompt-step thread count (models/native.py).
+            # included: they run on the prompt-step thread count (models/kernels/native.py).
             kernels.threads = prompt_threads
         # Without them PyTorch's int4/int8 matmuls stream the weights, and a decode step runs
         # 1.6-1.9x faster on two threads than on one (AMD EPYC, AVX2 only): every step then
@@ -89,7 +89,7 @@ class ModelRunner:
         # thread-local settings), so it changes only this engine thread's forwards, which no
         # other thread runs; it also sets the default a thread started meanwhile would take,
         # put back here with the count. Measured: two threads prefill Gemma 3 at 501 tok/s
-        # against 363 with one, SmolLM2 382 against 359 (cli_serve_args.py, --prompt-threads).
+        # against 363 with one, SmolLM2 382 against 359 (cli/serve_args.py, --prompt-threads).
         threads = torch.get_num_threads()
         torch.set_num_threads(self.prompt_threads)
         try:

@@ -30,7 +30,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from modelhost.engine.grammar_masks import GrammarState, apply_masks
 from modelhost.engine.sampling_params import SamplingParams
-from modelhost.models import native
+from modelhost.models.kernels import native
 
 # Top-p first looks for the nucleus among this many best tokens, then among more, and only sorts a
 # whole row when a very flat distribution spreads the mass wider: a full sort of a 50k vocabulary

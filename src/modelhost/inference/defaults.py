@@ -4,13 +4,16 @@ Precedence per knob (first set wins):
 
 | knob               | request | CLI flag        | model (generation_config) | fallback      |
 | ------------------ | ------- | --------------- | ------------------------- | ------------- |
+| max_tokens         | yes     | --max-tokens    |                           | the room left |
 | temperature        | yes     | --temperature   | gen temperature           | 0.7           |
 | top_p              | yes     | --top-p         | gen top_p                 | off           |
 | top_k              | yes     | --top-k         | gen top_k                 | off           |
 | repetition_penalty | yes     |                 | gen repetition_penalty    | off           |
 
-The model-default temperature is capped at 0.7 when thinking resolves to off. `top_p` 0 and
-`top_k` 0 mean off. The seed is the request's, else a fresh one per request (the engine's).
+Whatever max_tokens resolves to is then clamped to the room the context leaves after the prompt
+(admission's `max_tokens_for`; "the room left" is all of it). The model-default temperature is
+capped at 0.7 when thinking resolves to off. `top_p` 0 and `top_k` 0 mean off. The seed is the
+request's, else a fresh one per request (the engine's).
 """
 
 from __future__ import annotations
@@ -37,6 +40,14 @@ class ServingDefaults:
 
 def _first(*values: float | None) -> float | None:
     return next((value for value in values if value is not None), None)
+
+
+def requested_max_tokens(request: InferenceRequest, defaults: ServingDefaults) -> int | None:
+    """The completion budget asked for, before admission clamps it: the request's, else the
+    CLI's; None for all the room the context leaves."""
+    if request.max_tokens is not None:
+        return request.max_tokens
+    return defaults.max_tokens
 
 
 def resolve_sampling(

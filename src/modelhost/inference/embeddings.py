@@ -18,8 +18,8 @@ import torch.nn.functional as F
 
 from modelhost.inference.contracts import InvalidRequest
 from modelhost.inference.encoder_ids import EmbeddingInput
-from modelhost.models.bert import EmbeddingModel, load_bert
-from modelhost.models.embedded import encoder_path
+from modelhost.models.loading.embedded import encoder_path
+from modelhost.models.networks.bert import EmbeddingModel, load_bert
 
 
 @dataclass(frozen=True, slots=True)

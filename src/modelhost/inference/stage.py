@@ -48,7 +48,7 @@ from modelhost.inference.contracts import (
     TokenLogprob,
     Usage,
 )
-from modelhost.inference.defaults import ServingDefaults, resolve_sampling
+from modelhost.inference.defaults import ServingDefaults, requested_max_tokens, resolve_sampling
 from modelhost.inference.grammar_compile import GrammarInvalid, GrammarUnavailable, ModelGrammars
 from modelhost.inference.media import check_media
 from modelhost.inference.prompt import prompt_ids_for
@@ -169,11 +169,10 @@ class InferenceStage:
             self.model.family,
             lambda: tokenizer.decode(prompt_ids[-32:], skip_special_tokens=False),
         )
-        requested = request.max_tokens
-        if requested is None:
-            requested = self.defaults.max_tokens
         max_tokens = self.policy.max_tokens_for(
-            len(prompt_ids), requested, engine_context=self.engine_context
+            len(prompt_ids),
+            requested_max_tokens(request, self.defaults),
+            engine_context=self.engine_context,
         )
         params = resolve_sampling(
             request, self.defaults, self.model.gen_defaults, max_tokens=max_tokens

@@ -32,7 +32,7 @@ CONVERTIBLE = ("llama", "qwen2", "qwen3", "gemma3")  # the families hf_config wr
 def gguf_source(name: str) -> Path:
     """The .gguf file `name` means: an embedded id, a file in MODELHOST_HOME/models, or a
     path. (No registry scan: a submission must answer quickly.)"""
-    from modelhost.models.embedded import EMBEDDED, embedded_path
+    from modelhost.models.loading.embedded import EMBEDDED, embedded_path
 
     if name in EMBEDDED:
         path = embedded_path(name)
@@ -179,7 +179,7 @@ def write_hf_directory(model: LoadedModel, output: Path, dtype: str) -> Path:
 def convert(source: Path, output: Path, dtype: str, emit: Emit) -> Path:
     import torch
 
-    from modelhost.models.loader import load_model
+    from modelhost.models.loading.loader import load_model
 
     emit({"type": "stage", "stage": "load", "progress": 0.05, "message": f"reading {source}"})
     # prepare=False: Hugging Face's modules, not the fused or quantized ones we run with.

@@ -49,7 +49,7 @@ class ModelConfig:
     residual_multiplier: float = 1.0
     attention_multiplier: float | None = None  # the attention scale itself, where given
     logits_scaling: float = 1.0  # logits are divided by it
-    # Mixture of experts (Qwen3-MoE, models/moe.py): 0 experts means every MLP is dense
+    # Mixture of experts (Qwen3-MoE, models/networks/moe.py): 0 experts means every MLP is dense
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0

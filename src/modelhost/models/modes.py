@@ -1,4 +1,4 @@
-"""The names of the ways CPU linears can hold their weights (models/quant.py says what each
+"""The names of the ways CPU linears can hold their weights (models/loading/quant.py says what each
 does); kept apart so the command line and the server's front process can name them without
 importing PyTorch."""
 

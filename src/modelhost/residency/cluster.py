@@ -18,9 +18,8 @@ from, and keeps the node set current:
 
 Nothing here knows Ray: nodes join and leave through `add_node`/`remove_node` (the cluster
 package's membership loop calls them), and a node's host loads through whatever `load` its
-caller gave it. A request's body travels in the `request_body` context variable, set by the
-server before it leases; its affinity key (`affinity_key`) is computed only when a model has
-several replicas to choose from.
+caller gave it. A request's body comes with its `acquire`; its affinity key (`affinity_key`)
+is computed only when a model has several replicas to choose from.
 """
 
 from __future__ import annotations
@@ -34,7 +33,6 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -51,8 +49,6 @@ AFFINITY_SLACK = 1  # requests more in flight on the prefix's replica before ano
 SCALE_UP_QUEUE = 4  # requests in flight per replica that count as a long queue
 SCALE_UP_TICKS = 3  # consecutive maintain() ticks with a long queue before a replica is added
 SCALE_DOWN_IDLE_S = 60.0  # an added replica idle this long is dropped again
-
-request_body: ContextVar[bytes | None] = ContextVar("modelhost_request_body", default=None)
 
 
 def affinity_key(body: bytes) -> str | None:
@@ -194,10 +190,14 @@ class ClusterHost(Generic[U]):
 
     # -- leasing ---------------------------------------------------------------------------
 
-    async def acquire(self, model_id: str, *, need: str | None = None) -> Lease[U]:
+    async def acquire(
+        self, model_id: str, *, need: str | None = None, body: bytes | None = None
+    ) -> Lease[U]:
+        """A lease from the node that holds (or will hold) `model_id`; among several replicas,
+        the one `body`'s conversation went to before, unless it is much busier."""
         while True:
             self._refuse_if_closed()
-            node = self._node_for(model_id)
+            node = self._node_for(model_id, body)
             try:
                 return await node.host.acquire(model_id, need=need)
             except ResidencyError as error:
@@ -208,14 +208,13 @@ class ClusterHost(Generic[U]):
                 if self._placing.get(model_id) is node:
                     del self._placing[model_id]
 
-    def _node_for(self, model_id: str) -> Node[U]:
+    def _node_for(self, model_id: str, body: bytes | None) -> Node[U]:
         """Where a lease on `model_id` comes from now (see the module docstring). A model being
         placed is placed once: requests that come meanwhile wait on the same node."""
         queues = self._queues(model_id)
         if len(queues) == 1:
             return self.nodes[next(iter(queues))]
         if queues:
-            body = request_body.get()
             key = affinity_key(body) if body is not None else None
             return self.nodes[choose_replica(queues, key, self._rng)]
         placing = self._placing.get(model_id)

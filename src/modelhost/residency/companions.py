@@ -29,7 +29,7 @@ def open_companion(path: Path, model_id: str, operations: Sequence[str]) -> Any:
     """The stage that serves a companion model from its files."""
     if "embed" in operations:
         from modelhost.inference.embeddings import EncoderStage
-        from modelhost.models.bert import load_bert
+        from modelhost.models.networks.bert import load_bert
 
         return EncoderStage(load_bert(Path(path), model_id))
     if "transcribe" in operations:

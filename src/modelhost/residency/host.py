@@ -109,9 +109,12 @@ class ResidencyHost(Generic[U]):
 
     # -- leasing ---------------------------------------------------------------------------
 
-    async def acquire(self, model_id: str, *, need: str | None = None) -> Lease[U]:
+    async def acquire(
+        self, model_id: str, *, need: str | None = None, body: bytes | None = None
+    ) -> Lease[U]:
         """A lease on `model_id`, loading it (and draining others) first when needed.
-        Cancelling the caller while it waits leaves nothing behind."""
+        Cancelling the caller while it waits leaves nothing behind. (`body`, the request's, is
+        a cluster's to read: one machine holds one copy of each model.)"""
         self._refuse_if_closed()
         entry = self._source(model_id)
         if entry is None:
@@ -188,6 +191,14 @@ class ResidencyHost(Generic[U]):
         slot.leases -= 1
         slot.last_used_at = self._clock()
         self._wake()
+
+    def peek_on(self, model_id: str, node_name: str) -> U | None:
+        """`peek`: one machine is the only node."""
+        return self.peek(model_id)
+
+    def nodes_view(self) -> list[dict[str, Any]] | None:
+        """None: one machine has no nodes to show (a cluster's host lists its own)."""
+        return None
 
     def peek(self, model_id: str) -> U | None:
         """The resident unit of `model_id`, without a lease."""

@@ -16,7 +16,7 @@ resolves outside its root (a symlink out of the models folder) is skipped.
 
 The estimate is what the model will hold once served and idle: its weights as the loader keeps
 them (on CPUs each tensor packed in its file's own quantization, or the `--quantize` mode's;
-bf16 on CUDA; models/footprint.py's `held_bytes`) and the prefix cache an idle engine keeps
+bf16 on CUDA; loading/footprint.py's `held_bytes`) and the prefix cache an idle engine keeps
 (IDLE_KV_BYTES at most). On CPUs the KV pool grows with use, so what requests need beyond that
 is their *claim* (residency/unit.py's `claim_bytes`, counted by the host per lease): one
 engine step's working memory (`work_bytes`), a full serving context of KV a row
@@ -42,13 +42,13 @@ from typing import Any
 
 from modelhost.engine.kv_pool_size import BLOCK_TOKENS, IDLE_KV_BYTES, default_kv_bytes
 from modelhost.inference.admission import working_bytes
-from modelhost.models import footprint
 from modelhost.models.config import ModelConfig
-from modelhost.models.embedded import EMBEDDED, EMBEDDED_ENCODERS
 from modelhost.models.families import family_for
-from modelhost.models.footprint import held_bytes, unsupported_tensor
-from modelhost.models.gguf_header import GGUFFile
-from modelhost.models.hf_config import config_from_hf, read_json
+from modelhost.models.loading import footprint
+from modelhost.models.loading.embedded import EMBEDDED, EMBEDDED_ENCODERS
+from modelhost.models.loading.footprint import held_bytes, unsupported_tensor
+from modelhost.models.loading.gguf_header import GGUFFile
+from modelhost.models.loading.hf_config import config_from_hf, read_json
 from modelhost.paths import file_cache_key, modelhost_home
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ class ServingShape:
     chunk_tokens: int = 512
     context_length: int | None = None  # --context-length
     memory_budget_bytes: int | None = None  # --memory-budget: the KV pool fills it
-    quantize: str = "auto"  # --quantize (models/quant.py's modes)
+    quantize: str = "auto"  # --quantize (models/loading/quant.py's modes)
 
     @property
     def cuda(self) -> bool:

@@ -8,18 +8,23 @@ embeds, else the first local encoder; a `transcribe` to the named transcriber, e
 local one (clients send `whisper-1`). A local model named for something it cannot do is refused
 before anything loads. Reads that name no model go to the *active* unit: the current model when
 it is resident, else the most recently used ready one. This module knows ids, leases and units;
-which paths need what, and HTTP, are the server's (`server/surfaces.py`, `server/leasing.py`).
+which paths need what, and HTTP, are the server's (`server/surfaces.py`, `server/front/leasing.py`).
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
-from modelhost.residency.host import ResidencyHost
+from modelhost.inference.encoder_ids import (
+    embedding_model_only_message,
+    not_an_embedding_model_message,
+)
 from modelhost.residency.lease import Lease
 from modelhost.residency.registry import ModelEntry
-from modelhost.residency.unit import ResidencyError, Unit
+from modelhost.residency.unit import ResidencyError, ResidentModel, Unit
 
 
 class Registry(Protocol):
@@ -36,6 +41,27 @@ class RoutedUnit(Unit, Protocol):
 U = TypeVar("U", bound=RoutedUnit)
 
 
+class Host(Protocol[U]):
+    """What the router and the server lease from and look at: one machine's `ResidencyHost`, or
+    a cluster's `ClusterHost` (a residency host per node, residency/cluster.py)."""
+
+    @property
+    def budget_bytes(self) -> int: ...
+    async def acquire(
+        self, model_id: str, *, need: str | None = None, body: bytes | None = None
+    ) -> Lease[U]: ...
+    def peek(self, model_id: str) -> U | None: ...
+    def peek_on(self, model_id: str, node_name: str) -> U | None: ...
+    def resident(self) -> list[ResidentModel]: ...
+    def used_bytes(self) -> int: ...
+    def pin(self, model_id: str, pinned: bool = True) -> bool: ...
+    def unpin(self, model_id: str) -> bool: ...
+    async def unload(self, model_id: str, *, force: bool = False) -> bool | None: ...
+    def subscribe(self, listener: Callable[[str, dict[str, Any]], None]) -> None: ...
+    def nodes_view(self) -> list[dict[str, Any]] | None: ...
+    def close(self) -> asyncio.Task[None]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class ListedModel:
     entry: ModelEntry
@@ -48,7 +74,7 @@ class ListedModel:
 
 
 class ModelRouter(Generic[U]):
-    def __init__(self, host: ResidencyHost[U], registry: Registry, current: str) -> None:
+    def __init__(self, host: Host[U], registry: Registry, current: str) -> None:
         self.host = host
         self.registry = registry
         self.current = current
@@ -88,8 +114,10 @@ class ModelRouter(Generic[U]):
             self._companions[need] = found
         return found
 
-    async def acquire(self, model_id: str) -> Lease[U]:
-        return await self.host.acquire(model_id)
+    async def acquire(self, model_id: str, *, body: bytes | None = None) -> Lease[U]:
+        """A lease on `model_id`; `body`, the request's, lets a cluster keep a conversation on
+        the replica that has its prefix."""
+        return await self.host.acquire(model_id, body=body)
 
     def active(self) -> U | None:
         """The unit that answers reads naming no model, without loading anything."""
@@ -128,9 +156,9 @@ class ModelRouter(Generic[U]):
     def residency(self) -> dict[str, Any]:
         """`/stats.models`: the current model, the budget and what is resident."""
         models = self.host.resident()
-        nodes = getattr(self.host, "nodes_view", None)  # a cluster's members
+        nodes = self.host.nodes_view()  # a cluster's members
         return {
-            **({"nodes": nodes()} if nodes is not None else {}),
+            **({"nodes": nodes} if nodes is not None else {}),
             "current": self.current,
             "budget_bytes": self.host.budget_bytes,
             "resident_bytes": sum(m.bytes for m in models),
@@ -164,12 +192,9 @@ def cannot_message(entry: ModelEntry | None, need: str) -> str:
     """The reference's refusal of a model asked for what it does not do."""
     name = entry.id if entry is not None else "the current model"
     if need == "embed":
-        return (
-            f'served model "{name}" is not an embedding model; serve an embedding model '
-            "(e.g. Qwen3-Embedding) to use /v1/embeddings"
-        )
+        return not_an_embedding_model_message(name)
     if need == "transcribe" and entry is None:
         return "no transcription model is installed: no local Whisper (faster-whisper) model"
     if need == "transcribe":
         return f'model "{name}" is not a transcription model'
-    return f'model "{name}" is an embedding model; it serves /v1/embeddings only'
+    return embedding_model_only_message(name)

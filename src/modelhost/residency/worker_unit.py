@@ -1,6 +1,6 @@
 """A unit whose model lives in a worker process: its process, its bytes, and the channel to it.
 
-The server proxies requests to the worker's socket through `client()` (`server/worker_proxy`);
+The server proxies requests to the worker's socket through `client()` (`server/front/worker_proxy`);
 the unit itself only asks the worker for its figures (`get_json`) and, in a forced shutdown, to
 end its requests (`interrupt`).
 """

@@ -12,62 +12,25 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
-from modelhost.inference.admission import BYTES_PER_GB, AdmissionPolicy, plan_memory
 from modelhost.residency.router import ModelRouter
-from modelhost.server.access import edge
-from modelhost.server.console import install_console, worker_requests
-from modelhost.server.jobs import install_jobs, with_jobs
-from modelhost.server.json_logs import use_json_logs
-from modelhost.server.kv_admin import KV_ROUTES
-from modelhost.server.leasing import ModelLeasing
-from modelhost.server.model_admin import ADMIN_ROUTES
-from modelhost.server.openai_wire import openai_error
-from modelhost.server.prometheus import Metrics, SampleSource, metrics_endpoint
-from modelhost.server.response_store import ResponseStore
+from modelhost.server.edge.access import edge
+from modelhost.server.edge.json_logs import use_json_logs
+from modelhost.server.front.kv_admin import KV_ROUTES
+from modelhost.server.front.leasing import ModelLeasing
+from modelhost.server.front.model_admin import ADMIN_ROUTES
+from modelhost.server.front.worker_admin import WORKER_ROUTES
+from modelhost.server.job_routes import install_jobs, with_jobs
+from modelhost.server.observability.console import install_console, worker_requests
+from modelhost.server.observability.live_feed import LiveFeed
+from modelhost.server.observability.prometheus import Metrics, SampleSource, metrics_endpoint
+from modelhost.server.openai.wire import openai_error
+from modelhost.server.responses.store import ResponseStore
 from modelhost.server.settings import ServeSettings
 from modelhost.server.surfaces import SURFACES, Surfaces
-from modelhost.server.worker_admin import WORKER_ROUTES
 
 if TYPE_CHECKING:
-    from modelhost.engine.engine import Engine
     from modelhost.inference.stage import InferenceStage
-    from modelhost.models.loaded import LoadedModel
     from modelhost.residency.spare_pool import SpareWorkers
-
-
-def admission_policy(model: LoadedModel, settings: ServeSettings, *, rows: int) -> AdmissionPolicy:
-    """The ceilings for `model`: its window (or --context-length) and the --memory-budget.
-
-    Raises BudgetTooSmall when the budget cannot hold the weights and any context.
-    """
-    window = model.config.context_length
-    flagged = settings.context_length is not None and settings.context_length < window
-    if flagged:
-        window = settings.context_length  # type: ignore[assignment]
-    memory = None
-    if settings.memory_budget_gb is not None:
-        memory = plan_memory(
-            model.config,
-            weights_bytes=model.weights_bytes,
-            dtype_bytes=model.dtype.itemsize,
-            kv_dtype_bytes=model.cache_dtype.itemsize,
-            memory_budget_bytes=int(settings.memory_budget_gb * BYTES_PER_GB),
-            chunk_tokens=settings.chunk_tokens,
-            rows=rows,
-        )
-    return AdmissionPolicy(context_window=window, memory=memory, context_length_flag=flagged)
-
-
-def build_app(
-    engine: Engine, model: LoadedModel, settings: ServeSettings | None = None
-) -> Starlette:
-    """The server for one in-process model: `engine` already built over `model`."""
-    from modelhost.inference.stage import InferenceStage
-
-    settings = settings or ServeSettings()
-    policy = admission_policy(model, settings, rows=engine.stats().batch)
-    stage = InferenceStage(engine, model, policy=policy, defaults=settings.defaults)
-    return create_app(stage, settings)
 
 
 def create_app(
@@ -146,6 +109,8 @@ def _new_app(
     app.state.settings = settings
     app.state.surfaces = surfaces
     app.state.metrics = Metrics(app.state, worker_samples)
+    app.state.live = LiveFeed()  # the console's live view: requests in flight and just ended
+    app.state.request_observers = [app.state.live]  # told of each request by the edge
     app.router.add_route("/metrics", metrics_endpoint, methods=["GET"])
     if settings.log_format == "json":
         use_json_logs()
@@ -164,11 +129,13 @@ def _new_app(
 
 class _ModelhostApp(Starlette):
     """Starlette with modelhost's edge (request ids, access guard, API key, body limits) around
-    its whole middleware stack, model routing included: see `server/access.py`."""
+    its whole middleware stack, model routing included: see `server/edge/access.py`."""
 
     def build_middleware_stack(self) -> ASGIApp:
         state = self.state
-        return edge(super().build_middleware_stack(), state.settings, state.metrics, state.surfaces)
+        stack = super().build_middleware_stack()
+        observers = state.request_observers
+        return edge(stack, state.settings, state.metrics, state.surfaces, observers)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

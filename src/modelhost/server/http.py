@@ -38,7 +38,7 @@ from modelhost.inference.contracts import (
 )
 from modelhost.inference.encoder_ids import embedding_model_only, is_encoder
 from modelhost.inference.media import check_media_sizes
-from modelhost.server.request_context import RequestOutcome, current_request
+from modelhost.server.edge.request_context import RequestOutcome, current_request
 
 if TYPE_CHECKING:
     from modelhost.inference.stage import AdmittedRequest, InferenceStage

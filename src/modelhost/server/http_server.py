@@ -54,7 +54,7 @@ class Server(uvicorn.Server):
         super().__init__(config)
         self.drain = drain
         self.jobs = jobs  # the app's job host (modelhost.jobs.manager.JobManager), if any
-        self.live = live  # the app's LiveFeed (server/live_feed.py), which consoles watch
+        self.live = live  # the app's LiveFeed (observability/live_feed.py), which consoles watch
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -124,7 +124,7 @@ def server_for(
         config,
         drain=getattr(app.state, "drain", None),
         jobs=getattr(app.state, "jobs", None),
-        live=getattr(getattr(app.state, "metrics", None), "live", None),
+        live=getattr(app.state, "live", None),
     )
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from modelhost.inference.defaults import ServingDefaults
 from modelhost.inference.media import DEFAULT_MAX_AUDIO_BYTES, DEFAULT_MAX_IMAGE_BYTES
-from modelhost.server.limits import (
+from modelhost.server.edge.limits import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_JSON_DEPTH,
     DEFAULT_MAX_JSON_VALUES,
@@ -33,7 +33,7 @@ class ServeSettings:
     kv_disk_bytes: int = 0  # --kv-disk: the prefix KV store's budget (0: off)
     owner: str = "serve"
     close_engine_on_shutdown: bool = True
-    # The edge (server/access.py): the bind address the Host guard accepts, the API key
+    # The edge (server/edge/access.py): the bind address the Host guard accepts, the API key
     # (None: open), browser origins allowed through CORS and the guard, and request limits.
     host: str = "127.0.0.1"
     api_key: str | None = field(default=None, repr=False)
@@ -44,7 +44,7 @@ class ServeSettings:
     max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
     max_audio_bytes: int = DEFAULT_MAX_AUDIO_BYTES
     log_format: str = "text"  # or "json": one JSON object per log line
-    console: bool = True  # the web page at `/` (server/console.py); --no-console: JSON only
+    console: bool = True  # the web page at `/` (observability/console.py); --no-console: JSON only
 
     @property
     def defaults(self) -> ServingDefaults:

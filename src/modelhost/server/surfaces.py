@@ -4,8 +4,9 @@ ends its broken streams.
 
 Everything else reads them from here: the app's route table, the leasing middleware's routed
 paths, `GET /v1`'s endpoint list, and every refusal written outside a handler (the API key, the
-body limits, a model that cannot be leased, a worker that died). Adding a protocol is one module
-(its handlers and wire format) and one entry in `SURFACES`.
+body limits, a model that cannot be leased, a worker that died). Adding a protocol is one folder
+beside `openai/` (its handlers and wire format) and one entry in `SURFACES` (README, "Adding a
+protocol surface").
 """
 
 from __future__ import annotations
@@ -18,22 +19,20 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Scope
 
-from modelhost.server import (
-    anthropic_messages,
-    audio,
-    decisions,
-    embeddings,
-    models,
-    openai_chat,
-    openai_completions,
-    openai_responses,
-)
-from modelhost.server.anthropic_wire import ANTHROPIC_ERRORS
+from modelhost.server.anthropic import messages as anthropic_messages
+from modelhost.server.anthropic.wire import ANTHROPIC_ERRORS
+from modelhost.server.decisions import routes as decisions
+from modelhost.server.front.worker_proxy import Forwarded
 from modelhost.server.http import ErrorShape, EventStreamResponse
-from modelhost.server.openai_wire import OPENAI_ERRORS
-from modelhost.server.responses_forwarding import forward_turn
-from modelhost.server.responses_wire import RESPONSES_ERRORS
-from modelhost.server.worker_proxy import Forwarded
+from modelhost.server.openai import audio_routes as audio
+from modelhost.server.openai import chat as openai_chat
+from modelhost.server.openai import completions as openai_completions
+from modelhost.server.openai import discovery
+from modelhost.server.openai import embedding_routes as embeddings
+from modelhost.server.openai.wire import OPENAI_ERRORS
+from modelhost.server.responses import routes as openai_responses
+from modelhost.server.responses.forwarding import forward_turn
+from modelhost.server.responses.wire import RESPONSES_ERRORS
 
 Endpoint = Callable[[Request], Awaitable[Response | EventStreamResponse]]
 Forward = Callable[[Scope, bytes], Awaitable[Forwarded]]
@@ -163,11 +162,11 @@ SURFACES = Surfaces(
         Surface(
             "discovery",
             (
-                Route("GET", "/v1/models", models.list_models),
-                Route("GET", "/v1/models/{model_id:path}", models.retrieve_model),
-                Route("GET", "/v1", models.index),
-                Route("GET", "/health", models.health),
-                Route("GET", "/stats", models.stats),
+                Route("GET", "/v1/models", discovery.list_models),
+                Route("GET", "/v1/models/{model_id:path}", discovery.retrieve_model),
+                Route("GET", "/v1", discovery.index),
+                Route("GET", "/health", discovery.health),
+                Route("GET", "/stats", discovery.stats),
             ),
         ),
     )

@@ -1,0 +1,186 @@
+"""`modelhost serve`: find the models, bring the first one in, and serve every surface over HTTP.
+
+The CLI wires `add_serve_parser(subparsers)` (cli/serve_args.py) and calls `run_serve(args)`;
+what it serves is built by `modelhost.assembly` (in-process, with worker processes, or as a
+cluster's front).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import logging
+import sys
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from modelhost.assembly import (
+    build_stage,
+    serve_cluster,
+    serve_router,
+    worker_loader,
+)
+from modelhost.cli.progress import ProgressBar, load_reporter
+from modelhost.inference.admission import BYTES_PER_GB, BudgetTooSmall
+from modelhost.models.loading.embedded import DEFAULT_MODEL
+from modelhost.residency.host import ResidencyHost
+from modelhost.residency.registry import ModelEntry, ModelRegistry
+from modelhost.residency.router import ModelRouter
+from modelhost.residency.unit import LoadProgress, ResidencyError
+from modelhost.serve_config import (
+    WORKER_MODULE,
+    available_memory_bytes,
+    default_budget_bytes,
+    quantize_mode,
+    serving_shape,
+    settings_from_args,
+)
+from modelhost.server.observability.prometheus import WorkerSamples
+from modelhost.server.settings import ServeSettings
+
+if TYPE_CHECKING:
+    from modelhost.inference.stage import InferenceStage
+    from modelhost.models.loaded import LoadedModel
+    from modelhost.residency.spare_pool import SpareWorkers
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    settings = settings_from_args(args)
+    if getattr(args, "cluster", None):  # the only path that imports Ray
+        return serve_cluster(args, settings)
+    names = list(args.models) or [DEFAULT_MODEL]
+    registry = ModelRegistry(shape=serving_shape(args, settings))
+    entries = [registry.resolve_argument(name) for name in names]
+    for name, entry in zip(names, entries, strict=True):
+        if entry is None:
+            print(
+                f"modelhost serve: model '{name}' not found (see `modelhost ls`)", file=sys.stderr
+            )
+            return 2
+    startup = entries[0]
+    assert startup is not None
+    if startup.refusal is not None:
+        print(f"modelhost serve: {startup.id} cannot be served: {startup.refusal}", file=sys.stderr)
+        return 2
+    if getattr(args, "workers", False):
+        return _run_workers(args, settings, registry, startup)
+    # In-process: the engines run here (a worker-mode front never imports PyTorch).
+    from modelhost.engine.engine import set_threads, share_the_gil_with_the_engine
+    from modelhost.models.loading import loader
+    from modelhost.residency.inprocess import InProcessUnit, in_process_loader
+
+    set_threads(getattr(args, "threads", None))
+    quantize = quantize_mode(args)
+    # Before listening: a bad model ends the server here.
+    model = loader.load_model(
+        str(startup.path), quantize=quantize, progress=load_reporter(startup.id)
+    )
+    model.id = startup.id
+    share_the_gil_with_the_engine()  # engines run in this process
+
+    def stage_for(loaded: LoadedModel) -> InferenceStage:
+        return build_stage(loaded, settings, batch=args.batch, max_queue=args.max_queue)
+
+    try:
+        unit = InProcessUnit(stage_for(model), model.load_seconds * 1000)
+    except BudgetTooSmall as exc:
+        print(f"modelhost serve: {exc}", file=sys.stderr)
+        return 2
+
+    async def adopt_startup_model(host: ResidencyHost[InProcessUnit]) -> None:
+        host.adopt(startup, unit, load_ms=unit.load_ms)
+
+    load = in_process_loader(functools.partial(loader.load_model, quantize=quantize), stage_for)
+    return _serve_routed(args, settings, registry, startup, load, adopt_startup_model, "")
+
+
+def _run_workers(
+    args: argparse.Namespace, settings: ServeSettings, registry: ModelRegistry, startup: ModelEntry
+) -> int:
+    """`--workers`: every resident model in its own process; the startup model loads first."""
+    from modelhost.residency.spare_pool import SpareWorkers
+    from modelhost.residency.worker_unit import WorkerUnit
+
+    async def load_startup_model(host: ResidencyHost[WorkerUnit]) -> None:
+        shown = asyncio.create_task(show_load(host, startup.id))
+        try:
+            async with await host.acquire(startup.id):
+                pass
+        except ResidencyError as exc:  # before listening: a bad model ends the server here
+            print(f"modelhost serve: {exc.message}", file=sys.stderr)
+            raise
+        finally:
+            shown.cancel()
+
+    samples = WorkerSamples()  # the workers' request series, for the front's /metrics
+    wanted = getattr(args, "spare_worker", True)
+    spares = SpareWorkers(WORKER_MODULE, env=samples.env()) if wanted else None
+    load = worker_loader(
+        settings,
+        batch=args.batch,
+        max_queue=args.max_queue,
+        log_level=args.log_level,
+        env=samples.env(),
+        quantize=quantize_mode(args),
+        threads=getattr(args, "threads", None),
+        spares=spares,
+    )
+    return _serve_routed(
+        args, settings, registry, startup, load, load_startup_model, ", worker processes", samples,
+        spares,
+    )  # fmt: skip
+
+
+async def show_load(host: ResidencyHost[Any], model_id: str) -> None:
+    """Draws the startup model's load as a bar on a terminal (a worker reports its progress
+    to the host); elsewhere the host's own lines for each tenth say it."""
+    report = load_reporter(model_id)
+    if not isinstance(report, ProgressBar):
+        return
+    models_log = logging.getLogger("modelhost.models")
+    models_log.addFilter(_without_progress_lines)
+    try:
+        while True:
+            for model in host.resident():
+                if model.id == model_id and model.progress is not None:
+                    report(model.progress)
+            await asyncio.sleep(0.2)
+    finally:
+        models_log.removeFilter(_without_progress_lines)
+
+
+def _without_progress_lines(record: logging.LogRecord) -> bool:
+    return record.msg != LoadProgress.LOG_MESSAGE
+
+
+def _serve_routed(
+    args: argparse.Namespace,
+    settings: ServeSettings,
+    registry: ModelRegistry,
+    startup: ModelEntry,
+    load: Any,
+    start: Callable[[ResidencyHost[Any]], Awaitable[None]],
+    mode: str,
+    worker_samples: WorkerSamples | None = None,
+    spares: SpareWorkers | None = None,
+) -> int:
+    """Host, router and app over `load`; `start` brings the startup model in before listening.
+    A spare worker's memory counts against the budget beside the models'."""
+    budget_gb = args.model_budget
+    host: ResidencyHost[Any] = ResidencyHost(
+        budget_bytes=int(budget_gb * BYTES_PER_GB) if budget_gb else default_budget_bytes(),
+        source=registry.get,
+        load=load,
+        external=spares.held_bytes if spares is not None else lambda: 0,
+        hold_s=args.hold,
+        available=available_memory_bytes,
+    )
+    if spares is not None:  # the next spare waits for the model just loaded to answer
+        spares.follow(host)
+    router = ModelRouter(host, registry, current=startup.id)
+    return serve_router(args, settings, router, start, mode, worker_samples, spares)

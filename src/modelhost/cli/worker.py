@@ -1,0 +1,183 @@
+"""A worker process: one model, the inference routes, served on a private Unix socket.
+
+The parent (`modelhost serve`) starts one per resident model through `assembly.worker_loader`,
+which runs
+
+    python -m modelhost.cli.worker --model PATH --id ID --operations OPS --config JSON --socket PATH
+
+`main` loads the model, builds the same app an in-process model serves (`create_app` over its
+stage) and serves it with uvicorn on the socket. The parent made the socket's directory (0700);
+the socket itself is bound here under a 0177 umask and set to 0600 before anything listens; so
+is the socket beside it on which the parent hands over a client's connection for a stream
+(`server/front/stream_handoff`). SIGTERM ends the server the way `modelhost serve` ends (in-flight
+requests get their shutdown timeout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import logging
+import os
+import shutil
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from modelhost.residency.supervisor import PROGRESS_FILE, write_load_progress
+from modelhost.residency.worker_startup import STARTUP_FILE, StartupMarks
+from modelhost.serve_config import TCP_PORT_FILE, WorkerConfig
+
+if TYPE_CHECKING:
+    from modelhost.models.loaded import LoadedModel
+
+
+def warm_up() -> None:
+    """What a worker needs before it can load a model, done ahead by a spare worker
+    (residency/spare_process.py): main's imports, the native kernels (a compiler's version
+    check, a library load) and transformers' tokenizer conversion."""
+    import uvicorn  # noqa: F401
+
+    import modelhost.cli.serve  # noqa: F401
+    import modelhost.engine.engine  # noqa: F401
+    import modelhost.models.loading.loader  # noqa: F401
+    import modelhost.residency.companions  # noqa: F401
+    import modelhost.server.app  # noqa: F401
+    import modelhost.server.http_server  # noqa: F401
+    import modelhost.server.front.stream_handoff  # noqa: F401
+    from modelhost.models.kernels.native import kernels
+
+    kernels()
+    with contextlib.suppress(ImportError):  # the GGUF tokenizer's conversion (models/loader.py)
+        import transformers.integrations.gguf.gguf_tokenizer_mapping  # noqa: F401
+        from transformers import PreTrainedTokenizerFast  # noqa: F401
+
+
+def bind_private_socket(path: str) -> socket.socket:
+    """A listening Unix socket at `path` that only this user can connect to (0600)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    previous = os.umask(0o177)
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(previous)
+    os.chmod(path, 0o600)
+    sock.listen(128)
+    sock.set_inheritable(False)
+    return sock
+
+
+def bind_tcp(host: str, port_file: Path) -> socket.socket:
+    """A listening TCP socket on `host` at a free port, the port written to `port_file`."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # Each token is a small write: without this, Nagle holds one back until the front's delayed
+    # ACK (40-200 ms a token). Linux passes the option on to the accepted connections.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind((host, 0))
+    sock.listen(128)
+    sock.set_inheritable(False)
+    port_file.write_text(str(sock.getsockname()[1]))  # read once the worker answers /health
+    return sock
+
+
+def exit_with_parent(socket_path: str, interval_s: float = 1.0) -> None:
+    """End this worker (and its socket's directory) when the serving process is gone."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval_s)
+        shutil.rmtree(os.path.dirname(socket_path), ignore_errors=True)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="modelhost-worker")
+    parser.add_argument("--socket", required=True)
+    parser.add_argument("--model", required=True, help="the model's file or directory")
+    parser.add_argument("--id", required=True, help="the registry's stable id")
+    parser.add_argument("--operations", default="generate", help="comma-separated, as listed")
+    parser.add_argument("--config", default="{}")
+    parser.add_argument("--log-level", default="warning")
+    parser.add_argument(
+        "--listen", default=None, metavar="HOST",
+        help="also serve on TCP at HOST (a free port, written beside the socket as "
+        f"{TCP_PORT_FILE}), each request needing the cluster secret from the environment",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    startup = StartupMarks(Path(args.socket).with_name(STARTUP_FILE))
+    startup.mark("main")
+    exit_with_parent(args.socket)
+    logging.basicConfig(  # its request lines join the parent's log (they share stderr)
+        level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
+        format=f"%(asctime)s %(levelname)s %(name)s[worker {args.id}]: %(message)s",
+    )
+
+    import uvicorn
+
+    from modelhost.assembly import build_stage
+    from modelhost.engine.engine import set_threads, share_the_gil_with_the_engine
+    from modelhost.models.loading.loader import load_model
+    from modelhost.residency.companions import open_stage
+    from modelhost.server.app import create_app
+    from modelhost.server.front.stream_handoff import (
+        SocketReceiver,
+        StreamHandoff,
+        handoff_socket_path,
+    )
+    from modelhost.server.http_server import Server
+
+    startup.mark("imported")
+    config = WorkerConfig.from_json(args.config)
+    set_threads(config.threads)
+    settings = config.settings
+    operations = args.operations.split(",")
+    if "generate" in operations:
+        share_the_gil_with_the_engine()
+    progress_file = Path(args.socket).with_name(PROGRESS_FILE)  # the parent reads it
+
+    def load(path: str) -> LoadedModel:
+        report = functools.partial(write_load_progress, progress_file)
+        loaded = load_model(path, quantize=config.quantize, progress=report)
+        startup.mark("loaded")
+        return loaded
+
+    stage = open_stage(
+        Path(args.model),
+        args.id,
+        operations,
+        load,
+        lambda model: build_stage(model, settings, batch=config.batch, max_queue=config.max_queue),
+    )
+    startup.mark("engine")
+    app = create_app(stage, settings)
+    sock = bind_private_socket(args.socket)
+    handoff = SocketReceiver(bind_private_socket(handoff_socket_path(args.socket)))
+    served: Any = StreamHandoff(app, handoff)
+    sockets = [sock]
+    if args.listen is not None:  # a cluster node's worker: its front is on another machine
+        from modelhost.server.edge.cluster_secret import ClusterSecretGuard, secret_from_env
+
+        served = ClusterSecretGuard(served, secret_from_env() or "")
+        sockets.append(bind_tcp(args.listen, Path(args.socket).with_name(TCP_PORT_FILE)))
+    uv_config = uvicorn.Config(
+        served,
+        log_level=args.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=5,
+        lifespan="on",
+    )
+    Server(uv_config, drain=app.state.drain).run(sockets=sockets)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

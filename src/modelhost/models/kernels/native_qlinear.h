@@ -1,0 +1,482 @@
+// Linear weights in the quantization of the file they came from, and the matmul that reads
+// them: every GGUF type people download (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K) and
+// 16-bit floats (F16, BF16), each repacked losslessly (native_repack.h) into tiles of 16
+// outputs by 32 inputs, so one kernel body serves them all: a tile's levels are unpacked to
+// unsigned bytes in 8 registers (byte 4o + k of register q: output o's input 4q + k), each
+// row's rounded activations (round_rows) are broadcast against them 4 inputs at a time, and a
+// group's (or half group's) integer products take that group's 16 scales and 16 minimums.
+// Included by native_kernels.cpp inside its target region (AVX-512 VNNI, or AVX2 through
+// native_avx2.h).
+//
+// Storage, per block b of 16 outputs (the last padded with zeros) and group g of 32 inputs
+// (inputs padded with zeros to a multiple of 64), three arrays:
+//   data    [blocks, groups, tile bytes]: the levels' bit planes, in this order:
+//             nibbles (256 B): in run j of 64 bytes, byte 4o + k holds the low 4 bits of
+//                 output o's input 8j + k (low nibble) and 8j + 4 + k (high nibble);
+//             crumbs (128 B): 2 bits a level; in load c, byte 4o + k bits 2i, 2i + 1 belong
+//                 to register q = 4c + i (its byte 4o + k);
+//             bits (64 B): byte 4o + k bit q belongs to register q;
+//             bytes (512 B): register q is bytes 64q .. 64q + 63.
+//           4 bits: nibbles. 5: nibbles + bits (bit 4). 6: nibbles + crumbs (bits 4-5).
+//           8: bytes. 2: crumbs. 3: crumbs + bits (bit 2). F32/F16/BF16 tiles: 32 inputs
+//           by 16 outputs of the file's floats (input-major, 2 or 1 KB).
+//   params  per tile: legacy types fp16 scales [16] (and fp16 minimums [16] for Q4_1, Q5_1);
+//           K types int8 sub-scales [16] (and int8 sub-minimums [16] where the type has
+//           them), for each sub-block of the group (two for 16-input sub-blocks);
+//   supers  K types, per block and 256 inputs: fp16 d [16], fp16 dmin [16] (the minimum's
+//           factor, its sign folded in; symmetric types: dmin = -32 d (Q6_K), -4 d (Q3_K)).
+// A weight is level * scale + min, with scale = d * sc and min = dmin * m (or dmin * sc for
+// the symmetric K types, or min = c * scale for Q4_0, Q5_0, Q8_0: c = -8, -16, -128): the
+// dequantized value of the file, exactly (fp16 d and dmin times small integers are exact in
+// fp32).
+
+#pragma once
+
+#include "native_common.h"
+
+struct QLinear {          // mirrors models/kernels/native.py's QLinearDesc
+    int32_t format;       // the GGUF type id (kQ4_0 ...)
+    int32_t reserved;
+    const uint8_t* data;
+    const uint8_t* params;
+    const uint16_t* supers;
+    int64_t out, padded;  // outputs; inputs padded to a multiple of 64
+};
+
+namespace {
+
+// GGUF's type ids, which name the formats here too.
+constexpr int32_t kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ2_K = 10,
+                  kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14, kBF16 = 30;
+
+enum ParamKind { kDirect, kDirectSymmetric, kSuper };
+
+template <int F>
+struct Format;
+// bits: a level's; params: how scales and minimums are stored; halves: 16-input sub-blocks;
+// sym: K types whose minimum is dmin * sc; min_factor: c for the symmetric legacy types.
+#define MH_FORMAT(F, BITS, PARAMS, HALVES, SYM, MIN_FACTOR)          \
+    template <>                                                      \
+    struct Format<F> {                                               \
+        static constexpr int bits = BITS;                            \
+        static constexpr ParamKind params = PARAMS;                  \
+        static constexpr bool halves = HALVES, sym = SYM;            \
+        static constexpr float min_factor = MIN_FACTOR;              \
+    };
+MH_FORMAT(kQ4_0, 4, kDirectSymmetric, false, false, -8.0f)
+MH_FORMAT(kQ4_1, 4, kDirect, false, false, 0.0f)
+MH_FORMAT(kQ5_0, 5, kDirectSymmetric, false, false, -16.0f)
+MH_FORMAT(kQ5_1, 5, kDirect, false, false, 0.0f)
+MH_FORMAT(kQ8_0, 8, kDirectSymmetric, false, false, -128.0f)
+MH_FORMAT(kQ2_K, 2, kSuper, true, false, 0.0f)
+MH_FORMAT(kQ3_K, 3, kSuper, true, true, 0.0f)
+MH_FORMAT(kQ4_K, 4, kSuper, false, false, 0.0f)
+MH_FORMAT(kQ5_K, 5, kSuper, false, false, 0.0f)
+MH_FORMAT(kQ6_K, 6, kSuper, true, true, 0.0f)
+#undef MH_FORMAT
+
+constexpr int64_t tile_bytes(int bits) {
+    return bits == 2 ? 128 : bits == 3 ? 192 : bits == 4 ? 256 : bits == 5 ? 320
+         : bits == 6 ? 384 : 512;
+}
+
+template <int F>
+constexpr int64_t param_bytes() {
+    using T = Format<F>;
+    if (T::params == kDirect) return 64;
+    if (T::params == kDirectSymmetric) return 32;
+    return 16 * (T::halves ? 2 : 1) * (T::sym ? 1 : 2);
+}
+
+// Bytes of a float tile: 32 inputs x 16 outputs.
+constexpr int64_t float_tile_bytes(int32_t format) { return format == kF32 ? 2048 : 1024; }
+
+#ifdef MH_AVX2
+// AVX2 sums two byte products in int16 (dpbusd_nibble_pair), exact for levels below 64; 8-bit
+// levels are split into two nibbles, each multiplied alone.
+template <int bits>
+constexpr int kRegisters = bits == 8 ? 16 : 8;
+#else
+template <int bits>
+constexpr int kRegisters = 8;
+#endif
+
+// (v >> s) for s > 0, (v << -s) for s < 0, per 16-bit lane; then masked to `mask` per byte.
+template <int S>
+inline __m512i shifted(__m512i v, __m512i mask) {
+    if constexpr (S > 0) return _mm512_and_si512(_mm512_srli_epi16(v, S), mask);
+    else if constexpr (S < 0) return _mm512_and_si512(_mm512_slli_epi16(v, -S), mask);
+    else return _mm512_and_si512(v, mask);
+}
+
+// The 8 registers of a tile's levels (see the storage above), from its planes at `t`.
+template <int bits>
+inline void unpack(const uint8_t* t, __m512i* w) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    if constexpr (bits == 8) {
+        for (int q = 0; q < 8; ++q) {
+            const __m512i v = _mm512_load_si512(t + 64 * q);
+#ifdef MH_AVX2
+            w[q] = _mm512_and_si512(v, low4);
+            w[8 + q] = shifted<4>(v, low4);
+#else
+            w[q] = v;
+#endif
+        }
+        return;
+    }
+    if constexpr (bits >= 4) {
+        for (int j = 0; j < 4; ++j) {
+            const __m512i v = _mm512_load_si512(t + 64 * j);
+            w[2 * j] = _mm512_and_si512(v, low4);
+            w[2 * j + 1] = shifted<4>(v, low4);
+        }
+    }
+    if constexpr (bits == 5) {
+        const __m512i b = _mm512_load_si512(t + 256), bit4 = _mm512_set1_epi8(0x10);
+        w[0] = _mm512_or_si512(w[0], shifted<-4>(b, bit4));
+        w[1] = _mm512_or_si512(w[1], shifted<-3>(b, bit4));
+        w[2] = _mm512_or_si512(w[2], shifted<-2>(b, bit4));
+        w[3] = _mm512_or_si512(w[3], shifted<-1>(b, bit4));
+        w[4] = _mm512_or_si512(w[4], shifted<0>(b, bit4));
+        w[5] = _mm512_or_si512(w[5], shifted<1>(b, bit4));
+        w[6] = _mm512_or_si512(w[6], shifted<2>(b, bit4));
+        w[7] = _mm512_or_si512(w[7], shifted<3>(b, bit4));
+    }
+    if constexpr (bits == 6) {
+        const __m512i high2 = _mm512_set1_epi8(0x30);
+        for (int c = 0; c < 2; ++c) {
+            const __m512i v = _mm512_load_si512(t + 256 + 64 * c);
+            w[4 * c] = _mm512_or_si512(w[4 * c], shifted<-4>(v, high2));
+            w[4 * c + 1] = _mm512_or_si512(w[4 * c + 1], shifted<-2>(v, high2));
+            w[4 * c + 2] = _mm512_or_si512(w[4 * c + 2], shifted<0>(v, high2));
+            w[4 * c + 3] = _mm512_or_si512(w[4 * c + 3], shifted<2>(v, high2));
+        }
+    }
+    if constexpr (bits <= 3) {
+        const __m512i low2 = _mm512_set1_epi8(0x03);
+        for (int c = 0; c < 2; ++c) {
+            const __m512i v = _mm512_load_si512(t + 64 * c);
+            w[4 * c] = shifted<0>(v, low2);
+            w[4 * c + 1] = shifted<2>(v, low2);
+            w[4 * c + 2] = shifted<4>(v, low2);
+            w[4 * c + 3] = shifted<6>(v, low2);
+        }
+    }
+    if constexpr (bits == 3) {
+        const __m512i b = _mm512_load_si512(t + 128), bit2 = _mm512_set1_epi8(0x04);
+        w[0] = _mm512_or_si512(w[0], shifted<-2>(b, bit2));
+        w[1] = _mm512_or_si512(w[1], shifted<-1>(b, bit2));
+        w[2] = _mm512_or_si512(w[2], shifted<0>(b, bit2));
+        for (int q = 3; q < 8; ++q) {
+            // shifted<q - 2>, spelled out for the template argument
+            const __m512i s = q == 3 ? shifted<1>(b, bit2) : q == 4 ? shifted<2>(b, bit2)
+                            : q == 5 ? shifted<3>(b, bit2) : q == 6 ? shifted<4>(b, bit2)
+                                                                    : shifted<5>(b, bit2);
+            w[q] = _mm512_or_si512(w[q], s);
+        }
+    }
+}
+
+// A row's products with quads 4h .. 4h + 3 of the unpacked tile, each lane an output: x holds
+// the row's 8 quads of int8 inputs of the group (as int32).
+template <int bits>
+inline __m512i half_dot(const __m512i* w, const int32_t* x, int h) {
+    const int q = 4 * h;
+    __m512i acc = dpbusd_nibble_pair(_mm512_setzero_si512(), w[q], _mm512_set1_epi32(x[q]),
+                                     w[q + 1], _mm512_set1_epi32(x[q + 1]));
+    acc = dpbusd_nibble_pair(acc, w[q + 2], _mm512_set1_epi32(x[q + 2]), w[q + 3],
+                             _mm512_set1_epi32(x[q + 3]));
+#ifdef MH_AVX2
+    if constexpr (bits == 8) {
+        __m512i high = dpbusd_nibble_pair(_mm512_setzero_si512(), w[8 + q],
+                                          _mm512_set1_epi32(x[q]), w[9 + q],
+                                          _mm512_set1_epi32(x[q + 1]));
+        high = dpbusd_nibble_pair(high, w[10 + q], _mm512_set1_epi32(x[q + 2]), w[11 + q],
+                                  _mm512_set1_epi32(x[q + 3]));
+        acc = _mm512_add_epi32(acc, _mm512_slli_epi32(high, 4));
+    }
+#endif
+    return acc;
+}
+
+inline __m512 int8_to_ps(const uint8_t* p) {
+    return _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+inline __m512 fp16_to_ps(const void* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(static_cast<const __m256i*>(p)));
+}
+
+// R rows times a block of outputs' quantized weights (see the storage above), outputs in the
+// lanes. y is [rows, ldy]; outputs begin .. end of this linear go to its columns 0 .. out.
+template <int R, int F>
+void q_tile(const RoundedRows& x, int64_t row0, const QLinear& w, int64_t begin, int64_t end,
+            float* y, int64_t ldy) {
+    using T = Format<F>;
+    constexpr int64_t tile = tile_bytes(T::bits), pbytes = param_bytes<F>();
+    const int64_t groups = x.groups, sixteens = x.padded / 16;
+    for (int64_t b = begin / 16; b < (end + 15) / 16; ++b) {
+        __m512 acc[R];
+        for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+        __m512 d = _mm512_setzero_ps(), dmin = _mm512_setzero_ps();
+        for (int64_t g = 0; g < groups; ++g) {
+            const int64_t at = b * groups + g;
+            const uint8_t* t = w.data + at * tile;
+            for (int64_t line = 0; line < tile; line += 64)
+                _mm_prefetch(reinterpret_cast<const char*>(t + kAhead * tile + line),
+                             _MM_HINT_T0);
+            const uint8_t* p = w.params + at * pbytes;
+            _mm_prefetch(reinterpret_cast<const char*>(p + kAhead * pbytes), _MM_HINT_T0);
+            __m512i levels[kRegisters<T::bits>];
+            unpack<T::bits>(t, levels);
+            __m512 scale[2], min[2];
+            if constexpr (T::params == kDirect) {
+                scale[0] = scale[1] = fp16_to_ps(p);
+                min[0] = min[1] = fp16_to_ps(p + 32);
+            } else if constexpr (T::params == kDirectSymmetric) {
+                scale[0] = scale[1] = fp16_to_ps(p);
+                min[0] = min[1] = _mm512_mul_ps(scale[0], _mm512_set1_ps(T::min_factor));
+            } else {
+                if (g % 8 == 0) {
+                    const uint16_t* s = w.supers + (b * (groups / 8) + g / 8) * 32;
+                    d = fp16_to_ps(s);
+                    dmin = fp16_to_ps(s + 16);
+                }
+                constexpr int stride = T::sym ? 16 : 32;  // bytes a sub-block
+                for (int h = 0; h < (T::halves ? 2 : 1); ++h) {
+                    const __m512 sc = int8_to_ps(p + stride * h);
+                    scale[h] = _mm512_mul_ps(d, sc);
+                    min[h] = _mm512_mul_ps(dmin, T::sym ? sc : int8_to_ps(p + stride * h + 16));
+                }
+                if constexpr (!T::halves) {
+                    scale[1] = scale[0];
+                    min[1] = min[0];
+                }
+            }
+            for (int r = 0; r < R; ++r) {
+                const int64_t row = row0 + r;
+                const int32_t* high =
+                    reinterpret_cast<const int32_t*>(x.high + row * x.padded + 32 * g);
+                const int32_t* low =
+                    reinterpret_cast<const int32_t*>(x.low + row * x.padded + 32 * g);
+                const __m512i h0 = half_dot<T::bits>(levels, high, 0);
+                const __m512i h1 = half_dot<T::bits>(levels, high, 1);
+                const __m512i l0 = half_dot<T::bits>(levels, low, 0);
+                const __m512i l1 = half_dot<T::bits>(levels, low, 1);
+                const float* sums = x.sums + row * sixteens + 2 * g;
+                if constexpr (T::halves) {
+                    const __m512i d0 = _mm512_add_epi32(_mm512_slli_epi32(h0, 8), l0);
+                    const __m512i d1 = _mm512_add_epi32(_mm512_slli_epi32(h1, 8), l1);
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), scale[0], acc[r]);
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), scale[1], acc[r]);
+                    acc[r] = _mm512_fmadd_ps(min[0], _mm512_set1_ps(sums[0]), acc[r]);
+                    acc[r] = _mm512_fmadd_ps(min[1], _mm512_set1_ps(sums[1]), acc[r]);
+                } else {
+                    const __m512i dot = _mm512_add_epi32(
+                        _mm512_slli_epi32(_mm512_add_epi32(h0, h1), 8), _mm512_add_epi32(l0, l1));
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale[0], acc[r]);
+                    acc[r] = _mm512_fmadd_ps(min[0], _mm512_set1_ps(sums[0] + sums[1]), acc[r]);
+                }
+            }
+        }
+        const __mmask16 live = tail_mask(w.out - 16 * b);
+        for (int r = 0; r < R; ++r)
+            _mm512_mask_storeu_ps(y + (row0 + r) * ldy + 16 * b, live,
+                                  _mm512_mul_ps(acc[r], _mm512_set1_ps(x.scales[row0 + r])));
+    }
+}
+
+// R rows of fp32 x [rows, padded] times a block of outputs' 16-bit float weights: exact
+// fp32 products of the weights as stored.
+template <int R, int F>
+void float_tile(const float* x, int64_t row0, const QLinear& w, int64_t begin, int64_t end,
+                float* y, int64_t ldy) {
+    constexpr int64_t tile = float_tile_bytes(F);
+    const int64_t groups = w.padded / 32;
+    for (int64_t b = begin / 16; b < (end + 15) / 16; ++b) {
+        __m512 acc[R];
+        for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+        for (int64_t g = 0; g < groups; ++g) {
+            const uint8_t* t = w.data + (b * groups + g) * tile;
+            for (int64_t line = 0; line < tile; line += 64)
+                _mm_prefetch(reinterpret_cast<const char*>(t + kAhead * tile + line),
+                             _MM_HINT_T0);
+            for (int i = 0; i < 32; ++i) {
+                __m512 wv;
+                if constexpr (F == kF32) {
+                    wv = _mm512_loadu_ps(reinterpret_cast<const float*>(t) + 16 * i);
+                } else if constexpr (F == kF16) {
+                    wv = fp16_to_ps(t + 32 * i);
+                } else {
+                    wv = _mm512_castsi512_ps(_mm512_slli_epi32(
+                        _mm512_cvtepu16_epi32(
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 32 * i))),
+                        16));
+                }
+                for (int r = 0; r < R; ++r)
+                    acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[(row0 + r) * w.padded + 32 * g + i]),
+                                             wv, acc[r]);
+            }
+        }
+        const __mmask16 live = tail_mask(w.out - 16 * b);
+        for (int r = 0; r < R; ++r)
+            _mm512_mask_storeu_ps(y + (row0 + r) * ldy + 16 * b, live, acc[r]);
+    }
+}
+
+template <int F>
+void q_matmul(const RoundedRows& x, int64_t rows, const QLinear& w, float* y, int64_t ldy,
+              int threads) {
+    by_tiles(rows, w.out, threads, [&](int64_t row0, auto r, int64_t begin, int64_t end) {
+        q_tile<decltype(r)::value, F>(x, row0, w, begin, end, y, ldy);
+    });
+}
+
+template <int F>
+void float_matmul(const float* x, int64_t rows, const QLinear& w, float* y, int64_t ldy,
+                  int threads) {
+    by_tiles(rows, w.out, threads, [&](int64_t row0, auto r, int64_t begin, int64_t end) {
+        float_tile<decltype(r)::value, F>(x, row0, w, begin, end, y, ldy);
+    });
+}
+
+bool is_float_format(int32_t format) {
+    return format == kF32 || format == kF16 || format == kBF16;
+}
+
+// y[:, 0 .. w.out) (rows of ldy floats) = x @ w.T for a quantized w, x already rounded.
+void qlinear_rounded(const RoundedRows& x, int64_t rows, const QLinear& w, float* y,
+                     int64_t ldy, int threads) {
+    switch (w.format) {
+        case kQ4_0: return q_matmul<kQ4_0>(x, rows, w, y, ldy, threads);
+        case kQ4_1: return q_matmul<kQ4_1>(x, rows, w, y, ldy, threads);
+        case kQ5_0: return q_matmul<kQ5_0>(x, rows, w, y, ldy, threads);
+        case kQ5_1: return q_matmul<kQ5_1>(x, rows, w, y, ldy, threads);
+        case kQ8_0: return q_matmul<kQ8_0>(x, rows, w, y, ldy, threads);
+        case kQ2_K: return q_matmul<kQ2_K>(x, rows, w, y, ldy, threads);
+        case kQ3_K: return q_matmul<kQ3_K>(x, rows, w, y, ldy, threads);
+        case kQ4_K: return q_matmul<kQ4_K>(x, rows, w, y, ldy, threads);
+        case kQ5_K: return q_matmul<kQ5_K>(x, rows, w, y, ldy, threads);
+        case kQ6_K: return q_matmul<kQ6_K>(x, rows, w, y, ldy, threads);
+        default: return;
+    }
+}
+
+// y (rows of ldy floats) = x [rows, padded] @ w.T, any format.
+void qlinear(const float* x, int64_t rows, const QLinear& w, float* y, int64_t ldy,
+             int threads) {
+    if (w.format == kF32) return float_matmul<kF32>(x, rows, w, y, ldy, threads);
+    if (w.format == kF16) return float_matmul<kF16>(x, rows, w, y, ldy, threads);
+    if (w.format == kBF16) return float_matmul<kBF16>(x, rows, w, y, ldy, threads);
+    qlinear_rounded(round_rows(x, rows, w.padded), rows, w, y, ldy, threads);
+}
+
+// Level i (0 .. 31) of output o (0 .. 15) in a tile of `bits` levels (scalar: row lookups).
+int level_at(const uint8_t* t, int bits, int o, int i) {
+    const int q = i / 4, k = i % 4, byte = 4 * o + k;
+    if (bits == 8) return t[64 * q + byte];
+    int level = 0;
+    if (bits >= 4) {
+        const uint8_t v = t[64 * (q / 2) + byte];
+        level = q % 2 == 0 ? v & 0x0F : v >> 4;
+        if (bits == 5) level |= ((t[256 + byte] >> q) & 1) << 4;
+        if (bits == 6) level |= ((t[256 + 64 * (q / 4) + byte] >> (2 * (q % 4))) & 3) << 4;
+        return level;
+    }
+    level = (t[64 * (q / 4) + byte] >> (2 * (q % 4))) & 3;
+    if (bits == 3) level |= ((t[128 + byte] >> q) & 1) << 2;
+    return level;
+}
+
+float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+
+// Output `row`'s weights, dequantized: out [padded] fp32.
+template <int F>
+void dequantize_row(const QLinear& w, int64_t row, float* out) {
+    using T = Format<F>;
+    constexpr int64_t tile = tile_bytes(T::bits), pbytes = param_bytes<F>();
+    const int64_t groups = w.padded / 32, b = row / 16;
+    const int o = static_cast<int>(row % 16);
+    for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* t = w.data + (b * groups + g) * tile;
+        const uint8_t* p = w.params + (b * groups + g) * pbytes;
+        for (int i = 0; i < 32; ++i) {
+            const int h = T::halves ? i / 16 : 0;
+            float scale, min;
+            if constexpr (T::params == kDirect) {
+                scale = half_to_float(reinterpret_cast<const uint16_t*>(p)[o]);
+                min = half_to_float(reinterpret_cast<const uint16_t*>(p)[16 + o]);
+            } else if constexpr (T::params == kDirectSymmetric) {
+                scale = half_to_float(reinterpret_cast<const uint16_t*>(p)[o]);
+                min = T::min_factor * scale;
+            } else {
+                const uint16_t* s = w.supers + (b * (groups / 8) + g / 8) * 32;
+                constexpr int stride = T::sym ? 16 : 32;
+                const float sc = static_cast<int8_t>(p[stride * h + o]);
+                const float m = T::sym ? sc : static_cast<int8_t>(p[stride * h + 16 + o]);
+                scale = half_to_float(s[o]) * sc;
+                min = half_to_float(s[16 + o]) * m;
+            }
+            out[32 * g + i] = static_cast<float>(level_at(t, T::bits, o, i)) * scale + min;
+        }
+    }
+}
+
+template <int F>
+void float_row(const QLinear& w, int64_t row, float* out) {
+    constexpr int64_t tile = float_tile_bytes(F);
+    const int64_t groups = w.padded / 32, b = row / 16, o = row % 16;
+    for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* t = w.data + (b * groups + g) * tile;
+        for (int i = 0; i < 32; ++i) {
+            float v;
+            if constexpr (F == kF32) {
+                std::memcpy(&v, t + 4 * (16 * i + o), 4);
+            } else {
+                uint16_t h;
+                std::memcpy(&h, t + 2 * (16 * i + o), 2);
+                const uint32_t bits = static_cast<uint32_t>(h) << 16;
+                if constexpr (F == kF16) v = half_to_float(h);
+                else std::memcpy(&v, &bits, 4);
+            }
+            out[32 * g + i] = v;
+        }
+    }
+}
+
+}  // namespace
+
+// y [rows, ldy] (columns 0 .. w->out) = x [rows, w->padded] @ w.T (the dequantized weight).
+extern "C" void mh_qmatmul(const float* x, int64_t rows, const QLinear* w, float* y,
+                           int64_t ldy, int threads) {
+    qlinear(x, rows, *w, y, ldy, threads);
+}
+
+// out [count, w->padded] = the dequantized weight's rows `ids` (embedding lookups).
+extern "C" void mh_qrows(const QLinear* w, const int64_t* ids, int64_t count, float* out,
+                         int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && count > 16)
+    for (int64_t n = 0; n < count; ++n) {
+        float* row = out + n * w->padded;
+        switch (w->format) {
+            case kQ4_0: dequantize_row<kQ4_0>(*w, ids[n], row); break;
+            case kQ4_1: dequantize_row<kQ4_1>(*w, ids[n], row); break;
+            case kQ5_0: dequantize_row<kQ5_0>(*w, ids[n], row); break;
+            case kQ5_1: dequantize_row<kQ5_1>(*w, ids[n], row); break;
+            case kQ8_0: dequantize_row<kQ8_0>(*w, ids[n], row); break;
+            case kQ2_K: dequantize_row<kQ2_K>(*w, ids[n], row); break;
+            case kQ3_K: dequantize_row<kQ3_K>(*w, ids[n], row); break;
+            case kQ4_K: dequantize_row<kQ4_K>(*w, ids[n], row); break;
+            case kQ5_K: dequantize_row<kQ5_K>(*w, ids[n], row); break;
+            case kQ6_K: dequantize_row<kQ6_K>(*w, ids[n], row); break;
+            case kF32: float_row<kF32>(*w, ids[n], row); break;
+            case kF16: float_row<kF16>(*w, ids[n], row); break;
+            case kBF16: float_row<kBF16>(*w, ids[n], row); break;
+            default: break;
+        }
+    }
+}
+
+#include "native_repack.h"

@@ -1,0 +1,154 @@
+"""Weights in the native kernels' packed form, and the modules that compute with them.
+
+A `PackedWeight` is one [out, width] matrix in the quantization of the file it came from,
+repacked losslessly into the tiles of native_qlinear.h: the GGUF types Q4_0, Q4_1, Q5_0, Q5_1,
+Q8_0, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K, and float tiles for F32, F16 and BF16. Each costs
+about the bytes of its file (Q4_K: 4.625 bits a weight against the file's 4.5; Q6_K 6.625
+against 6.5625), and every token, a prompt's or a generated one, runs through the same
+kernel: its activations rounded to 16 bits, the weights' integer levels multiplied exactly.
+Prompt rows and generated rows therefore take the same path, and a row's result never
+depends on the rows beside it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from modelhost.models.kernels import native
+from modelhost.models.kernels.structs import QLinearDesc
+from modelhost.models.loading.footprint import TYPE_NAMES, padded_width
+
+
+class PackedWeight:
+    """One packed [out, width] weight: three byte arrays the kernels read in place."""
+
+    def __init__(self, format: int, out: int, width: int, arrays: tuple[torch.Tensor, ...]):
+        self.format, self.out, self.width = format, out, width
+        self.data, self.params, self.supers = arrays
+        self.padded = padded_width(width)
+        self.desc = QLinearDesc(
+            format=format,
+            data=self.data.data_ptr(),
+            params=self.params.data_ptr(),
+            supers=self.supers.data_ptr(),
+            out=out,
+            padded=self.padded,
+        )
+
+    @classmethod
+    def repack(
+        cls,
+        kernels: native.Kernels,
+        format: int,
+        source: int,
+        out: int,
+        width: int,
+        order: torch.Tensor | None = None,
+    ) -> PackedWeight:
+        """Repacks the row-major [out, width] GGUF tensor of type `format` at address `source`
+        (its bytes must stay alive during the call); row r is the source's row order[r]."""
+        weight, (arrays,) = cls.empty(kernels, format, [out], width)
+        kernels.repack(format, source, out, width, order, arrays)
+        return weight
+
+    @classmethod
+    def empty(
+        cls, kernels: native.Kernels, format: int, outs: list[int], width: int
+    ) -> tuple[PackedWeight, list[tuple[torch.Tensor, ...]]]:
+        """An unfilled weight of parts with `outs` outputs side by side, and each part's slice
+        of its arrays to repack into. Every part but the last fills whole blocks of 16
+        outputs (so the parts' blocks follow each other)."""
+        if any(out % 16 for out in outs[:-1]):
+            raise ValueError("only the last part may end inside a block of 16 outputs")
+        sizes = []
+        for out in outs:
+            part = kernels.packed_sizes(format, out, width)
+            if part is None:
+                name = TYPE_NAMES.get(format, format)
+                raise ValueError(f"{name} cannot hold a width of {width}")
+            sizes.append(part)
+        # 64-byte aligned: the kernels load whole cache lines of tiles.
+        arrays = tuple(_aligned_bytes(sum(part[i] for part in sizes)) for i in range(3))
+        slices, offsets = [], [0, 0, 0]
+        for part in sizes:
+            slices.append(tuple(a[offsets[i] : offsets[i] + part[i]] for i, a in enumerate(arrays)))
+            offsets = [offsets[i] + part[i] for i in range(3)]
+        return cls(format, sum(outs), width, arrays), slices
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.numel() for a in (self.data, self.params, self.supers))
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.data, self.params, self.supers
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` of the weight, dequantized: [*ids.shape, width] fp32."""
+        kernels = _kernels()
+        values = kernels.qrows(self.desc, ids.reshape(-1))
+        if self.padded != self.width:
+            values = values[:, : self.width].contiguous()
+        return values.view(*ids.shape, self.width)
+
+    def dequantize(self) -> torch.Tensor:
+        """The whole weight in fp32, [out, width] (tests, and small weights)."""
+        return self.rows(torch.arange(self.out))
+
+
+class QuantLinear(nn.Module):
+    """y = x @ W.T + bias for W one or more packed weights whose outputs sit side by side
+    (fused q/k/v, or gate/up, where their formats differ)."""
+
+    def __init__(self, parts: list[PackedWeight], bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.parts = parts
+        for index, part in enumerate(parts):
+            for name, tensor in zip(("data", "params", "supers"), part.tensors(), strict=True):
+                self.register_buffer(f"part{index}_{name}", tensor, persistent=False)
+        self.bias: torch.Tensor | None
+        self.register_buffer("bias", bias, persistent=False)
+        self.in_features = parts[0].width
+        self.out_features = sum(part.out for part in parts)
+        self.padded = parts[0].padded
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        kernels = _kernels()
+        shape = x.shape
+        rows = native.padded_rows(x.reshape(-1, shape[-1]), self.padded)
+        y = torch.empty((rows.shape[0], self.out_features), dtype=torch.float32)
+        column = 0
+        for part in self.parts:
+            kernels.qmatmul(rows, part.desc, y, column)
+            column += part.out
+        if self.bias is not None:
+            y += self.bias
+        return y.view(*shape[:-1], self.out_features)
+
+
+class PackedEmbedding(nn.Module):
+    """Token embeddings looked up from a packed table (shared with a tied LM head)."""
+
+    def __init__(self, weight: PackedWeight) -> None:
+        super().__init__()
+        self.weight_packed = weight
+        for name, tensor in zip(("data", "params", "supers"), weight.tensors(), strict=True):
+            self.register_buffer(f"table_{name}", tensor, persistent=False)
+        self.num_embeddings, self.embedding_dim = weight.out, weight.width
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.weight_packed.rows(ids)
+
+
+def _kernels() -> native.Kernels:
+    kernels = native.kernels()
+    if kernels is None:  # packed weights are only ever built with the kernels present
+        raise RuntimeError("packed weights need the native kernels")
+    return kernels
+
+
+def _aligned_bytes(size: int) -> torch.Tensor:
+    """An uninitialised uint8 tensor of `size` bytes starting on a 64-byte boundary."""
+    storage = torch.empty(size + 64, dtype=torch.uint8)
+    offset = (-storage.data_ptr()) % 64
+    return storage[offset : offset + size]

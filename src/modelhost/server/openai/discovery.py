@@ -1,0 +1,228 @@
+"""Discovery and status: `GET /v1`, `/v1/models`, `/v1/models/{id}`, `/health`, `/stats`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from modelhost import __version__
+from modelhost.inference.contracts import ModelCard, StageStats
+from modelhost.residency.router import ListedModel
+from modelhost.server.http import serving_stage
+from modelhost.server.front.kv_admin import kv_stats
+from modelhost.server.openai.wire import openai_error
+
+DISCOVERY_ENDPOINTS = ("/v1/models", "/health", "/stats")  # listed after the routed paths
+GEN_DEFAULT_KEYS = ("temperature", "top_p", "top_k")
+
+
+def model_row(card: ModelCard) -> dict[str, Any]:
+    """One `/v1/models` row: OpenAI's fields, then what this server can do with the model."""
+    return {
+        "id": card.id,
+        "object": "model",
+        "created": card.created,
+        "owned_by": "modelhost",
+        "context_window": card.context_window,
+        "reasoning": card.reasoning,
+        "vision": card.vision,
+        "audio": False,
+        "batch_mode": "batch",
+        "tools": card.tools,
+        "structured_output": True,
+        "embeddings": False,
+        "capabilities": {
+            "chat_completions": card.chat,
+            "text_completions": True,
+            "anthropic_messages": card.chat,
+            "responses": card.chat,
+            "streaming": True,
+            "tools": card.tools,
+            "structured_output": True,
+            "logprobs": True,
+            "embeddings": False,
+            "vision": card.vision,
+            "audio": False,
+            "adapters": False,
+            "training": False,
+            "transcription": False,
+        },
+        "gen_defaults": {key: card.gen_defaults.get(key) for key in GEN_DEFAULT_KEYS},
+    }
+
+
+async def list_models(request: Request) -> Response:
+    router = getattr(request.app.state, "router", None)
+    if router is not None:
+        return JSONResponse({"object": "list", "data": listed_rows(router.listing())})
+    return JSONResponse({"object": "list", "data": [served_row(serving_stage(request))]})
+
+
+async def retrieve_model(request: Request) -> Response:
+    model_id = request.path_params["model_id"]
+    router = getattr(request.app.state, "router", None)
+    if router is not None:
+        rows = [row for row in listed_rows(router.listing()) if row["id"] == model_id]
+    else:
+        row = served_row(serving_stage(request))
+        rows = [row] if row["id"] == model_id else []
+    if not rows:
+        message = f"The model '{model_id}' does not exist"
+        body = {"message": message, "type": "invalid_request_error", "code": "model_not_found"}
+        return openai_error(404, {**body, "param": "model"})
+    return JSONResponse(rows[0])
+
+
+def served_row(stage: Any) -> dict[str, Any]:
+    """The row of the one model this app serves (a worker's, or `build_app`'s)."""
+    if hasattr(stage, "card"):
+        return model_row(stage.card())
+    operations = ("transcribe",) if hasattr(stage, "transcribe") else ("embed",)
+    return companion_row(stage.model_id, operations)
+
+
+def listed_rows(listing: list[ListedModel]) -> list[dict[str, Any]]:
+    """The router's listing as rows, transcription companions last; the current model's row says
+    whether this server transcribes."""
+    rows = [listed_row(m) for m in listing]
+    rows.sort(key=lambda row: bool(row.get("transcription")))
+    if any(row.get("transcription") for row in rows):
+        for row in rows:
+            if row["current"] and "capabilities" in row:
+                row["capabilities"] = {**row["capabilities"], "transcription": True}
+    return rows
+
+
+def listed_row(listed: ListedModel) -> dict[str, Any]:
+    """A resident model answers for itself; the others are listed as the registry knows them."""
+    entry = listed.entry
+    if "generate" not in entry.operations:
+        row = companion_row(entry.id, entry.operations)
+    elif listed.unit is not None:
+        row = {**resident_row(listed.unit), "id": entry.id}
+    else:
+        row = {"id": entry.id, "object": "model", "created": 0, "owned_by": "modelhost"}
+    extra: dict[str, Any] = {}
+    if listed.progress is not None:
+        extra["progress"] = round(listed.progress, 4)
+    if entry.refusal is not None:
+        extra["refusal"] = entry.refusal
+    if listed.nodes:  # a cluster's: where it is resident
+        extra["nodes"] = list(listed.nodes)
+    return {
+        **row,
+        "resident": listed.resident,
+        "current": listed.current,
+        "state": listed.state,
+        **extra,
+        "format": entry.format,
+        "architecture": entry.architecture,
+        "size_bytes": entry.size_bytes,
+        "estimate_bytes": entry.estimate_bytes,
+    }
+
+
+def resident_row(unit: Any) -> dict[str, Any]:
+    """An in-process unit's row from its stage; a worker's is the row it gave when it started."""
+    stage = getattr(unit, "stage", None)
+    if stage is not None:
+        return model_row(stage.card())
+    return dict(getattr(unit, "card_row", None) or {"object": "model", "owned_by": "modelhost"})
+
+
+def companion_row(model_id: str, operations: tuple[str, ...]) -> dict[str, Any]:
+    """An encoder's or a transcriber's row: what it does, and that it does not chat."""
+    embeds, transcribes = "embed" in operations, "transcribe" in operations
+    capabilities: dict[str, bool] = {"chat_completions": False}
+    if embeds:
+        capabilities["embeddings"] = True
+    if transcribes:
+        capabilities.update(transcription=True, translation=True)
+    row: dict[str, Any] = {"id": model_id, "object": "model", "created": 0, "owned_by": "modelhost"}
+    if embeds:
+        row["embeddings"] = True
+    if transcribes:
+        row["transcription"] = True
+    return {**row, "capabilities": capabilities}
+
+
+async def index(request: Request) -> Response:
+    router = getattr(request.app.state, "router", None)
+    model = router.current if router is not None else serving_stage(request).model_id
+    return JSONResponse(
+        {
+            "name": "modelhost",
+            "version": __version__,
+            "model": model,
+            "endpoints": [*request.app.state.surfaces.routed_paths(), *DISCOVERY_ENDPOINTS],
+        }
+    )
+
+
+async def health(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+def stats_json(stats: StageStats, owner: str) -> dict[str, Any]:
+    admission, batch, cache = stats.admission, stats.batch, stats.prompt_cache
+    return {
+        "server": {"owner": owner, "model": stats.model_id, "started_at": stats.started_at},
+        "prompt_cache": {
+            "entries": cache.cached_blocks,
+            "bytes": cache.cached_bytes,
+            "max_bytes": cache.max_bytes,
+            "query_tokens": cache.query_tokens,
+            "hit_tokens": cache.hit_tokens,
+        },
+        "admission": {
+            "max_safe_context": admission.max_safe_context,
+            "enforced_context_tokens": admission.enforced_context_tokens,
+            "memory_budget_bytes": admission.memory_budget_bytes,
+            "usable_bytes": admission.usable_bytes,
+            "weights_bytes": admission.weights_bytes,
+        },
+        "batch": {
+            "configured": batch.configured,
+            "mode": "batch",
+            "batched": True,
+            "max_queue": batch.max_queue,
+            "active_rows": batch.active_rows,
+            "pending_rows": batch.pending_rows,
+            "submitted_rows": batch.submitted_rows,
+            "kv_bytes": batch.kv_bytes,
+            "kv_budget_bytes": batch.kv_budget_bytes,
+        },
+    }
+
+
+async def stats(request: Request) -> Response:
+    owner: str = request.app.state.settings.owner
+    router = getattr(request.app.state, "router", None)
+    unit = router.active() if router is not None else None
+    if router is not None and unit is None:
+        body: dict[str, Any] = {
+            "server": {"owner": owner, "model": router.current, "started_at": None},
+            "unavailable": "no model is resident",
+        }
+    elif unit is not None and not hasattr(unit, "stage"):  # a worker process serves it
+        fetched = await unit.get_json("/stats")
+        body = fetched if fetched is not None else {"unavailable": "the worker did not answer"}
+        body.pop("response_store", None)
+        body.setdefault("server", {})["owner"] = owner
+        body["worker"] = {"pid": unit.pid, "restarts": unit.worker.restarts}
+    else:
+        stage = unit.stage if unit is not None else serving_stage(request)
+        body = stats_json(stage.stats(), owner)
+    store = request.app.state.response_store.stats()
+    body["response_store"] = {
+        "entries": store.entries,
+        "bytes": store.num_bytes,
+        "max_bytes": store.max_bytes,
+        "ttl_s": store.ttl_s,
+    }
+    if router is not None:
+        body["models"] = router.residency()
+        body["kv_store"] = await kv_stats(request)  # the prefix KV store on disk
+    return JSONResponse(body)

@@ -1,0 +1,219 @@
+"""OpenAI Responses wire format: input items → template messages, function tools, errors.
+
+Input items are flattened into the OpenAI-chat-style messages every chat template reads:
+`message` items by role (system and developer join `instructions` in one leading system
+message), `function_call` items become the assistant's `tool_calls`, `function_call_output`
+items become `role: "tool"` messages, and `reasoning` items are dropped. Image, file, audio and
+video parts only record the kinds of media the request carries (`inference.media`: the stage
+refuses them with a 400 for a model without the tower, or a 501 it cannot place).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from starlette.responses import JSONResponse, Response
+
+from modelhost.inference.contracts import (
+    GrammarSpec,
+    InvalidRequest,
+    RequestError,
+    Usage,
+)
+from modelhost.server.content_parts import flatten_content
+from modelhost.server.http import ErrorShape
+from modelhost.server.openai import fields
+from modelhost.server.sse_frames import named_event
+from modelhost.text.tool_calls import ToolCall
+
+ROLES = ("user", "assistant", "system", "developer")
+TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+class ResponseNotFound(RequestError):
+    def __init__(self, message: str, param: str | None = None) -> None:
+        body = {"message": message, "type": "invalid_request_error", "param": param}
+        super().__init__(404, message, {**body, "code": "not_found"})
+
+
+def responses_error_json(status: int, body: Mapping[str, Any]) -> dict[str, Any]:
+    """`{error: {message, type, param, code}}`; the neutral `type` moves to `code` if unset."""
+    error = dict(body)
+    error.setdefault("message", "error")
+    if error.get("code") is None and error.get("type") not in (None, "invalid_request_error"):
+        error["code"] = error["type"]
+    error["type"] = "server_error" if status >= 500 else "invalid_request_error"
+    error.setdefault("param", None)
+    error.setdefault("code", None)
+    return {"error": error}
+
+
+def responses_error(status: int, body: Mapping[str, Any]) -> Response:
+    return JSONResponse(responses_error_json(status, body), status_code=status)
+
+
+def responses_stream_error(status: int, body: Mapping[str, Any]) -> str:
+    """The `error` event the front ends a broken stream with (the stream's own `response.failed`
+    needs what the stream sent so far, which only its writer knows)."""
+    error = responses_error_json(status, body)["error"]
+    return named_event("error", {**error, "type": "error", "param": error.get("param")})
+
+
+RESPONSES_ERRORS = ErrorShape(responses_error, responses_stream_error)
+
+
+def function_tools(body: dict[str, Any]) -> tuple[tuple[dict[str, Any], ...] | None, Any]:
+    """Flat function tools in the chat shape templates read (built-in tools are dropped), and
+    the `tool_choice` to echo."""
+    raw = fields.field(body, "tools", list) or []
+    choice = body.get("tool_choice", "auto")
+    functions = []
+    for tool in raw:
+        if is_function_tool(tool):
+            keys = ("name", "description", "parameters")
+            function = {key: tool[key] for key in keys if key in tool}
+            functions.append({"type": "function", "function": function})
+    if not functions or choice == "none":
+        return None, choice
+    return tuple(functions), choice
+
+
+def is_function_tool(tool: Any) -> bool:
+    return isinstance(tool, dict) and tool.get("type") == "function" and "name" in tool
+
+
+def template_messages(
+    items: Sequence[Mapping[str, Any]], instructions: str | None
+) -> tuple[list[dict[str, Any]], frozenset[str]]:
+    """Input items as template messages, and whether any part carries media.
+
+    `instructions` and every system/developer message become one leading system message.
+    """
+    system = [instructions or ""]
+    messages: list[dict[str, Any]] = []
+    has_media: frozenset[str] = frozenset()
+    for index, item in enumerate(items):
+        where = f"input[{index}]"
+        if not isinstance(item, dict):
+            raise InvalidRequest(f"{where} must be an object", param="input")
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ROLES:
+                allowed = ", ".join(f"'{r}'" for r in ROLES)
+                raise InvalidRequest(f"{where}.role must be one of {allowed}", param="input")
+            text, media = _content(item.get("content"), where)
+            has_media = has_media | media
+            if role in ("system", "developer"):
+                system.append(text)
+            else:
+                messages.append({"role": role, "content": text})
+        elif kind == "function_call":
+            call = _function_call(item, where)
+            last = messages[-1] if messages else None
+            if last is None or last["role"] != "assistant":
+                last = {"role": "assistant", "content": ""}
+                messages.append(last)
+            last.setdefault("tool_calls", []).append(call)
+        elif kind == "function_call_output":
+            output = item.get("output")
+            text = output if isinstance(output, str) else json.dumps(output)
+            messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": text})
+        elif kind == "reasoning":
+            continue  # the reference drops reasoning on the way back in
+        else:
+            raise InvalidRequest(f"{where} has an unsupported type {kind!r}", param="input")
+    instruction = "\n\n".join(text for text in system if text)
+    if instruction:
+        messages.insert(0, {"role": "system", "content": instruction})
+    return messages, has_media
+
+
+def _content(content: Any, where: str) -> tuple[str, frozenset[str]]:
+    flat = flatten_content(
+        content, where, param="input", text_types=TEXT_PARTS, others={"refusal": _refusal}
+    )
+    return flat.text, flat.media
+
+
+def _refusal(part: Mapping[str, Any], where: str) -> str:
+    return str(part.get("refusal") or "")
+
+
+def _function_call(item: Mapping[str, Any], where: str) -> dict[str, Any]:
+    name = item.get("name")
+    if not isinstance(name, str):
+        raise InvalidRequest(f"{where}.name must be of type str", param="input")
+    arguments: Any = item.get("arguments") or "{}"
+    if isinstance(arguments, str):
+        with contextlib.suppress(ValueError):  # templates that want text get the text
+            arguments = json.loads(arguments)
+    call_id = item.get("call_id") or item.get("id") or ""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def text_format(body: dict[str, Any]) -> tuple[dict[str, Any], GrammarSpec | None, str | None]:
+    """`text.format` → (the `text` to echo, the grammar to enforce, the fallback instruction)."""
+    text = fields.field(body, "text", dict) or {}
+    spec = text.get("format") or {"type": "text"}
+    kind = spec.get("type") if isinstance(spec, dict) else None
+    echo = {**text, "format": spec}
+    if kind == "text":
+        return echo, None, None
+    if kind == "json_object":
+        return echo, GrammarSpec("json_object", field="text.format"), fields.JSON_OBJECT_INSTRUCTION
+    if kind == "json_schema" and isinstance(spec.get("schema"), dict):
+        schema = json.dumps(spec["schema"], ensure_ascii=False)
+        enforced = GrammarSpec("json_schema", schema, field="text.format.schema")
+        return echo, enforced, fields.json_schema_instruction(schema)
+    raise InvalidRequest(
+        "text.format must be {type: 'text'}, {type: 'json_object'} or "
+        "{type: 'json_schema', schema: {...}}",
+        param="text",
+    )
+
+
+def usage_json(usage: Usage, reasoning: str = "") -> dict[str, Any]:
+    # The reference counts reasoning tokens as the reasoning's words (at least one when any).
+    reasoning_tokens = max(len(reasoning.split()), 1) if reasoning else 0
+    return {
+        "input_tokens": usage.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "output_tokens": usage.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+        "total_tokens": usage.total_tokens,
+    }
+
+
+def output_text(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": []}
+
+
+def message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
+    content = [] if text is None else [output_text(text)]
+    return {
+        "id": item_id,
+        "type": "message",
+        "status": status,
+        "role": "assistant",
+        "content": content,
+    }
+
+
+def reasoning_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
+    summary = [] if text is None else [{"type": "summary_text", "text": text}]
+    return {"id": item_id, "type": "reasoning", "status": status, "summary": summary}
+
+
+def function_call_item(item_id: str, call: ToolCall, status: str) -> dict[str, Any]:
+    return {
+        "id": item_id,
+        "type": "function_call",
+        "status": status,
+        "call_id": call.id,
+        "name": call.name,
+        "arguments": call.arguments,
+    }
