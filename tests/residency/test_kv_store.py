@@ -132,7 +132,7 @@ def test_two_processes_sharing_a_store_never_leave_a_bad_file_and_keep_the_budge
 def test_modelhost_ls_and_kv_ls_show_the_stores_size_and_kv_clear_empties_it(
     tmp_path: Path, monkeypatch, capsys
 ) -> None:
-    from modelhost.cli import main
+    from modelhost.cli.main import main
 
     monkeypatch.setenv("MODELHOST_HOME", str(tmp_path))
     store = KVDiskStore(tmp_path / "kv", 1 << 20)

@@ -47,8 +47,8 @@ def warm_up() -> None:
     import modelhost.models.loading.loader  # noqa: F401
     import modelhost.residency.companions  # noqa: F401
     import modelhost.server.app  # noqa: F401
-    import modelhost.server.http_server  # noqa: F401
     import modelhost.server.front.stream_handoff  # noqa: F401
+    import modelhost.server.http_server  # noqa: F401
     from modelhost.models.kernels.native import kernels
 
     kernels()

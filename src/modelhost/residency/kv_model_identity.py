@@ -32,7 +32,7 @@ def files_identity(path: Path) -> str:
 
 def weights_identity(model: LoadedModel) -> str:
     """How the weights are held: the format of every linear, the dtype, the device."""
-    from modelhost.models.quant import describe
+    from modelhost.models.loading.quant import describe
 
     formats = ",".join(f"{name}:{count}" for name, count in sorted(describe(model.network).items()))
     return f"{formats}|{model.dtype}|{model.device.type}"

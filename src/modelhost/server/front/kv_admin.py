@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from modelhost.residency.kv_store import KVDiskStore
-from modelhost.server.openai_wire import openai_error
+from modelhost.server.openai.wire import openai_error
 
 
 def kv_store(request: Request) -> KVDiskStore:

@@ -10,8 +10,8 @@ from starlette.responses import JSONResponse, Response
 from modelhost import __version__
 from modelhost.inference.contracts import ModelCard, StageStats
 from modelhost.residency.router import ListedModel
-from modelhost.server.http import serving_stage
 from modelhost.server.front.kv_admin import kv_stats
+from modelhost.server.http import serving_stage
 from modelhost.server.openai.wire import openai_error
 
 DISCOVERY_ENDPOINTS = ("/v1/models", "/health", "/stats")  # listed after the routed paths
