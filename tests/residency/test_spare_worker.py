@@ -16,12 +16,13 @@ import httpx
 import pytest
 from live_server import LiveServer, free_port
 
-from modelhost.cli.worker import WORKER_MODULE, worker_loader
+from modelhost.assembly import worker_loader
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.registry import ModelRegistry, ServingShape
 from modelhost.residency.router import ModelRouter
 from modelhost.residency.spare_pool import SpareWorkers
 from modelhost.residency.worker_unit import WorkerUnit
+from modelhost.serve_config import WORKER_MODULE
 from modelhost.server.app import create_routed_app
 from modelhost.server.observability.prometheus import WorkerSamples
 from modelhost.server.settings import ServeSettings
