@@ -324,8 +324,12 @@ def _close_top(frame: Frame) -> bytes | None:
         return min((text[pos:] for text in frame[1] if len(text) >= pos), key=len)
     if kind == "A":
         _, items, phase, count = frame
-        lead = b"" if phase == _OPEN else b" " if phase == _COMMA else b", "
-        text = _items_tail(items, count, lead)
+        if phase == _COMMA:  # a comma promises one more item, whatever minItems says
+            item = items.item(count)
+            first = item.shortest() if item is not None else None
+            text = _items_tail(items, count + 1, b", ")
+            return None if first is None or text is None else b" " + first + text + b"]"
+        text = _items_tail(items, count, b"" if phase == _OPEN else b", ")
         return None if text is None else text + b"]"
     return _close_object(frame)
 
