@@ -92,7 +92,8 @@ def test_the_shortest_value_of_a_schema_is_valid_and_as_short_as_it_gets(
         ('{"destinations": [], "notes": "\\u00', '{"destinations": [], "notes": "\\u0000"}'),
         (
             '{"destinations": [{"city": "A", "nights": 1},',
-            '{"destinations": [{"city": "A", "nights": 1}, {"city": "", "nights": 0}], "notes": ""}',
+            '{"destinations": [{"city": "A", "nights": 1}, {"city": "", "nights": 0}], '
+            '"notes": ""}',
         ),
         ('{"destinations": [{"city": "A", "nights": 1}, ', None),
         ('{"destinations": [{"city": "A", "nights": -', None),
