@@ -78,7 +78,7 @@ def compiled_for(
 
 def plan_for(schema: Any) -> ClosePlan:
     tokens = TokenBytes(VOCAB, lambda text: list(text.encode()), frozenset({STOP}))
-    return ClosePlan(shape_of(schema), tokens)
+    return ClosePlan.of(shape_of(schema), tokens)
 
 
 def allowed_bytes(matcher: xgrammar.GrammarMatcher) -> list[int]:
@@ -90,15 +90,17 @@ def allowed_bytes(matcher: xgrammar.GrammarMatcher) -> list[int]:
 
 
 @SCHEMAS
-def test_every_completion_of_a_random_prefix_is_taken_by_the_grammar_and_valid(
+def test_every_completion_of_a_random_prefix_is_taken_by_the_grammar_valid_and_bounded(
     compiler: xgrammar.GrammarCompiler, schema: Any, strict: bool
 ) -> None:
     grammar = compiled_for(compiler, schema, strict)
+    growth = plan_for(schema).growth
     rng = random.Random(7)
     for _ in range(5):
         matcher = xgrammar.GrammarMatcher(grammar)
         state: JsonPrefix | None = JsonPrefix.start(shape_of(schema))
         written = b""
+        longest = len(shape_of(schema).shortest() or b"")
         for _ in range(rng.randint(1, 60)):
             allowed = allowed_bytes(matcher)
             if matcher.is_completed() or not allowed:
@@ -111,6 +113,8 @@ def test_every_completion_of_a_random_prefix_is_taken_by_the_grammar_and_valid(
             assert state is not None, f"the tracker refused {written!r}"
             close = state.completion()
             assert close is not None
+            assert len(close) <= longest + growth, "a byte grew the completion past the bound"
+            longest = len(close)
             trial = matcher.fork()
             assert trial.accept_string(close) and trial.is_completed(), (written, close)
             value = json.loads((written + close).decode(), strict=False)

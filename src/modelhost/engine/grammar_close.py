@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from modelhost.text.json_prefix import JsonPrefix
-from modelhost.text.json_shape import Shape
+from modelhost.text.json_shape import Shape, growth
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,11 @@ class ClosePlan:
 
     shape: Shape
     tokens: TokenBytes
+    growth: int  # the most one byte can lengthen the shortest completion (json_shape.growth)
+
+    @classmethod
+    def of(cls, shape: Shape, tokens: TokenBytes) -> ClosePlan:
+        return cls(shape, tokens, growth(shape))
 
     def shortest_tokens(self, compiled: Any) -> list[int] | None:
         """The tokens of the shortest valid value, checked against a fresh matcher of
@@ -89,12 +94,14 @@ class ClosePlan:
 class RowCloser:
     """One row's place in its value, and the steering that keeps it closable in budget."""
 
-    __slots__ = ("plan", "prefix", "_pending", "_verified")
+    __slots__ = ("plan", "prefix", "_bound", "_pending", "_verified")
 
     def __init__(self, plan: ClosePlan) -> None:
         self.plan = plan
         self.prefix: JsonPrefix | None = JsonPrefix.start(plan.shape)
-        self._pending: tuple[int, JsonPrefix | None] | None = None
+        # At least as many bytes as the prefix's completion; None: not known, compute it.
+        self._bound: int | None = None
+        self._pending: tuple[int, JsonPrefix | None, int | None] | None = None
         self._verified: tuple[bytes, list[int]] | None = None
 
     def steer(self, token_id: int, remaining: int, matcher: Any) -> int:
@@ -103,15 +110,25 @@ class RowCloser:
         prefix = self.prefix
         if prefix is None or token_id in self.plan.tokens.special_ids:
             return token_id
-        after = self._peek(prefix, token_id)
-        if after is not None and self._fits(after, remaining - 1):
-            return token_id
+        piece = self.plan.tokens.pieces[token_id]
+        after = prefix.feed(piece)
+        if after is not None and self._bound is not None:
+            # Far from the budget, a bound on the completion's growth spares computing it.
+            bound = self._bound + len(piece) * self.plan.growth
+            if bound <= remaining - 1:
+                self._pending = (token_id, after, bound)
+                return token_id
+        if after is not None:
+            text = after.completion()
+            self._pending = (token_id, after, None if text is None else len(text))
+            if text is not None and self._fits(text, remaining - 1):
+                return token_id
         close = self._close_tokens(prefix, matcher)
         if not close:
             return token_id
         forced = close[0]
         if forced != token_id:
-            self._pending = (forced, prefix.feed(self.plan.tokens.pieces[forced]))
+            self._pending = (forced, prefix.feed(self.plan.tokens.pieces[forced]), None)
         return forced
 
     def accept(self, token_id: int) -> None:
@@ -120,21 +137,14 @@ class RowCloser:
             return
         pending, self._pending = self._pending, None
         if pending is not None and pending[0] == token_id:
-            self.prefix = pending[1]
+            self.prefix, self._bound = pending[1], pending[2]
         else:
             self.prefix = self.prefix.feed(self.plan.tokens.pieces[token_id])
+            self._bound = None
         if self.prefix is None:
             log.warning("closing tracker lost the row's value; no closing guarantee for it")
 
-    def _peek(self, prefix: JsonPrefix, token_id: int) -> JsonPrefix | None:
-        after = prefix.feed(self.plan.tokens.pieces[token_id])
-        self._pending = (token_id, after)
-        return after
-
-    def _fits(self, state: JsonPrefix, left: int) -> bool:
-        text = state.completion()
-        if text is None:
-            return False
+    def _fits(self, text: bytes, left: int) -> bool:
         if len(text) <= left:  # a token writes at least one byte
             return True
         tokens = self.plan.tokens.tokens_for(text)

@@ -98,7 +98,7 @@ class ModelGrammars:
             return None
         if shape is None:
             return None
-        plan = ClosePlan(shape, self._token_bytes(compiled))
+        plan = ClosePlan.of(shape, self._token_bytes(compiled))
         tokens = plan.shortest_tokens(compiled)
         if tokens is None:
             log.warning("grammar refuses the shortest %s value; no closing guarantee", spec.kind)

@@ -240,6 +240,45 @@ class Reference(Shape):
         return self.target().shortest()
 
 
+def growth(shape: Shape) -> int:
+    """The most one byte of JSON can lengthen the shortest completion of a value of `shape`.
+
+    A byte opens at most one value (a container, an array item, a member with its key), or
+    commits an open key or literal to a longer one; each is bounded by the longest text among
+    the reachable shapes' shortest values, keys and literals. Walks the whole shape graph: call
+    it once per shape."""
+    longest = 0
+    seen: set[int] = set()
+    todo = [shape]
+    while todo:
+        node = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        text = node.shortest()
+        longest = max(longest, len(text) if text is not None else 0)
+        if isinstance(node, Literal):
+            longest = max(longest, *(len(text) for text in node.texts))
+        if isinstance(node, Members):
+            longest = max(longest, 0, *(len(key) for key, _, _ in node.properties))
+        todo.extend(_children(node))
+    # A member writes `, ` + key + `: ` + value; a bounded number's digits stay under 32.
+    return 2 * longest + 32
+
+
+def _children(node: Shape) -> list[Shape]:
+    if isinstance(node, Reference):
+        return [node.target()]
+    if isinstance(node, Union):
+        return list(node.options)
+    if isinstance(node, Members):
+        kids = [shape for _, shape, _ in node.properties]
+        return kids + ([node.extra] if node.extra is not None else [])
+    if isinstance(node, Items):
+        return list(node.prefix) + ([node.rest] if node.rest is not None else [])
+    return []
+
+
 def _member(key: bytes, value: bytes) -> bytes:
     return key + b": " + value
 
