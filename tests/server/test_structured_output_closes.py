@@ -247,6 +247,23 @@ def test_a_responses_answer_validates_and_completes_within_any_budget(
     validated(response.output_text, TRIP)
 
 
+@pytest.mark.parametrize("max_tokens", [2, 24])
+def test_a_json_object_answer_parses_and_stops_within_its_budget(
+    client: openai.OpenAI, max_tokens: int
+) -> None:
+    answer = client.chat.completions.create(
+        model="smollm2",
+        messages=TRIP_ASK,  # type: ignore[arg-type]
+        response_format={"type": "json_object"},
+        max_tokens=max_tokens,
+        temperature=0.8,
+        seed=3,
+    )
+    assert answer.choices[0].finish_reason == "stop"
+    assert answer.usage is not None and answer.usage.completion_tokens <= max_tokens
+    assert isinstance(json.loads(answer.choices[0].message.content or ""), dict)
+
+
 def test_a_forced_tool_call_without_max_tokens_ends_within_the_server_default(
     client: openai.OpenAI,
 ) -> None:
