@@ -115,9 +115,6 @@ class Number(Shape):
         self.low = low
         self.high = high
 
-    def admits(self, value: int) -> bool:
-        return (self.low is None or value >= self.low) and (self.high is None or value <= self.high)
-
     def _compute_shortest(self) -> bytes | None:
         low = -math.inf if self.low is None else math.ceil(self.low)
         high = math.inf if self.high is None else math.floor(self.high)
