@@ -50,13 +50,22 @@ class GrammarState:
         the row's budget counting this one, so that the value still closes in budget."""
         if self.closer is None or self.is_terminated:
             return token_id
-        return self.closer.steer(token_id, remaining, self.matcher)
+        try:
+            return self.closer.steer(token_id, remaining, self.matcher)
+        except Exception:  # a closing fault must cost this row its guarantee, not the step
+            log.exception("closing failed; the row goes on without its guarantee")
+            self.closer = None
+            return token_id
 
     def accept(self, token_id: int) -> None:
         if self.matcher.is_terminated():
             return
         if self.closer is not None:
-            self.closer.accept(token_id)
+            try:
+                self.closer.accept(token_id)
+            except Exception:
+                log.exception("closing failed; the row goes on without its guarantee")
+                self.closer = None
         if not self.matcher.accept_token(token_id):
             # Only reachable when every allowed token was filtered out (e.g. a stop token id the
             # mask let through as the sole choice); ending the row beats emitting invalid output.

@@ -93,8 +93,11 @@ class ModelGrammars:
     def closing_sync(self, spec: GrammarSpec, compiled: CompiledGrammar) -> Closing | None:
         try:
             shape = _shape(spec)
-        except (ShapeUnsupported, ValueError) as exc:
+        except ShapeUnsupported as exc:
             log.info("no closing guarantee for this %s: %s", spec.kind, exc)
+            return None
+        except Exception as exc:  # a schema the grammar took in a form the shapes do not read
+            log.warning("no closing guarantee for this %s: %r", spec.kind, exc)
             return None
         if shape is None:
             return None
@@ -172,8 +175,11 @@ def budget_refusal(
     """The 400 for a budget too small for the shortest valid answer; None when it fits."""
     if max_tokens >= min_tokens:
         return None
-    what = spec.field or "the response format"
-    shortest = f"the shortest answer that satisfies {what} takes {min_tokens} tokens"
+    if spec.field == "tools":  # a forced call (tool_choice)
+        shortest = f"the shortest tool call that tool_choice forces takes {min_tokens} tokens"
+    else:
+        what = spec.field or "the response format"
+        shortest = f"the shortest answer that satisfies {what} takes {min_tokens} tokens"
     if requested:
         message = f"{field} is {max_tokens} but {shortest}; set {field} to at least {min_tokens}"
     else:
