@@ -65,12 +65,19 @@ CATALOG = {  # an enum, bounded integers, minItems, optional properties
     "required": ["title", "rating", "items"],
 }
 SCHEMAS = {"trip": TRIP, "catalog": CATALOG}
-# temperature, seed: greedy, then sampled with two seeds.
-SAMPLING = pytest.mark.parametrize(
-    ("temperature", "seed"), [(0.0, None), (0.8, 3), (0.8, 11)], ids=["greedy", "s3", "s11"]
+# (budget, temperature, seed): "min" is the fewest tokens the server says the shortest answer
+# takes, "min+3" just above it; greedy and sampled with two seeds across the budgets.
+CASES = pytest.mark.parametrize(
+    ("budget", "temperature", "seed"),
+    [
+        ("min", 0.0, None),
+        ("min", 0.8, 3),
+        ("min+3", 0.8, 11),
+        (128, 0.0, None),
+        (128, 0.8, 11),
+    ],
+    ids=["min-greedy", "min-s3", "min+3-s11", "128-greedy", "128-s11"],
 )
-# "min" is the fewest tokens the server says the shortest answer takes; "min+3" just above.
-BUDGETS = pytest.mark.parametrize("budget", ["min", "min+3", 128])
 
 
 def schema_format(schema: dict[str, Any]) -> Any:
@@ -134,8 +141,7 @@ def budget_of(client: openai.OpenAI, name: str, budget: int | str) -> int:
 
 
 @pytest.mark.parametrize("name", ["trip", "catalog"])
-@BUDGETS
-@SAMPLING
+@CASES
 def test_a_chat_answer_validates_and_stops_within_any_budget(
     client: openai.OpenAI, name: str, budget: int | str, temperature: float, seed: int | None
 ) -> None:
