@@ -211,7 +211,7 @@ async def test_responses_stream_the_items_in_the_order_of_the_final_output(
         ),
         (
             "/v1/messages",
-            {"max_tokens": 8, "messages": USER, "tools": [ANTHROPIC_WEATHER],
+            {"max_tokens": 64, "messages": USER, "tools": [ANTHROPIC_WEATHER],
              "tool_choice": {"type": "tool", "name": "get_weather"}},
             '"stop_reason":"tool_use"',
         ),

@@ -2,7 +2,9 @@
 
 A row carries a grammar when its SamplingParams hold a compiled xgrammar grammar. Its matcher is
 created with the row, masks the row's logits before every draw and accepts every sampled token;
-once it has accepted a stop token (or the grammar admits nothing more) the row is done.
+once it has accepted a stop token (or the grammar admits nothing more) the row is done. A row
+whose request carries a `ClosePlan` also has a `RowCloser`, which `steer`s each drawn token so
+that the value closes within the row's budget (`grammar_close`).
 
 xgrammar is imported only here and only when a grammar row exists, so a server that never sees
 one never pays for the import (seconds) or for any per-step work.
@@ -16,28 +18,54 @@ from typing import Any
 
 import torch
 
+from modelhost.engine.grammar_close import ClosePlan, RowCloser
+
 log = logging.getLogger(__name__)
 
 
 class GrammarState:
     """One row's position in its grammar."""
 
-    __slots__ = ("matcher", "vocab_size", "failed")
+    __slots__ = ("matcher", "vocab_size", "failed", "closer")
 
-    def __init__(self, compiled: Any) -> None:
+    def __init__(self, compiled: Any, close_plan: ClosePlan | None = None) -> None:
         import xgrammar
 
         self.matcher = xgrammar.GrammarMatcher(compiled)
         self.vocab_size: int = compiled.tokenizer_info.vocab_size
         self.failed = False  # a token the grammar refused was sampled; the row must end
+        self.closer = RowCloser(close_plan) if close_plan is not None else None
 
     @property
     def is_terminated(self) -> bool:
         return self.failed or self.matcher.is_terminated()
 
+    @property
+    def is_complete(self) -> bool:
+        """What was accepted is a whole value of the grammar (a stop token may still follow)."""
+        return not self.failed and (self.matcher.is_terminated() or self.matcher.is_completed())
+
+    def steer(self, token_id: int, remaining: int) -> int:
+        """The token to take instead of the drawn `token_id`, with `remaining` tokens left in
+        the row's budget counting this one, so that the value still closes in budget."""
+        if self.closer is None or self.is_terminated:
+            return token_id
+        try:
+            return self.closer.steer(token_id, remaining, self.matcher)
+        except Exception:  # a closing fault must cost this row its guarantee, not the step
+            log.exception("closing failed; the row goes on without its guarantee")
+            self.closer = None
+            return token_id
+
     def accept(self, token_id: int) -> None:
         if self.matcher.is_terminated():
             return
+        if self.closer is not None:
+            try:
+                self.closer.accept(token_id)
+            except Exception:
+                log.exception("closing failed; the row goes on without its guarantee")
+                self.closer = None
         if not self.matcher.accept_token(token_id):
             # Only reachable when every allowed token was filtered out (e.g. a stop token id the
             # mask let through as the sole choice); ending the row beats emitting invalid output.

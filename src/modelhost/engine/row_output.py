@@ -50,10 +50,18 @@ class RowOutput:
         grammar = self.sampling.grammar
         return grammar is not None and grammar.is_terminated
 
+    @property
+    def grammar_complete(self) -> bool:
+        """The row's grammar holds a whole value (a stop token may not have followed yet)."""
+        grammar = self.sampling.grammar
+        return grammar is not None and grammar.is_complete
+
     def finish(
         self, event: EngineEvent, seq: Sequence, reason: FinishReason, stop: str | None
     ) -> EngineEvent:
         """Release held-back text and close the stream's last event."""
+        if reason == "length" and self.grammar_complete:
+            reason = "stop"  # the budget ran out on a whole value: the answer is complete
         if stop is None and reason != "abort":
             event.text += self.stops.push(self.detokenizer.flush())[0] + self.stops.flush()
         event.finish_reason = reason

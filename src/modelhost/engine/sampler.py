@@ -8,7 +8,9 @@ Per row, in order: logit_bias (added); repetition_penalty over the distinct prom
 tokens (HF convention: positive logits divided by the penalty, negative ones multiplied); presence
 and frequency penalties over output tokens only (OpenAI convention); then greedy rows take the
 argmax and the others go through temperature, top_k, top_p and min_p before the draw. Rows with a
-grammar have every token it forbids masked to -inf after the penalties, before either path.
+grammar have every token it forbids masked to -inf after the penalties, before either path, and
+a grammar row that must start closing its value to stay within max_tokens takes the closing
+token instead of the drawn one (`grammar_close`).
 Logprobs describe the raw model distribution, before any of that. A row with `readout_token_ids`
 gets the raw logprobs of exactly those ids, in that order, as its alternatives (typed decisions).
 
@@ -64,7 +66,9 @@ class RowSamplingState:
             else:
                 # OpenAI seeds are any integer; torch wants one that fits in 64 bits.
                 generator.manual_seed(params.seed & _SEED_MASK)
-        grammar = GrammarState(params.grammar) if params.grammar is not None else None
+        grammar = None
+        if params.grammar is not None:
+            grammar = GrammarState(params.grammar, params.grammar_close)
         return cls(params=params, generator=generator, prompt_ids=prompt_ids, grammar=grammar)
 
     def prompt_tensor(self) -> torch.Tensor:
@@ -121,10 +125,27 @@ def sample(logits: torch.Tensor, rows: Sequence[RowSamplingState]) -> list[Sampl
         token_ids.index_copy_(0, index, drawn)
 
     chosen = token_ids.tolist()
+    if _steer(chosen, rows):
+        token_ids = torch.tensor(chosen, dtype=token_ids.dtype, device=token_ids.device)
     results = [SampledToken(token_id) for token_id in chosen]
     if raw_logprobs is not None:
         _fill_logprobs(results, raw_logprobs, logprob_rows, token_ids, rows)
     return results
+
+
+def _steer(chosen: list[int], rows: Sequence[RowSamplingState]) -> bool:
+    """Let each closing grammar row replace its drawn token (in place) when keeping it would
+    leave the row's value unclosable within its budget; whether any row did."""
+    changed = False
+    for i, row in enumerate(rows):
+        grammar = row.grammar
+        if grammar is not None and grammar.closer is not None:
+            remaining = row.params.max_tokens - len(row.output_ids)
+            token_id = grammar.steer(chosen[i], remaining)
+            if token_id != chosen[i]:
+                chosen[i] = token_id
+                changed = True
+    return changed
 
 
 def _apply_logit_bias(logits: torch.Tensor, rows: Sequence[RowSamplingState]) -> None:

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from xgrammar import CompiledGrammar
 
+    from modelhost.engine.grammar_close import ClosePlan
+
 
 class InvalidSamplingParams(ValueError):
     """A knob is out of range; the message names the field."""
@@ -36,6 +38,8 @@ class SamplingParams:
     prompt_logprobs: bool = False
     # Constrains every sampled token (greedy rows too); compiled for this model's vocabulary.
     grammar: CompiledGrammar | None = field(default=None, compare=False, repr=False)
+    # With `grammar`: how its value closes within max_tokens; None: no closing guarantee.
+    grammar_close: ClosePlan | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0.0:

@@ -88,6 +88,7 @@ class InferenceRequest:
     prompt: Prompt
     sampling: SamplingRequest = field(default_factory=SamplingRequest)
     max_tokens: int | None = None  # None: the server's --max-tokens, else up to the context
+    max_tokens_field: str = "max_tokens"  # what the surface calls it, for a 400 that names it
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False  # generate to max_tokens even past end-of-sequence (benchmarks)
     logprobs: int | None = None  # None: off; N: the chosen token plus N alternatives

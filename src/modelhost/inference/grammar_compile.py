@@ -9,22 +9,32 @@ A grammar that fails to compile is the request's fault: `GrammarInvalid`, which 
 into a 400 naming the problem. Only when no grammar can be compiled at all (the operator set
 `MODELHOST_GRAMMAR=0`, or the install lacks the engine) is it `GrammarUnavailable`, and the caller
 falls back to prompt injection and a Warning carrying `hint()`.
+
+`closing` pairs a compiled grammar with its `ClosePlan` (the engine's budget-aware closing) and
+the fewest tokens its shortest valid value takes, for the kinds whose shortest value is known
+(a JSON schema, json_object, a choice); a regex or free grammar gets none.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import threading
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from modelhost.inference.contracts import GrammarSpec
+from modelhost.engine.grammar_close import ClosePlan, TokenBytes
+from modelhost.inference.contracts import GrammarSpec, InvalidRequest
 from modelhost.models.loaded import LoadedModel
+from modelhost.text.json_shape import Shape, ShapeUnsupported, choice_shape, shape_of
 
 if TYPE_CHECKING:
     from xgrammar import CompiledGrammar, GrammarCompiler
+
+log = logging.getLogger(__name__)
 
 ENV_SWITCH = "MODELHOST_GRAMMAR"
 _MAX_HINT = 200
@@ -41,6 +51,14 @@ class GrammarInvalid(Exception):
     """The request's grammar does not compile; str() is a one-line reason."""
 
 
+@dataclass(frozen=True, slots=True)
+class Closing:
+    """How a compiled grammar's value closes in budget, and the fewest tokens it can take."""
+
+    plan: ClosePlan
+    min_tokens: int
+
+
 def grammar_enabled() -> bool:
     return os.environ.get(ENV_SWITCH, "1").strip() != "0"
 
@@ -49,6 +67,7 @@ class ModelGrammars:
     def __init__(self, model: LoadedModel) -> None:
         self.model = model
         self._compiler: GrammarCompiler | None = None
+        self._tokens: TokenBytes | None = None  # built with the first closing plan
         self._lock = threading.Lock()
 
     async def compile(self, spec: GrammarSpec) -> CompiledGrammar:
@@ -66,6 +85,40 @@ class ModelGrammars:
             raise
         except Exception as exc:  # xgrammar reports bad input as RuntimeError/ValueError
             raise GrammarInvalid(hint(exc, limit=_MAX_REASON)) from exc
+
+    async def closing(self, spec: GrammarSpec, compiled: CompiledGrammar) -> Closing | None:
+        """The closing plan for `spec`'s grammar; None when its shortest value is not known."""
+        return await asyncio.to_thread(self.closing_sync, spec, compiled)
+
+    def closing_sync(self, spec: GrammarSpec, compiled: CompiledGrammar) -> Closing | None:
+        try:
+            shape = _shape(spec)
+        except ShapeUnsupported as exc:
+            log.info("no closing guarantee for this %s: %s", spec.kind, exc)
+            return None
+        except Exception as exc:  # a schema the grammar took in a form the shapes do not read
+            log.warning("no closing guarantee for this %s: %r", spec.kind, exc)
+            return None
+        if shape is None:
+            return None
+        plan = ClosePlan.of(shape, self._token_bytes(compiled))
+        tokens = plan.shortest_tokens(compiled)
+        if tokens is None:
+            log.warning("grammar refuses the shortest %s value; no closing guarantee", spec.kind)
+            return None
+        return Closing(plan, max(1, len(tokens)))
+
+    def _token_bytes(self, compiled: CompiledGrammar) -> TokenBytes:
+        with self._lock:
+            if self._tokens is None:
+                info = compiled.tokenizer_info
+                tokenizer = self.model.tokenizer
+                self._tokens = TokenBytes(
+                    info.decoded_vocab,
+                    lambda text: tokenizer.encode(text, add_special_tokens=False),
+                    frozenset(info.special_token_ids) | frozenset(info.stop_token_ids),
+                )
+            return self._tokens
 
     def _compiler_for_model(self) -> GrammarCompiler:
         with self._lock:
@@ -114,6 +167,37 @@ def _compile(compiler: GrammarCompiler, spec: GrammarSpec) -> CompiledGrammar:
         literals = " | ".join(json.dumps(choice, ensure_ascii=False) for choice in spec.choices)
         return compiler.compile_grammar(f"root ::= {literals}")
     raise GrammarInvalid(f"unknown grammar kind {spec.kind!r}")
+
+
+def budget_refusal(
+    spec: GrammarSpec, min_tokens: int, max_tokens: int, *, requested: bool, field: str
+) -> InvalidRequest | None:
+    """The 400 for a budget too small for the shortest valid answer; None when it fits."""
+    if max_tokens >= min_tokens:
+        return None
+    if spec.field == "tools":  # a forced call (tool_choice)
+        shortest = f"the shortest tool call that tool_choice forces takes {min_tokens} tokens"
+    else:
+        what = spec.field or "the response format"
+        shortest = f"the shortest answer that satisfies {what} takes {min_tokens} tokens"
+    if requested:
+        message = f"{field} is {max_tokens} but {shortest}; set {field} to at least {min_tokens}"
+    else:
+        message = (
+            f"only {max_tokens} tokens are left for the answer but {shortest}; "
+            "shorten the prompt or raise the server's limits"
+        )
+    return InvalidRequest(message, param=field, code="max_tokens_too_small")
+
+
+def _shape(spec: GrammarSpec) -> Shape | None:
+    if spec.kind == "json_schema":
+        return shape_of(spec.source)
+    if spec.kind == "json_object":
+        return shape_of({"type": "object"})
+    if spec.kind == "choice":
+        return choice_shape(spec.choices)
+    return None  # a regex or a free grammar: no shortest value known
 
 
 def hint(exc: BaseException, *, limit: int = _MAX_HINT) -> str:

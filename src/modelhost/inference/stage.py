@@ -49,7 +49,12 @@ from modelhost.inference.contracts import (
     Usage,
 )
 from modelhost.inference.defaults import ServingDefaults, requested_max_tokens, resolve_sampling
-from modelhost.inference.grammar_compile import GrammarInvalid, GrammarUnavailable, ModelGrammars
+from modelhost.inference.grammar_compile import (
+    GrammarInvalid,
+    GrammarUnavailable,
+    ModelGrammars,
+    budget_refusal,
+)
 from modelhost.inference.media import check_media
 from modelhost.inference.prompt import prompt_ids_for
 from modelhost.models.loaded import LoadedModel
@@ -151,10 +156,11 @@ class InferenceStage:
         warnings: list[str] = []
         chat = isinstance(request.prompt, ChatPrompt)
         instruction = request.structured_output
-        grammar = None
+        grammar = closing = None
         if request.grammar is not None:
             try:
                 grammar = await self.grammars.compile(request.grammar)
+                closing = await self.grammars.closing(request.grammar, grammar)
                 instruction = None  # enforced: the prompt stays as the client wrote it
             except GrammarInvalid as exc:
                 raise invalid_grammar(request.grammar, str(exc)) from exc
@@ -174,11 +180,22 @@ class InferenceStage:
             requested_max_tokens(request, self.defaults),
             engine_context=self.engine_context,
         )
+        if closing is not None and request.grammar is not None:
+            refusal = budget_refusal(
+                request.grammar,
+                closing.min_tokens,
+                max_tokens,
+                requested=request.max_tokens is not None,
+                field=request.max_tokens_field,
+            )
+            if refusal is not None:
+                raise refusal
         params = resolve_sampling(
             request, self.defaults, self.model.gen_defaults, max_tokens=max_tokens
         )
         if grammar is not None:
-            params = dataclasses.replace(params, grammar=grammar)
+            plan = closing.plan if closing is not None else None
+            params = dataclasses.replace(params, grammar=grammar, grammar_close=plan)
         try:
             stream = self.engine.submit(prompt_ids, params)
         except QueueFull as exc:

@@ -199,6 +199,7 @@ def parse_turn(
         prompt=ChatPrompt(messages=tuple(messages), tools=tools),
         sampling=sampling,
         max_tokens=max_tokens,
+        max_tokens_field="max_output_tokens",
         stream=bool(fields.field(body, "stream", bool)),
         thinking=None if effort is None else effort != "none",
         has_media=bool(media),

@@ -1,0 +1,344 @@
+"""End to end: structured output always closes. Whatever the budget, from the fewest tokens the
+shortest valid answer takes up to 128, a schema-bound answer parses, validates and ends with
+`stop` (`tool_calls`, `tool_use`) within max_tokens, on every surface, plain and streamed; a
+budget below the shortest valid answer is a 400 in the surface's own shape, naming the minimum.
+
+The schemas here are deliberately unbounded (free strings, arrays with no maxItems): SmolLM2
+left alone writes into them until its budget runs out, which is what the closing must survive.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import jsonschema
+import openai
+import pytest
+
+from modelhost.assembly import build_serving
+from modelhost.models.loaded import LoadedModel
+from modelhost.server.settings import ServeSettings
+
+pytestmark = pytest.mark.slow
+
+DEFAULT_BUDGET = 40  # the server's --max-tokens: the bound of a request that sets none
+TRIP_ASK = [{"role": "user", "content": "Plan a long trip through many European cities."}]
+TRIP = {  # nested arrays of objects, free strings
+    "type": "object",
+    "properties": {
+        "destinations": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "nights": {"type": "integer"}},
+                "required": ["city", "nights"],
+            },
+        },
+        "notes": {"type": "string"},
+    },
+    "required": ["destinations", "notes"],
+}
+CATALOG = {  # an enum, bounded integers, minItems, optional properties
+    "type": "object",
+    "properties": {
+        "title": {"type": "string"},
+        "rating": {"enum": ["low", "mid", "high"]},
+        "items": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string"},
+                    "count": {"type": "integer", "minimum": 1},
+                    "tags": {"type": "array", "items": {"type": "string"}},
+                },
+                "required": ["name", "count"],
+            },
+        },
+        "comment": {"type": "string"},
+    },
+    "required": ["title", "rating", "items"],
+}
+SCHEMAS = {"trip": TRIP, "catalog": CATALOG}
+# (budget, temperature, seed): "min" is the fewest tokens the server says the shortest answer
+# takes, "min+3" just above it; greedy and sampled with two seeds across the budgets.
+CASES = pytest.mark.parametrize(
+    ("budget", "temperature", "seed"),
+    [
+        ("min", 0.0, None),
+        ("min", 0.8, 3),
+        ("min+3", 0.8, 11),
+        (128, 0.0, None),
+        (128, 0.8, 11),
+    ],
+    ids=["min-greedy", "min-s3", "min+3-s11", "128-greedy", "128-s11"],
+)
+
+
+def schema_format(schema: dict[str, Any]) -> Any:
+    return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+
+
+def validated(text: str, schema: dict[str, Any]) -> Any:
+    value = json.loads(text)
+    jsonschema.validate(value, schema)
+    return value
+
+
+@pytest.fixture(scope="module")
+def server(smollm2: LoadedModel, module_live_server: Any) -> Any:
+    settings = ServeSettings(max_tokens=DEFAULT_BUDGET)
+    return module_live_server(build_serving(smollm2, settings, batch=4, max_queue=8))
+
+
+@pytest.fixture
+def client(server: Any) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(
+        base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=120
+    ) as client:
+        yield client
+
+
+@pytest.fixture
+def claude(server: Any) -> Iterator[anthropic.Anthropic]:
+    with anthropic.Anthropic(
+        base_url=server.base_url, api_key="unused", max_retries=0, timeout=120
+    ) as client:
+        yield client
+
+
+_MINIMUMS: dict[str, int] = {}
+
+
+def minimum(client: openai.OpenAI, name: str) -> int:
+    """The fewest tokens the shortest valid answer takes, as the 400 for max_tokens=1 says."""
+    if name not in _MINIMUMS:
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(
+                model="smollm2",
+                messages=TRIP_ASK,  # type: ignore[arg-type]
+                response_format=schema_format(SCHEMAS[name]),
+                max_tokens=1,
+            )
+        found = re.search(r"at least (\d+)", str(caught.value.body))
+        assert found is not None
+        _MINIMUMS[name] = int(found.group(1))
+    return _MINIMUMS[name]
+
+
+def budget_of(client: openai.OpenAI, name: str, budget: int | str) -> int:
+    if budget == "min":
+        return minimum(client, name)
+    if budget == "min+3":
+        return minimum(client, name) + 3
+    assert isinstance(budget, int)
+    return budget
+
+
+@pytest.mark.parametrize("name", ["trip", "catalog"])
+@CASES
+def test_a_chat_answer_validates_and_stops_within_any_budget(
+    client: openai.OpenAI, name: str, budget: int | str, temperature: float, seed: int | None
+) -> None:
+    max_tokens = budget_of(client, name, budget)
+    answer = client.chat.completions.create(
+        model="smollm2",
+        messages=TRIP_ASK,  # type: ignore[arg-type]
+        response_format=schema_format(SCHEMAS[name]),
+        max_tokens=max_tokens,
+        temperature=temperature,
+        seed=seed,
+    )
+    assert answer.choices[0].finish_reason == "stop"
+    assert answer.usage is not None and answer.usage.completion_tokens <= max_tokens
+    validated(answer.choices[0].message.content or "", SCHEMAS[name])
+
+
+@pytest.mark.parametrize("name", ["trip", "catalog"])
+@pytest.mark.parametrize("budget", ["min", 64])
+def test_a_streamed_chat_answer_validates_and_stops_within_its_budget(
+    client: openai.OpenAI, name: str, budget: int | str
+) -> None:
+    max_tokens = budget_of(client, name, budget)
+    stream = client.chat.completions.create(
+        model="smollm2",
+        messages=TRIP_ASK,  # type: ignore[arg-type]
+        response_format=schema_format(SCHEMAS[name]),
+        max_tokens=max_tokens,
+        temperature=0.8,
+        seed=3,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+    [finish] = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
+    [usage] = [chunk.usage for chunk in chunks if chunk.usage is not None]
+    assert finish == "stop" and usage.completion_tokens <= max_tokens
+    validated(text, SCHEMAS[name])
+
+
+CATALOG_TOOL = {"name": "save_catalog", "description": "Save a catalog", "input_schema": CATALOG}
+
+
+@pytest.mark.parametrize("budget", ["min", 48, 128])
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+def test_an_anthropic_forced_tool_use_validates_and_stops_within_any_budget(
+    claude: anthropic.Anthropic, budget: int | str, stream: bool
+) -> None:
+    # The forced call wraps the input ({"name": ..., "arguments": ...}): its minimum is a few
+    # tokens more than the bare schema's, as the tool's own 400 says.
+    max_tokens = anthropic_minimum(claude) if budget == "min" else int(budget)
+    request: Any = {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": "Save a catalog of fruit."}],
+        "tools": [CATALOG_TOOL],
+        "tool_choice": {"type": "any"},
+        "max_tokens": max_tokens,
+        "extra_body": {"temperature": 0.8, "seed": 3},
+    }
+    if stream:
+        with claude.messages.stream(**request) as events:
+            message = events.get_final_message()
+    else:
+        message = claude.messages.create(**request)
+    [block] = [block for block in message.content if block.type == "tool_use"]
+    assert message.stop_reason == "tool_use"
+    assert message.usage.output_tokens <= max_tokens
+    jsonschema.validate(block.input, CATALOG)
+
+
+def anthropic_minimum(claude: anthropic.Anthropic) -> int:
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        claude.messages.create(
+            model="smollm2",
+            messages=[{"role": "user", "content": "Save a catalog of fruit."}],
+            tools=[CATALOG_TOOL],  # type: ignore[list-item]
+            tool_choice={"type": "any"},
+            max_tokens=1,
+        )
+    found = re.search(r"at least (\d+)", str(caught.value.body))
+    assert found is not None
+    return int(found.group(1))
+
+
+@pytest.mark.parametrize("budget", ["min", 48, 128])
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+def test_a_responses_answer_validates_and_completes_within_any_budget(
+    client: openai.OpenAI, budget: int | str, stream: bool
+) -> None:
+    max_tokens = budget_of(client, "trip", budget)
+    request: Any = {
+        "model": "smollm2",
+        "input": "Plan a long trip through many European cities.",
+        "text": {"format": {"type": "json_schema", "name": "trip", "schema": TRIP}},
+        "max_output_tokens": max_tokens,
+        "temperature": 0.8,
+        "extra_body": {"seed": 11},
+    }
+    if stream:
+        events = list(client.responses.create(**request, stream=True))
+        response = next(e.response for e in events if e.type == "response.completed")
+    else:
+        response = client.responses.create(**request)
+    assert response.status == "completed"
+    assert response.usage is not None and response.usage.output_tokens <= max_tokens
+    validated(response.output_text, TRIP)
+
+
+@pytest.mark.parametrize("max_tokens", [2, 24])
+def test_a_json_object_answer_parses_and_stops_within_its_budget(
+    client: openai.OpenAI, max_tokens: int
+) -> None:
+    answer = client.chat.completions.create(
+        model="smollm2",
+        messages=TRIP_ASK,  # type: ignore[arg-type]
+        response_format={"type": "json_object"},
+        max_tokens=max_tokens,
+        temperature=0.8,
+        seed=3,
+    )
+    assert answer.choices[0].finish_reason == "stop"
+    assert answer.usage is not None and answer.usage.completion_tokens <= max_tokens
+    assert isinstance(json.loads(answer.choices[0].message.content or ""), dict)
+
+
+def test_a_forced_tool_call_without_max_tokens_ends_within_the_server_default(
+    client: openai.OpenAI,
+) -> None:
+    tool: Any = {
+        "type": "function",
+        "function": {"name": "save_catalog", "parameters": CATALOG},
+    }
+    answer = client.chat.completions.create(
+        model="smollm2",
+        messages=[{"role": "user", "content": "Save a catalog of every fruit you know."}],
+        tools=[tool],
+        tool_choice="required",
+        temperature=0.8,
+        seed=3,
+    )
+    choice = answer.choices[0]
+    [call] = choice.message.tool_calls or []
+    assert choice.finish_reason == "tool_calls"
+    assert answer.usage is not None and answer.usage.completion_tokens <= DEFAULT_BUDGET
+    jsonschema.validate(json.loads(call.function.arguments), CATALOG)  # type: ignore[union-attr]
+
+
+def test_a_chat_budget_below_the_shortest_answer_is_a_400_naming_the_minimum(
+    client: openai.OpenAI,
+) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model="smollm2",
+            messages=TRIP_ASK,  # type: ignore[arg-type]
+            response_format=schema_format(TRIP),
+            max_tokens=3,
+            stream=True,
+        )
+    error = caught.value.body
+    assert isinstance(error, dict) and error["param"] == "max_tokens"
+    assert error["code"] == "max_tokens_too_small"
+    assert re.fullmatch(
+        r"max_tokens is 3 but the shortest answer that satisfies response_format\.json_schema "
+        r"takes \d+ tokens; set max_tokens to at least \d+",
+        error["message"],
+    )
+
+
+def test_an_anthropic_budget_below_the_shortest_answer_is_an_anthropic_400(
+    claude: anthropic.Anthropic,
+) -> None:
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        claude.messages.create(
+            model="smollm2",
+            messages=TRIP_ASK,  # type: ignore[arg-type]
+            max_tokens=2,
+            extra_body={"output_config": {"format": {"type": "json_schema", "schema": TRIP}}},
+        )
+    body = caught.value.body
+    assert isinstance(body, dict) and body["type"] == "error"
+    assert body["error"]["type"] == "invalid_request_error"
+    assert "max_tokens is 2 but the shortest answer" in body["error"]["message"]
+
+
+def test_a_responses_budget_below_the_shortest_answer_names_max_output_tokens(
+    client: openai.OpenAI,
+) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(
+            model="smollm2",
+            input="Plan a trip.",
+            text={"format": {"type": "json_schema", "name": "trip", "schema": TRIP}},
+            max_output_tokens=2,
+        )
+    error = caught.value.body
+    assert isinstance(error, dict) and error["param"] == "max_output_tokens"
+    assert "set max_output_tokens to at least" in error["message"]
