@@ -177,7 +177,10 @@ def test_a_json_schema_format_is_followed(client: ollama.Client) -> None:
 
 def test_format_json_gives_a_json_object(client: ollama.Client) -> None:
     reply = client.generate(
-        model=SMOL, prompt="A city as JSON.", format="json", options={"num_predict": 48}
+        model=SMOL,
+        prompt="A city and its country as JSON.",
+        format="json",
+        options={"temperature": 0, "num_predict": 64},
     )
     assert isinstance(json.loads(reply.response), dict)
 
@@ -314,4 +317,3 @@ def test_an_unknown_model_in_a_stream_is_refused_before_it_opens(client: ollama.
     with pytest.raises(ollama.ResponseError) as raised:
         list(client.generate(model="nope", prompt="hi", stream=True))
     assert raised.value.status_code == 404
-
