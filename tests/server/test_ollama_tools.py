@@ -97,3 +97,36 @@ def test_a_server_of_one_model_refuses_another_name_with_a_404(
     )
     assert streamed.status_code == 200
     assert streamed.headers["content-type"].startswith("application/x-ndjson")
+
+
+def test_the_api_key_applies_and_a_miss_is_a_401_in_ollamas_shape(
+    make_app: AppFactory, live_server: Any
+) -> None:
+    server = live_server(make_app(ScriptedEngine(("Hi",)), api_key="sesame"))
+    refused = httpx.post(f"{server.base_url}/api/chat", json={"model": MODEL, "messages": ASK})
+    assert refused.status_code == 401 and set(refused.json()) == {"error"}
+    with ollama.Client(host=server.base_url, headers={"Authorization": "Bearer sesame"}) as client:
+        assert client.chat(model=MODEL, messages=ASK).message.content == "Hi"
+
+
+def test_a_body_over_the_limit_is_a_413_in_ollamas_shape(
+    make_app: AppFactory, live_server: Any
+) -> None:
+    server = live_server(make_app(ScriptedEngine(("Hi",)), max_body_bytes=1024))
+    long = [{"role": "user", "content": "x" * 4096}]
+    refused = httpx.post(f"{server.base_url}/api/chat", json={"model": MODEL, "messages": long})
+    assert refused.status_code == 413 and set(refused.json()) == {"error"}
+
+
+def test_a_cors_origin_opens_ollamas_routes_to_that_page(
+    make_app: AppFactory, live_server: Any
+) -> None:
+    origin = "chrome-extension://page-assist"
+    server = live_server(make_app(ScriptedEngine(("Hi",)), cors_origins=(origin,)))
+    body = {"model": MODEL, "messages": ASK, "stream": False}
+    allowed = httpx.post(f"{server.base_url}/api/chat", json=body, headers={"origin": origin})
+    assert allowed.status_code == 200 and allowed.json()["message"]["content"] == "Hi"
+    other = httpx.post(
+        f"{server.base_url}/api/chat", json=body, headers={"origin": "https://evil.example"}
+    )
+    assert other.status_code == 403
