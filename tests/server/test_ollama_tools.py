@@ -130,3 +130,11 @@ def test_a_cors_origin_opens_ollamas_routes_to_that_page(
         f"{server.base_url}/api/chat", json=body, headers={"origin": "https://evil.example"}
     )
     assert other.status_code == 403
+
+
+def test_a_wrong_method_on_an_ollama_route_is_refused_in_ollamas_shape(
+    make_app: AppFactory, live_server: Any
+) -> None:
+    server = live_server(make_app(ScriptedEngine(("Hi",))))
+    refused = httpx.get(f"{server.base_url}/api/chat")
+    assert refused.status_code == 405 and set(refused.json()) == {"error"}
