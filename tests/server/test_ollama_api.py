@@ -317,3 +317,11 @@ def test_an_unknown_model_in_a_stream_is_refused_before_it_opens(client: ollama.
     with pytest.raises(ollama.ResponseError) as raised:
         list(client.generate(model="nope", prompt="hi", stream=True))
     assert raised.value.status_code == 404
+
+
+def test_show_of_a_local_model_that_cannot_chat_or_embed_says_why(client: ollama.Client) -> None:
+    with pytest.raises(ollama.ResponseError) as raised:
+        client.show("whisper-base")  # a transcriber: listed by `modelhost ls` where it is local
+    if raised.value.status_code == 404:
+        pytest.skip("no local Whisper model on this machine")
+    assert raised.value.status_code == 400 and "cannot be served" in raised.value.error

@@ -174,8 +174,11 @@ async def show(request: Request) -> Response:
                 "parameters": "",
                 "modelfile": "",
             }
-        by_id = {entry.id: entry for entry in entries}
-        entry = by_id[wire.local_id(named, by_id.__contains__)]
+        registry = request.app.state.router.registry
+        entry = registry.get(wire.local_id(named, lambda i: registry.get(i) is not None))
+        if entry not in entries:  # local, but not a model this server can answer with
+            reason = entry.refusal or "it neither generates nor embeds"
+            raise InvalidRequest(f"model '{entry.id}' cannot be served: {reason}", "model")
         facts = model_facts(entry)
         return {
             "modelfile": f"# modelhost serves {entry.id}\nFROM {entry.path}\n",
