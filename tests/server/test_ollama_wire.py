@@ -75,3 +75,10 @@ def test_options_map_to_the_sampler_and_num_predict_to_max_tokens() -> None:
         "mirostat": 0,
         "num_gpu": 99,
     }
+
+
+def test_a_keep_alive_beyond_a_century_is_a_pin_and_nan_is_a_400() -> None:
+    assert wire.keep_alive({"keep_alive": "1e400"}) == -1.0
+    assert wire.keep_alive({"keep_alive": 2**64}) == -1.0
+    with pytest.raises(InvalidRequest):
+        wire.keep_alive({"keep_alive": float("nan")})

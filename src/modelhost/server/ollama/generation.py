@@ -122,8 +122,10 @@ def _check_capabilities(body: dict[str, Any], kind: str, stage: InferenceStage) 
         raise InvalidRequest(f'"{name}" does not support thinking', param="think")
     if wire.tools(body) and not card.tools:
         raise InvalidRequest(f'"{name}" does not support tools', param="tools")
+    messages = body.get("messages")
     pictures = bool(body.get("images")) or any(
-        isinstance(m, dict) and m.get("images") for m in body.get("messages") or []
+        isinstance(m, dict) and m.get("images")
+        for m in (messages if isinstance(messages, list) else [])
     )
     if pictures and not card.vision:
         message = f'"{name}" does not support images: it has no vision encoder'

@@ -12,6 +12,7 @@ num_batch, use_mmap, ...) are accepted and ignored; sampler options this server 
 from __future__ import annotations
 
 import json
+import math
 import re
 import uuid
 from collections.abc import Callable, Mapping
@@ -100,6 +101,7 @@ def listed_name(model_id: str) -> str:
 # keep_alive
 
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+FOREVER_S = 100 * 365 * 86400.0
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
@@ -113,20 +115,27 @@ def keep_alive(body: Mapping[str, Any]) -> float | None:
     if isinstance(value, bool):
         raise InvalidRequest(message, param="keep_alive")
     if isinstance(value, int | float):
-        return float(value)
+        return _seconds(float(value), message)
     if not isinstance(value, str):
         raise InvalidRequest(message, param="keep_alive")
     text = value.strip()
     sign = -1.0 if text.startswith("-") else 1.0
     text = text.lstrip("+-")
     try:
-        return sign * float(text)  # a bare number is seconds
+        return _seconds(sign * float(text), message)  # a bare number is seconds
     except ValueError:
         pass
     parts = _DURATION.findall(text)
     if not parts or "".join(n + u for n, u in parts) != text:
         raise InvalidRequest(message, param="keep_alive")
-    return sign * sum(float(number) * _UNIT_S[unit] for number, unit in parts)
+    return _seconds(sign * sum(float(n) * _UNIT_S[unit] for n, unit in parts), message)
+
+
+def _seconds(seconds: float, message: str) -> float:
+    """A keep-alive as the host takes it: a hold longer than a century is a pin."""
+    if math.isnan(seconds):
+        raise InvalidRequest(message, param="keep_alive")
+    return -1.0 if seconds >= FOREVER_S else seconds
 
 
 def keep_alive_of(body: bytes) -> float | None:
@@ -295,6 +304,8 @@ def _tool_calls(raw: Any, where: str) -> list[dict[str, Any]]:
                 arguments = json.loads(arguments)
             except ValueError:
                 raise InvalidRequest(message, param="messages") from None
+        if not isinstance(arguments, dict):
+            raise InvalidRequest(f"{where}.tool_calls: arguments must be an object", "messages")
         call_id = call.get("id") if isinstance(call.get("id"), str) else ""
         named = {"name": function["name"], "arguments": arguments}
         calls.append({"id": call_id, "type": "function", "function": named})
