@@ -41,9 +41,17 @@ class ModelFacts:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
+UNKNOWN = ModelFacts(None, "", None, None, None, False, False)
+
+
 def model_facts(entry: ModelEntry) -> ModelFacts:
-    stat = entry.path.stat()
-    return _facts(entry.path, entry.format, entry.architecture, stat.st_size, stat.st_mtime_ns)
+    """The entry's facts; a file that went away or cannot be read has none (a listing lists
+    it still, as the registry does until its next scan)."""
+    try:
+        stat = entry.path.stat()
+        return _facts(entry.path, entry.format, entry.architecture, stat.st_size, stat.st_mtime_ns)
+    except (OSError, ValueError, KeyError, TypeError):
+        return UNKNOWN
 
 
 @functools.lru_cache(maxsize=64)
@@ -52,7 +60,7 @@ def _facts(path: Path, fmt: str, architecture: str | None, size: int, mtime_ns: 
         return _gguf_facts(path)
     if path.is_dir() and (path / "config.json").is_file():
         return _folder_facts(path, architecture)
-    return ModelFacts(None, "", None, None, None, False, False)
+    return UNKNOWN
 
 
 def _gguf_facts(path: Path) -> ModelFacts:

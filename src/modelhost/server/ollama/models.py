@@ -77,13 +77,21 @@ def details(entry: ModelEntry, facts: ModelFacts) -> dict[str, Any]:
     }
 
 
+def _mtime_ns(entry: ModelEntry) -> int:
+    """When the model's file last changed (0 when it went away since the registry's scan)."""
+    try:
+        return entry.path.stat().st_mtime_ns
+    except OSError:
+        return 0
+
+
 def _modified(entry: ModelEntry) -> datetime:
-    return datetime.fromtimestamp(entry.path.stat().st_mtime, UTC)
+    return datetime.fromtimestamp(_mtime_ns(entry) / NS, UTC)
 
 
 def digest(entry: ModelEntry) -> str:
-    stat = entry.path.stat()
-    return hashlib.sha256(f"{entry.id}:{entry.size_bytes}:{stat.st_mtime_ns}".encode()).hexdigest()
+    identity = f"{entry.id}:{entry.size_bytes}:{_mtime_ns(entry)}"
+    return hashlib.sha256(identity.encode()).hexdigest()
 
 
 def tag_row(entry: ModelEntry) -> dict[str, Any]:
@@ -212,7 +220,10 @@ async def running(request: Request) -> Response:
             expires = wire.PINNED_UNTIL
         else:
             since = now if model.leases else model.last_used_at
-            expires = datetime.fromtimestamp(since + model.hold_s, UTC)
+            try:
+                expires = datetime.fromtimestamp(since + model.hold_s, UTC)
+            except (OverflowError, ValueError, OSError):  # a hold beyond the calendar
+                expires = wire.PINNED_UNTIL
         name = wire.listed_name(model.id)
         rows.append(
             {
