@@ -34,6 +34,9 @@ NODE_FLAGS = [
 def node_env(home: Path) -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": SRC, "MODELHOST_HOME": str(home)}
     env.update(HF_HUB_CACHE=str(home / "hub"), RAY_USAGE_STATS_ENABLED="0")
+    # Ray turns token authentication on for a head when ~/.ray/auth_token exists (any local
+    # `ray.init()` leaves one) but not for the nodes that join it: one mode for all, set here.
+    env.update(RAY_AUTH_MODE="disabled")
     env.update(RAY_health_check_period_ms="1000", RAY_health_check_failure_threshold="3")
     return env
 

@@ -31,7 +31,7 @@ from modelhost.serve_config import (
 )
 from modelhost.server.app import create_app, create_routed_app
 from modelhost.server.http_server import serve
-from modelhost.server.observability.prometheus import WorkerSamples
+from modelhost.server.observability.prometheus import SampleSource
 from modelhost.server.settings import ServeSettings
 
 if TYPE_CHECKING:
@@ -194,7 +194,7 @@ def worker_loader(
 
 
 # ---------------------------------------------------------------------------------------------
-# The routed app: a host, its router, served until a signal
+# The routed app over a router (whatever host it leases from), served until a signal
 
 
 async def pin_companion(router: ModelRouter[Any], need: str) -> None:
@@ -210,7 +210,7 @@ def serve_router(
     router: ModelRouter[Any],
     start: Callable[[Any], Awaitable[None]],
     mode: str,
-    worker_samples: WorkerSamples | None = None,
+    worker_samples: SampleSource | None = None,
 ) -> int:
     """The app over `router`, served until a signal; `start(host)` runs before listening."""
     host = router.host

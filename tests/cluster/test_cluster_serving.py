@@ -96,6 +96,22 @@ def running_rows(url: str, model_id: str) -> float:
     raise AssertionError(f"no running rows reported for {model_id}")
 
 
+def chat_series(url: str) -> dict[str, float]:
+    """The request series for the chat route (sample name -> value; buckets, and the front's
+    own count of HTTP requests by status, left out), each asserted to be one set whatever nodes
+    served it."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = sample.labels
+            ours = "le" not in labels and "status" not in labels
+            if labels.get("route") == "/v1/chat/completions" and ours:
+                assert sample.name not in values, f"two {sample.name} series"
+                values[sample.name] = sample.value
+    return values
+
+
 def live_row(url: str, request_id: str) -> dict[str, Any] | None:
     """The live view's row of `request_id` (its token figures are its worker's)."""
     with httpx.stream("GET", f"{url}/api/live", timeout=10) as live:
@@ -145,6 +161,42 @@ def test_conversations_are_spread_over_the_replicas(cluster):
     assert served == {cluster["small"], cluster["large"]}
 
 
+def test_requests_served_on_either_node_count_in_the_fronts_request_series(cluster):
+    url = cluster["url"]
+    before = chat_series(url)
+    served, usages = set(), []
+    for i in range(40):  # each conversation lands on one replica by its own hash
+        reply = chat(url, "tiny-a", [{"role": "user", "content": f"Count {i}"}], max_tokens=2)
+        served.add(reply.headers["x-modelhost-node"])
+        usages.append(reply.json()["usage"])
+        if served == {cluster["small"], cluster["large"]}:
+            break
+    assert served == {cluster["small"], cluster["large"]}
+    after = chat_series(url)
+
+    def rise(name: str) -> float:
+        return after[name] - before.get(name, 0.0)
+
+    assert rise("modelhost_time_to_first_token_seconds_count") == len(usages)
+    assert rise("modelhost_e2e_request_latency_seconds_count") == len(usages)
+    assert rise("modelhost_prompt_tokens_total") == sum(u["prompt_tokens"] for u in usages)
+    completion_tokens = sum(u["completion_tokens"] for u in usages)
+    assert rise("modelhost_generation_tokens_total") == completion_tokens
+
+
+def test_each_nodes_workers_keep_their_files_under_that_nodes_home(cluster):
+    url, homes = cluster["url"], cluster["nodes"].homes
+    members = httpx.get(f"{url}/stats").json()["models"]["nodes"]
+    by_node = {row["node"]: row["home"] for row in members}
+    assert by_node == {
+        cluster["small"]: str(homes[0].resolve()),
+        cluster["large"]: str(homes[1].resolve()),
+    }
+    for row in httpx.get(f"{url}/engine").json()["workers"]:
+        environment = Path(f"/proc/{row['pid']}/environ").read_bytes().split(b"\0")
+        assert f"MODELHOST_HOME={by_node[row['node']]}".encode() in environment, row
+
+
 def test_every_sdk_surface_answers_through_the_cluster(cluster, client):
     url = cluster["url"]
     chat_reply = client.chat.completions.create(
@@ -186,6 +238,7 @@ def test_speech_is_transcribed_through_the_cluster(cluster, client):
 
 def test_a_front_that_restarts_finds_the_models_resident_on_the_nodes(cluster):
     before = {m: nodes_of(cluster["url"], m) for m in ("tiny-a", "all-minilm-l6-v2")}
+    counted = chat_series(cluster["url"])
     os.killpg(cluster["front"].process.pid, signal.SIGKILL)  # no drain: as if it crashed
     cluster["front"].process.wait()
     front = ClusterFront(cluster["nodes"], FRONT_ARGUMENTS, cluster["root"] / "front")
@@ -195,6 +248,7 @@ def test_a_front_that_restarts_finds_the_models_resident_on_the_nodes(cluster):
     assert len(after["tiny-a"]) == 2
     engine = httpx.get(f"{cluster['url']}/engine").json()
     assert len([row for row in engine["workers"] if row["id"] == "tiny-a"]) == 2  # none new
+    assert chat_series(cluster["url"]) == counted  # the nodes' series, not the front's
 
 
 def test_a_new_model_loads_on_the_node_with_the_most_free_budget(cluster):
@@ -274,6 +328,22 @@ def test_a_worker_actor_that_crashes_is_replaced_on_its_node_under_the_restart_r
     assert after["node"] == cluster["large"] and after["pid"] != before["pid"]
     assert after["restarts"] == before["restarts"] + 1  # counted as a local worker's restart
     assert parent_of(after["pid"]) != actor_pid
+
+
+def test_a_worker_actor_that_dies_while_idle_is_replaced_without_waiting_for_a_request(cluster):
+    url = cluster["url"]
+    before = worker_of(url, "tiny-b")
+    os.kill(parent_of(before["pid"]), signal.SIGKILL)  # its ModelWorker actor
+    killed_at = time.monotonic()
+    while (row := worker_of(url, "tiny-b"))["restarts"] == before["restarts"]:
+        assert time.monotonic() - killed_at < 15, "the membership loop did not notice"
+        time.sleep(0.2)
+    while row["pid"] == before["pid"] or row["worker_state"] != "ready":
+        assert time.monotonic() - killed_at < 180, row  # a new actor loads the model
+        time.sleep(0.5)
+        row = worker_of(url, "tiny-b")
+    assert row["node"] == cluster["large"] and row["restarts"] == before["restarts"] + 1
+    assert chat(url, "tiny-b", FIRST_TURN).headers["x-modelhost-node"] == cluster["large"]
 
 
 def test_a_node_that_dies_mid_stream_ends_it_with_the_error_frame_and_its_model_moves(cluster):

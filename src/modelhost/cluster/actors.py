@@ -10,7 +10,11 @@
   that dies takes its worker with it (the worker exits with its parent); the front puts a new
   one on the same node under the same rule and count (`remote_unit.RemoteWorker`).
 
-Both read their node's environment: the `ray start` that made the node chose MODELHOST_HOME.
+Both read their node's environment: the `ray start` that made the node chose MODELHOST_HOME,
+and `node_env()` hands it to every worker the node starts explicitly, with the node's folder for
+request series (`node_series`): what a worker keeps on disk (the GGUF and native caches, the
+prefix KV store in `MODELHOST_HOME/kv`) is its node's, never the front's or another node's, even
+when simulated nodes share one machine.
 """
 
 from __future__ import annotations
@@ -21,19 +25,46 @@ from typing import Any
 
 import ray
 
+from modelhost.cluster.node_series import NodeSamples, plain_samples, samples_directory
+from modelhost.paths import modelhost_home
 from modelhost.residency.registry import ModelEntry, ModelRegistry, ServingShape
 from modelhost.residency.supervisor import WorkerFailed, WorkerProcess
 from modelhost.server.edge.cluster_secret import SECRET_ENV
+from modelhost.server.observability.prometheus import read_samples
 
 
 def node_address() -> str:
     return str(ray.util.get_node_ip_address())
 
 
+def node_home() -> str:
+    """This node's MODELHOST_HOME, absolute: as its `ray start` chose it, else ~/.modelhost of
+    the user who ran it (a Ray worker process inherits the raylet's environment)."""
+    return str(modelhost_home().expanduser().resolve())
+
+
+def node_samples_directory() -> Path:
+    """This node's folder for its workers' request series, made if new."""
+    context = ray.get_runtime_context()
+    node_id = context.get_node_id()
+    directory = samples_directory(context.get_temp_dir(), context.get_session_name(), node_id)
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+def node_env() -> dict[str, str]:
+    """What every worker on this node is started with: the node's home and its series folder."""
+    return {
+        "MODELHOST_HOME": node_home(),
+        "PROMETHEUS_MULTIPROC_DIR": str(node_samples_directory()),
+    }
+
+
 @ray.remote(num_cpus=0, max_restarts=0)
 class NodeAgent:
     def __init__(self, shape: dict[str, Any], paths: list[str]) -> None:
         self.registry = ModelRegistry(paths, shape=ServingShape(**shape))
+        self.samples = str(node_samples_directory())
 
     def describe(self) -> dict[str, Any]:
         from modelhost.serve_config import available_memory_bytes, default_budget_bytes
@@ -42,8 +73,12 @@ class NodeAgent:
             "address": node_address(),
             "default_budget_bytes": default_budget_bytes(),
             "available_bytes": available_memory_bytes(),
-            "home": os.environ.get("MODELHOST_HOME"),
+            "home": node_home(),
         }
+
+    def request_series(self) -> NodeSamples:
+        """The request series of every worker this node ran, summed (`node_series`)."""
+        return plain_samples(read_samples(self.samples))
 
     def models(self) -> list[ModelEntry]:
         return self.registry.entries()
@@ -84,7 +119,7 @@ class ModelWorker:
         command = [*WORKER_COMMAND, *arguments]
         self.worker = WorkerProcess(
             [*command, "--listen", self.address],
-            env={**env, SECRET_ENV: secret},
+            env={**env, **node_env(), SECRET_ENV: secret},
             start_timeout_s=start_timeout_s,
             restart_ages=restart_ages or (),
         )

@@ -8,6 +8,11 @@ a stream as its protocol's error frame), its models leave every view, and the ne
 them places them on a node that is still here. The GCS's own verdict takes its health checks
 (15 s by default); the pings make it a few seconds.
 
+Each round also looks at every resident model's worker actor (`_watch`, beside the loop, one look
+per worker at a time): an actor Ray reports dead is replaced on its node as the next request
+would replace it (the 3-a-minute rule, `RemoteWorker`), and a worker out of restarts is evicted,
+its model leaving `/v1/models` then, not when a request finds it.
+
 A node's budget is, first, the `modelhost_budget_mb` resource its `ray start --resources` gave
 it; else `--node-budget`; else 70% of its RAM (or GPU memory), as a single machine's default.
 
@@ -85,6 +90,7 @@ class Membership:
         self._joining: dict[str, asyncio.Task[None]] = {}
         self._scanned_at = 0.0
         self._maintaining: asyncio.Task[None] | None = None
+        self._watching: dict[RemoteWorkerUnit, asyncio.Task[None]] = {}
 
     async def run(self) -> None:
         while True:
@@ -108,9 +114,14 @@ class Membership:
         if time.monotonic() - self._scanned_at > RESCAN_S:
             self._scanned_at = time.monotonic()
             await asyncio.gather(*(self._rescan(n) for n in list(self.cluster.nodes)))
+        self.watch_workers()
         # Beside the loop, one pass at a time: a replica's load must not hold back the pings.
         if self._maintaining is None or self._maintaining.done():
             self._maintaining = self.cluster.run_beside(self.cluster.maintain())
+
+    def agents(self) -> dict[str, Any]:
+        """Each member node's agent, by node id."""
+        return dict(self._agents)
 
     def _joined(self, node_id: str, task: asyncio.Task[None]) -> None:
         self._joining.pop(node_id, None)
@@ -155,7 +166,7 @@ class Membership:
             "[cluster] node %s joined: %.2f GB budget, %d models (home %s)",
             name, budget / 1e9, len(models), described["home"] or "~/.modelhost",
         )  # fmt: skip
-        self.cluster.add_node(Node(node_id, name, host, models))
+        self.cluster.add_node(Node(node_id, name, host, models, home=described["home"]))
 
     def _entry(self, node_id: str, model_id: str) -> ModelEntry | None:
         node = self.cluster.nodes.get(node_id)
@@ -169,6 +180,9 @@ class Membership:
             unit = node.host.peek(model.id)
             if unit is not None:
                 unit.remote.gone = True
+                watch = self._watching.get(unit)
+                if watch is not None:  # a new actor there would never start
+                    watch.cancel()
         agent = self._agents.pop(node_id, None)
         if agent is not None:
             with contextlib.suppress(Exception):
@@ -198,6 +212,35 @@ class Membership:
             self._available[node_id] = await call(agent.available_bytes.remote())
 
     # -- model workers ---------------------------------------------------------------------
+
+    def watch_workers(self) -> list[asyncio.Task[None]]:
+        """A look at each ready worker whose last look has ended (a replacement may take a
+        load's time; the other workers are looked at meanwhile): the looks begun."""
+        begun = []
+        for node in self.cluster.live_nodes():
+            for model in node.host.resident():
+                unit = node.host.peek(model.id)
+                if unit is None or unit in self._watching:
+                    continue
+                task = self.cluster.run_beside(self._watch(node, unit))
+                self._watching[unit] = task
+                task.add_done_callback(functools.partial(self._watched, unit))
+                begun.append(task)
+        return begun
+
+    def _watched(self, unit: RemoteWorkerUnit, task: asyncio.Task[None]) -> None:
+        self._watching.pop(unit, None)
+
+    async def _watch(self, node: Node[RemoteWorkerUnit], unit: RemoteWorkerUnit) -> None:
+        await unit.refresh()  # Ray's ActorDiedError marks a dead actor
+        resident = node.host.peek(unit.model_id) is unit  # not evicted meanwhile
+        if unit.remote.actor_died and resident and not node.gone and not self._missed.get(node.id):
+            # Its node answers: the actor alone died. Replaced as a request would replace it.
+            log.warning("[cluster] %s: its worker actor on %s died", unit.model_id, node.name)
+            if await unit.remote.ensure_alive():
+                log.info("[cluster] %s: a new worker actor on %s", unit.model_id, node.name)
+        if unit.broken():
+            node.host.evict_broken()
 
     def _loader(self, node_id: str, name: str) -> Callable[..., Any]:
         async def load(entry: ModelEntry, progress: LoadProgress) -> RemoteWorkerUnit:

@@ -69,6 +69,7 @@ class RemoteWorker:
         self.actor = actor
         self.spawn = spawn
         self.gone = False  # its node left the cluster, or its actor stopped answering
+        self.closed = False  # its unit closed: a new actor started now would have no owner
         self.actor_died = False  # known dead; replaced on the next `ensure_alive` when allowed
         self.state = "ready"
         self.directory = "remote"  # /engine lists `socket_path` when there is a directory
@@ -134,7 +135,7 @@ class RemoteWorker:
     async def _replace(self) -> bool:
         """A new actor on the node for a dead one, when the restart rule allows; the try counts
         whether or not it starts (as a local respawn's does)."""
-        if self.spawn is None or not self._ages.allows():
+        if self.closed or self.spawn is None or not self._ages.allows():
             return False
         self._ages.record()
         self._earlier_restarts = self.restarts = self.restarts + 1
@@ -147,6 +148,10 @@ class RemoteWorker:
         except Exception as exc:  # the load failed: the next request may try again
             log.warning("[cluster] a new worker actor did not start: %s", exc)
             self.state = "failed"
+            return False
+        if self.closed:  # evicted while the new actor started: it is nobody's
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
             return False
         self.actor, self.actor_died = actor, False
         self._update(where)
@@ -206,6 +211,7 @@ class RemoteWorkerUnit(WorkerUnit):
     async def close(self) -> bool:
         if not self._closed:
             self._closed = self._ending = True
+            self.remote.closed = True
             await self._http.aclose()
             if self.remote.alive():
                 with contextlib.suppress(ConnectionError):

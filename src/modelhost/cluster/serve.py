@@ -19,6 +19,7 @@ from typing import Any
 import ray
 
 from modelhost.cluster.membership import NAMESPACE, Membership, cluster_secret
+from modelhost.cluster.node_series import NodeSeries
 from modelhost.cluster.remote_unit import RemoteWorkerUnit
 from modelhost.inference.admission import BYTES_PER_GB
 from modelhost.models.loading.embedded import DEFAULT_MODEL
@@ -51,7 +52,7 @@ def run_cluster(
     serve: Callable[..., int],
 ) -> int:
     """Join the cluster and serve its front: `worker_arguments` is every node's worker launch,
-    `serve(settings, router, start, mode)` the app a single machine serves
+    `serve(settings, router, start, mode, samples)` the app a single machine serves
     (`assembly.serve_router`)."""
     replicas = parse_replicas(args.replicas)
     token = read_token_file(args.cluster_token_file) if args.cluster_token_file else None
@@ -118,4 +119,5 @@ def _serve(
         await cluster.maintain()  # the replicas asked for, before the port opens
         cluster.run_beside(membership.run())
 
-    return serve(settings, router, start, f", cluster at {args.cluster}")
+    series = NodeSeries(membership.agents)  # the workers' request series, for /metrics
+    return serve(settings, router, start, f", cluster at {args.cluster}", series)

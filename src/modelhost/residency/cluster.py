@@ -101,6 +101,7 @@ class Node(Generic[U]):
     models: dict[str, ModelEntry]
     gone: bool = False
     added_replicas: dict[str, float] = field(default_factory=dict)  # model -> added at
+    home: str | None = None  # its MODELHOST_HOME, where its workers keep what they keep on disk
 
 
 class ClusterRegistry:
@@ -382,6 +383,7 @@ class ClusterHost(Generic[U]):
         return [
             {
                 "node": node.name,
+                "home": node.home,
                 "budget_bytes": node.host.budget_bytes,
                 "used_bytes": node.host.used_bytes(),
                 "models": sorted(node.models),

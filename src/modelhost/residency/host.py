@@ -267,6 +267,14 @@ class ResidencyHost(Generic[U]):
             )
         return await self._start_evict(slot, "requested")
 
+    def evict_broken(self) -> None:
+        """Start evicting each idle unit that can no longer serve (a worker out of restarts),
+        as the next lease on it would: whoever watches the units need not wait for a request."""
+        for slot in list(self._slots.values()):
+            unit = slot.unit
+            if slot.state == "ready" and unit is not None and not slot.leases and unit.broken():
+                self._start_evict(slot, "broken")
+
     async def make_room(self, num_bytes: int) -> None:
         """Drain LRU models until `num_bytes` more fit; wait while they are all leased."""
         while True:

@@ -21,7 +21,7 @@ from modelhost.server.front.worker_admin import WORKER_ROUTES
 from modelhost.server.job_routes import install_jobs, with_jobs
 from modelhost.server.observability.console import install_console, worker_requests
 from modelhost.server.observability.live_feed import LiveFeed
-from modelhost.server.observability.prometheus import Metrics, WorkerSamples, metrics_endpoint
+from modelhost.server.observability.prometheus import Metrics, SampleSource, metrics_endpoint
 from modelhost.server.responses.store import ResponseStore
 from modelhost.server.settings import ServeSettings
 from modelhost.server.surfaces import SURFACES, Surfaces
@@ -54,7 +54,7 @@ def create_routed_app(
     settings: ServeSettings,
     startup: Callable[[], Awaitable[None]] | None = None,
     surfaces: Surfaces = SURFACES,
-    worker_samples: WorkerSamples | None = None,
+    worker_samples: SampleSource | None = None,
 ) -> Starlette:
     """The server for every local model behind one port, routed by the body's `model`.
     `startup` runs before the listener binds (it loads the startup model); `worker_samples`
@@ -86,7 +86,7 @@ def _new_app(
     settings: ServeSettings,
     lifespan: Any,
     surfaces: Surfaces,
-    worker_samples: WorkerSamples | None = None,
+    worker_samples: SampleSource | None = None,
 ) -> Starlette:
     serves_jobs = settings.owner != "worker"  # a worker process serves its model, nothing else
     if serves_jobs:

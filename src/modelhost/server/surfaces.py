@@ -31,7 +31,7 @@ from modelhost.server.ollama.wire import OLLAMA_ERRORS
 from modelhost.server.openai import audio_routes as audio
 from modelhost.server.openai import chat as openai_chat
 from modelhost.server.openai import completions as openai_completions
-from modelhost.server.openai import discovery as models
+from modelhost.server.openai import discovery
 from modelhost.server.openai import embedding_routes as embeddings
 from modelhost.server.openai.wire import OPENAI_ERRORS
 from modelhost.server.responses import routes as openai_responses
@@ -222,11 +222,11 @@ SURFACES = Surfaces(
         Surface(
             "discovery",
             (
-                Route("GET", "/v1/models", models.list_models),
-                Route("GET", "/v1/models/{model_id:path}", models.retrieve_model),
-                Route("GET", "/v1", models.index),
-                Route("GET", "/health", models.health),
-                Route("GET", "/stats", models.stats),
+                Route("GET", "/v1/models", discovery.list_models),
+                Route("GET", "/v1/models/{model_id:path}", discovery.retrieve_model),
+                Route("GET", "/v1", discovery.index),
+                Route("GET", "/health", discovery.health),
+                Route("GET", "/stats", discovery.stats),
             ),
         ),
     )

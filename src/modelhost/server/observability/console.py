@@ -30,7 +30,7 @@ from starlette.types import Scope
 
 from modelhost.server.http import SSE_HEADERS
 from modelhost.server.observability.live_feed import LiveFeed, merge_worker_rows
-from modelhost.server.openai import discovery as models
+from modelhost.server.openai import discovery
 from modelhost.server.openai.wire import openai_error
 
 CONSOLE_DIR = Path(__file__).resolve().parents[2] / "console"  # modelhost/console
@@ -79,7 +79,7 @@ def is_console_file(scope: Scope) -> bool:
 async def root(request: Request) -> Response:
     if request.app.state.settings.console and wants_page(request.scope):
         return _file(CONSOLE_DIR / "index.html")
-    return await models.index(request)
+    return await discovery.index(request)
 
 
 async def asset(request: Request) -> Response:

@@ -30,7 +30,8 @@ A request served by a worker process is observed there. The workers write their 
 (time to first token, inter-token, end to end, queue, tokens) to files in the front's
 `WorkerSamples` directory (prometheus-client's multiprocess mode), and the front's scrape adds
 them to its own: every request counts whichever process served it, and a worker's requests
-still count after it was evicted or respawned (its files stay).
+still count after it was evicted or respawned (its files stay). A cluster's front has another
+`SampleSource`: its nodes' workers write theirs on their own nodes, asked for when scraped.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -70,7 +71,7 @@ LOAD_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 class Metrics:
     """The app's Prometheus registry: request instruments, plus `ServingCollector` over `state`."""
 
-    def __init__(self, state: Any, worker_samples: WorkerSamples | None = None) -> None:
+    def __init__(self, state: Any, worker_samples: SampleSource | None = None) -> None:
         self.registry = registry = CollectorRegistry(auto_describe=False)
         self.requests = Counter(
             "modelhost_http_requests",
@@ -115,6 +116,7 @@ class Metrics:
         )
         series: list[Counter | Histogram] = [self.ttft, self.token_gap, self.e2e, self.queue]
         series += [self.prompt_tokens, self.generation_tokens]
+        self.worker_samples = worker_samples
         registry.register(RequestSeries(series, worker_samples))
         self.model_loads = Counter(
             "modelhost_model_loads", "Models loaded into residency", ["model"], registry=registry
@@ -141,6 +143,13 @@ class Metrics:
         )
         self.serving = ServingCollector(state)
         registry.register(self.serving)
+
+    async def refresh(self) -> None:
+        """What is read elsewhere, fetched before a scrape: the workers' stats and series."""
+        fetches = [self.serving.refresh()]
+        if self.worker_samples is not None:
+            fetches.append(self.worker_samples.refresh())
+        await asyncio.gather(*fetches)
 
     def render(self) -> bytes:
         return exposition(self.registry)
@@ -175,6 +184,24 @@ class Metrics:
         host.subscribe(self.residency_event)
 
 
+class SampleSource(Protocol):
+    """Where the workers' request series come from: `families()` by family name, each
+    summed over its workers; `refresh()` fetches what is not read in place."""
+
+    def families(self) -> dict[str, Metric]: ...
+
+    async def refresh(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def read_samples(directory: str) -> dict[str, Metric]:
+    """The request series the worker processes wrote to `directory`, summed over the workers,
+    by family name."""
+    files = glob.glob(os.path.join(directory, "*.db"))
+    return {family.name: family for family in MultiProcessCollector.merge(files)}
+
+
 class WorkerSamples:
     """The directory where worker processes write their request series, and its reading.
 
@@ -189,8 +216,10 @@ class WorkerSamples:
 
     def families(self) -> dict[str, Metric]:
         """Every worker's series, summed over the workers, by family name."""
-        files = glob.glob(os.path.join(self.directory, "*.db"))
-        return {family.name: family for family in MultiProcessCollector.merge(files)}
+        return read_samples(self.directory)
+
+    async def refresh(self) -> None:
+        """Nothing to fetch: the files are read as the scrape collects."""
 
     def close(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
@@ -200,7 +229,7 @@ class RequestSeries:
     """The front's own request instruments, each with the workers' samples of it added."""
 
     def __init__(
-        self, instruments: Sequence[Counter | Histogram], worker_samples: WorkerSamples | None
+        self, instruments: Sequence[Counter | Histogram], worker_samples: SampleSource | None
     ) -> None:
         self.instruments = instruments
         self.worker_samples = worker_samples
@@ -399,5 +428,5 @@ class ServingCollector:
 async def metrics_endpoint(request: Request) -> Response:
     """`GET /metrics`: the Prometheus text exposition of this app's registry."""
     metrics: Metrics = request.app.state.metrics
-    await metrics.serving.refresh()
+    await metrics.refresh()
     return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
