@@ -76,6 +76,9 @@ message = st.fixed_dictionaries(
         "tool_calls": values,
         "tool_call_id": st.text(max_size=8),
         "type": st.sampled_from(["message", "function_call", "function_call_output", "bogus"]),
+        "images": st.lists(st.text(max_size=8), max_size=2) | values,  # Ollama's
+        "thinking": values,
+        "tool_name": values,
     },
 )
 tool = st.fixed_dictionaries(
@@ -107,6 +110,8 @@ question = st.fixed_dictionaries(
         "options": values,
     },
 )
+OPTIONS = ["temperature", "top_p", "top_k", "min_p", "num_predict", "seed", "stop",
+           "repeat_penalty", "num_ctx", "mirostat", "num_gpu"]  # fmt: skip
 FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "model": st.sampled_from(["scripted-model", "", "../../etc/passwd", "all-minilm-l6-v2"])
     | values,
@@ -148,6 +153,15 @@ FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "store": values,
     "echo": values,
     "suffix": values,
+    # Ollama's
+    "options": st.dictionaries(st.sampled_from(OPTIONS), numbers, max_size=4) | values,
+    "format": st.sampled_from(["json", "", "yaml"]) | st.just({"type": "object"}) | values,
+    "keep_alive": st.sampled_from(["5m", "0", "-1", "soon", "1h30m", "1e400"]) | numbers,
+    "think": st.sampled_from([True, False, "high", "bogus"]) | values,
+    "raw": values,
+    "template": values,
+    "images": st.lists(st.text(max_size=8), max_size=2) | values,
+    "context": values,
     "questions": st.lists(question, max_size=3) | values,
     "state": st.text(max_size=20) | values,
     "encoding_format": st.sampled_from(["float", "base64", "bogus"]) | values,
@@ -169,6 +183,11 @@ VALID: dict[str, dict[str, Any]] = {
         "input": "hi",
         "questions": [{"type": "predicate", "name": "yes", "instructions": "is it?"}],
     },
+    "/api/chat": {"model": "scripted-model", "messages": HI},
+    "/api/generate": {"model": "scripted-model", "prompt": "hi"},
+    "/api/embed": {"model": "scripted-model", "input": "hi"},
+    "/api/embeddings": {"model": "scripted-model", "prompt": "hi"},
+    "/api/show": {"model": "scripted-model"},
     "/v1/systemone": {
         "state": "hi",
         "questions": {"ok": {"type": "noul", "instructions": "is it ok?"}},
@@ -217,6 +236,9 @@ def client(loop: asyncio.AbstractEventLoop) -> Iterator[httpx.AsyncClient]:
 
 
 def check_error_shape(path: str, status: int, answer: Any) -> None:
+    if path.startswith("/api/"):  # Ollama's: {"error": "..."}
+        assert isinstance(answer["error"], str), answer
+        return
     if path.startswith("/v1/messages"):
         assert answer["type"] == "error", answer
         error = answer["error"]
@@ -245,9 +267,16 @@ async def answer(client: httpx.AsyncClient, path: str, body: bytes) -> None:
         assert status == 200, described
         check_stream(response.text)
         return
+    if response.headers.get("content-type", "").startswith("application/x-ndjson"):
+        assert status == 200, described
+        for line in response.text.splitlines():
+            assert isinstance(json.loads(line), dict), described  # every line one object
+        return
     if 200 <= status < 300:
         return
-    if status == 501:
+    if status == 501 and path.startswith("/api/"):
+        assert isinstance(response.json()["error"], str), described
+    elif status == 501:
         assert response.json()["error"]["code"] == "unsupported_execution", described
     else:
         assert status in REFUSALS, described
@@ -280,4 +309,9 @@ def test_the_fuzzed_routes_cover_the_inference_surfaces() -> None:
         "/v1/embeddings",
         "/v1/decisions",
         "/v1/systemone",
+        "/api/chat",
+        "/api/generate",
+        "/api/embed",
+        "/api/embeddings",
+        "/api/show",
     } <= set(post_routes())

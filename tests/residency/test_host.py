@@ -465,3 +465,46 @@ async def test_a_model_just_released_is_held_for_its_hold_unless_the_waiter_is_o
 def test_a_budget_that_is_not_positive_is_refused():
     with pytest.raises(ValueError, match="must be positive"):
         World({}).host(0)
+
+
+async def test_keep_alive_zero_lets_a_model_go_once_its_last_lease_ends():
+    world = World({"a": 1})
+    host = world.host(4)
+    async with await host.acquire("a"), await host.acquire("a"):
+        assert host.keep_alive("a", 0)
+    await settle()
+    assert "release a" in world.log
+    assert host.resident() == []
+
+
+async def test_keep_alive_zero_on_an_idle_model_lets_it_go_at_once():
+    world = World({"a": 1})
+    host = world.host(4)
+    async with await host.acquire("a"):
+        pass
+    host.keep_alive("a", 0)
+    await settle()
+    assert host.resident() == []
+
+
+async def test_keep_alive_below_zero_pins_and_a_duration_unpins_and_holds_that_long():
+    world = World({"a": 2, "b": 2, "c": 2})
+    host = world.host(4)
+    async with await host.acquire("a"):
+        host.keep_alive("a", -1)
+    assert [m.pinned for m in host.resident()] == [True]
+    async with await host.acquire("a"):
+        host.keep_alive("a", 600.0)
+    [a] = host.resident()
+    assert not a.pinned and a.hold_s == 600.0
+    async with await host.acquire("b"):
+        pass
+    waiting = asyncio.create_task(host.acquire("c"))
+    await settle()
+    assert "drain b" in world.log and "drain a" not in world.log  # a is inside its hold
+    async with await waiting:
+        pass
+
+
+def test_keep_alive_of_a_model_not_resident_changes_nothing():
+    assert World({"a": 1}).host(4).keep_alive("a", -1) is False

@@ -208,3 +208,12 @@ async def test_a_ready_worker_gets_the_clients_socket_only_once_the_head_has_lef
     head = dict(sent[0]["headers"])
     assert head[b"transfer-encoding"] == b"chunked" and HANDOFF_HEADER not in head
     assert sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+
+
+async def test_an_ollama_stream_ends_with_one_ollama_error_line():
+    first = b'{"model":"m","response":"Hi","done":false}\n'
+    _, body = await relayed("/api/generate", first, content_type="application/x-ndjson")
+    lines = frames(body)
+    assert lines[0] == first.decode().strip() and len(lines) == 2
+    assert set(json.loads(lines[-1])) == {"error"}
+    assert "unavailable" in json.loads(lines[-1])["error"]

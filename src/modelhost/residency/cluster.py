@@ -285,6 +285,10 @@ class ClusterHost(Generic[U]):
     def unpin(self, model_id: str) -> bool:
         return self.pin(model_id, False)
 
+    def keep_alive(self, model_id: str, seconds: float) -> bool:
+        found = [node.host.keep_alive(model_id, seconds) for node in self.live_nodes()]
+        return any(found)
+
     async def serve(self, model_id: str) -> None:
         raise ResidencyError("not-switchable", "a cluster routes by the request's model")
 

@@ -63,6 +63,8 @@ class _Slot(Generic[U]):
     uses: int = 0
     drained: asyncio.Task[bool] | None = None
     progress: LoadProgress = field(default_factory=LoadProgress)
+    hold_s: float | None = None  # a client's keep-alive for this model (None: the host's hold)
+    release_when_idle: bool = False  # a client asked for it to go once its last response ends
 
     def __post_init__(self) -> None:
         self.progress.model_id = self.entry.id
@@ -190,6 +192,8 @@ class ResidencyHost(Generic[U]):
     def _release(self, slot: _Slot[U]) -> None:
         slot.leases -= 1
         slot.last_used_at = self._clock()
+        if slot.leases == 0 and slot.release_when_idle and slot.state == "ready":
+            self._start_evict(slot, "keep-alive 0")
         self._wake()
 
     def peek_on(self, model_id: str, node_name: str) -> U | None:
@@ -356,13 +360,19 @@ class ResidencyHost(Generic[U]):
             return others
         return max(others, measured - held.get(except_id or "", 0))
 
+    def hold_of(self, slot: _Slot[U]) -> float:
+        """How long `slot` is held after its last response: a client's keep-alive, else ours."""
+        return self.hold_s if slot.hold_s is None else slot.hold_s
+
     def _held_back(self, slot: _Slot[U], waited_s: float) -> bool:
         """Inside its hold after a response, unless the waiter has waited longer than the hold."""
-        recent = self._clock() - slot.last_used_at < self.hold_s
-        return recent and waited_s < self.hold_s and slot.uses > 0
+        hold_s = self.hold_of(slot)
+        recent = self._clock() - slot.last_used_at < hold_s
+        return recent and waited_s < hold_s and slot.uses > 0
 
     def _hold_left(self, waited_s: float) -> float | None:
-        return max(self.hold_s - waited_s, 0.01) if self.hold_s > 0 else None
+        longest = max([self.hold_s, *(self.hold_of(s) for s in self._slots.values())])
+        return max(longest - waited_s, 0.01) if longest > 0 else None
 
     def _decide(self, need_bytes: int, except_id: str | None, *, waited_s: float) -> Decision:
         others = [s for model_id, s in self._slots.items() if model_id != except_id]
@@ -435,6 +445,21 @@ class ResidencyHost(Generic[U]):
     def unpin(self, model_id: str) -> bool:
         return self.pin(model_id, False)
 
+    def keep_alive(self, model_id: str, seconds: float) -> bool:
+        """A client's keep-alive for a resident model: below 0 pins it; 0 releases it once its
+        last response ends (at once when it has none); more holds it that long after its last
+        response (then it is an idle model like any other). False when it is not resident."""
+        slot = self._slots.get(model_id)
+        if slot is None or slot.state == "draining":
+            return False
+        slot.pinned = seconds < 0
+        slot.release_when_idle = seconds == 0
+        slot.hold_s = seconds if seconds > 0 else None
+        if slot.release_when_idle and slot.leases == 0 and slot.state == "ready":
+            self._start_evict(slot, "keep-alive 0")
+        self._wake()
+        return True
+
     async def pause_all(self) -> Pause:
         """Pause every resident unit and hold back loads and evictions until `dispose()`.
         A draining model is waited for, never paused, so a job never holds a closing engine."""
@@ -483,6 +508,7 @@ class ResidencyHost(Generic[U]):
                 pinned=slot.pinned,
                 leases=slot.leases,
                 last_used_at=slot.last_used_at,
+                hold_s=self.hold_of(slot),
                 operations=tuple(slot.entry.operations),
                 role="primary" if "generate" in slot.entry.operations else "companion",
                 progress=slot.progress.fraction if slot.state == "loading" else None,

@@ -105,6 +105,7 @@ class ResidentModel:
     pinned: bool
     leases: int
     last_used_at: float
+    hold_s: float = 0.0  # held this long after its last response (a keep-alive, or the host's)
     operations: tuple[str, ...] = field(default=())
     role: str = "primary"
     progress: float | None = None  # while loading: the fraction of its weights read

@@ -23,7 +23,6 @@ from modelhost.server.job_routes import install_jobs, with_jobs
 from modelhost.server.observability.console import install_console, worker_requests
 from modelhost.server.observability.live_feed import LiveFeed
 from modelhost.server.observability.prometheus import Metrics, SampleSource, metrics_endpoint
-from modelhost.server.openai.wire import openai_error
 from modelhost.server.responses.store import ResponseStore
 from modelhost.server.settings import ServeSettings
 from modelhost.server.surfaces import SURFACES, Surfaces
@@ -139,7 +138,9 @@ class _ModelhostApp(Starlette):
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
-    """Unknown routes and methods answer in OpenAI's error shape, too."""
+    """Unknown routes and methods answer in the error shape of the surface the path is near
+    (a wrong method on `/api/chat` in Ollama's), OpenAI's elsewhere."""
     status = exc.status_code if isinstance(exc, HTTPException) else 500
     message = f"{request.method} {request.url.path}: {getattr(exc, 'detail', 'error')}"
-    return openai_error(status, {"message": message, "type": "invalid_request_error"})
+    errors = request.app.state.surfaces.errors_for(request.url.path)
+    return errors.response(status, {"message": message, "type": "invalid_request_error"})

@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse, Response
 
 from modelhost.inference.contracts import InferenceRequest, InferenceResult
 from modelhost.server.http import (
+    EVENT_STREAM,
     HEARTBEAT,
     ErrorFormatter,
     EventStreamResponse,
@@ -57,8 +58,10 @@ async def answer_inference(
     prepare: Callable[[dict[str, Any]], Prepared],
     *,
     heartbeat: str = HEARTBEAT,
+    content_type: str = EVENT_STREAM,
 ) -> Response | EventStreamResponse:
-    """Parse, admit and answer one completion request (`heartbeat`: the surface's keep-alive)."""
+    """Parse, admit and answer one completion request (`heartbeat`: the surface's keep-alive;
+    `content_type`: its stream's)."""
     try:
         body = await read_json_object(request)
         prepared = prepare(body)
@@ -69,7 +72,9 @@ async def answer_inference(
     log.admitted = admitted
     reply = prepared.reply(stage, admitted)
     if prepared.inference.stream:
-        return respond_stream(request, admitted, reply.stream(), log, heartbeat=heartbeat)
+        return respond_stream(
+            request, admitted, reply.stream(), log, heartbeat=heartbeat, content_type=content_type
+        )
     return await respond_json(request, admitted, reply.json, errors, log)
 
 

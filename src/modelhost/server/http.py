@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("modelhost.server")
 
 HEARTBEAT = ": keep-alive\n\n"
+EVENT_STREAM = "text/event-stream; charset=utf-8"
 SSE_HEADERS = {"cache-control": "no-cache", "connection": "keep-alive"}
 
 ErrorFormatter = Callable[[int, Mapping[str, Any]], Response]
@@ -304,10 +305,11 @@ def respond_stream(
     log: RequestLog,
     *,
     heartbeat: str = HEARTBEAT,
+    content_type: str = EVENT_STREAM,
 ) -> EventStreamResponse:
     """Stream `protocol`'s frames for `admitted`, with the server's heartbeat interval;
     `heartbeat` is the surface's keep-alive frame (a comment by default; Anthropic clients
-    expect a `ping` event)."""
+    expect a `ping` event); `content_type`, its stream's (SSE, or Ollama's NDJSON)."""
     heartbeat_s: float = request.app.state.settings.heartbeat_s
 
     async def frames() -> AsyncIterator[str]:
@@ -332,12 +334,18 @@ def respond_stream(
 
     headers = {**SSE_HEADERS, **warning_headers(admitted)}
     return EventStreamResponse(
-        frames(), heartbeat_s=heartbeat_s, headers=headers, on_done=done, heartbeat=heartbeat
+        frames(),
+        heartbeat_s=heartbeat_s,
+        headers=headers,
+        on_done=done,
+        heartbeat=heartbeat,
+        content_type=content_type,
     )
 
 
 class EventStreamResponse:
-    """An ASGI `text/event-stream` response that stops its frames when the client leaves.
+    """An ASGI stream of frames (`text/event-stream` unless told) that stops them when the
+    client leaves.
 
     `on_done` gets 499 when the client left, 503 when the server cancelled the request (a
     forced shutdown), 500 when writing failed, and None when the stream ended on its own.
@@ -351,11 +359,12 @@ class EventStreamResponse:
         headers: Mapping[str, str],
         on_done: Callable[[int | None], None],
         heartbeat: str = HEARTBEAT,
+        content_type: str = EVENT_STREAM,
     ) -> None:
         self.frames = frames
         self.heartbeat_s = heartbeat_s
         self.heartbeat = heartbeat
-        self.headers = {"content-type": "text/event-stream; charset=utf-8", **headers}
+        self.headers = {"content-type": content_type, **headers}
         self.on_done = on_done
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -24,6 +24,10 @@ from modelhost.server.anthropic.wire import ANTHROPIC_ERRORS
 from modelhost.server.decisions import routes as decisions
 from modelhost.server.front.worker_proxy import Forwarded
 from modelhost.server.http import ErrorShape, EventStreamResponse
+from modelhost.server.ollama import generation as ollama
+from modelhost.server.ollama import models as ollama_models
+from modelhost.server.ollama import wire as ollama_wire
+from modelhost.server.ollama.wire import OLLAMA_ERRORS
 from modelhost.server.openai import audio_routes as audio
 from modelhost.server.openai import chat as openai_chat
 from modelhost.server.openai import completions as openai_completions
@@ -36,6 +40,8 @@ from modelhost.server.responses.wire import RESPONSES_ERRORS
 
 Endpoint = Callable[[Request], Awaitable[Response | EventStreamResponse]]
 Forward = Callable[[Scope, bytes], Awaitable[Forwarded]]
+KeepAlive = Callable[[bytes], float | None]
+ModelNames = Callable[[Any, Callable[[str], bool]], str]
 Operation = Literal["generate", "embed", "transcribe"]
 GENERATE: Operation = "generate"
 
@@ -49,6 +55,9 @@ class Route:
     operation: Operation | None = None
     # For a surface that keeps state in the front: how a request a worker serves is forwarded.
     forward: Forward | None = None
+    # For a surface whose requests say how long their model stays resident: the seconds a
+    # buffered body asks for (below 0: pinned; 0: let go after this response), None if none.
+    keep_alive: KeepAlive | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +65,10 @@ class Surface:
     name: str
     routes: tuple[Route, ...]
     errors: ErrorShape = OPENAI_ERRORS
+    # For a surface whose clients name models their own way (Ollama's `name:tag`): the local
+    # id a body's `model` means, given which ids are local; it raises a RequestError (404 for
+    # an unknown name) where other surfaces fall back to the current model.
+    model_names: ModelNames | None = None
 
 
 class Surfaces:
@@ -68,6 +81,17 @@ class Surfaces:
             route.path: route.operation
             for route in self.routes()
             if route.operation is not None and route.method == "POST"
+        }
+        self._keep_alives = {
+            route.path: route.keep_alive
+            for route in self.routes()
+            if route.keep_alive is not None and route.method == "POST"
+        }
+        self._model_names = {
+            route.path: surface.model_names
+            for surface in self.surfaces
+            for route in surface.routes
+            if surface.model_names is not None and route.method == "POST"
         }
         self._forwards = {
             route.path: route.forward
@@ -95,6 +119,15 @@ class Surfaces:
         """How a POST to `path` is forwarded to a worker, when its surface says (else as it is)."""
         return self._forwards.get(path)
 
+    def keep_alive(self, path: str, body: bytes) -> float | None:
+        """The keep-alive a POST to `path` asks for its model, in seconds (None: none)."""
+        read = self._keep_alives.get(path)
+        return read(body) if read is not None else None
+
+    def model_names(self, path: str) -> ModelNames | None:
+        """How a POST to `path` names its model, when its surface has its own way."""
+        return self._model_names.get(path)
+
     def routed_paths(self) -> tuple[str, ...]:
         """The model-routed paths, in registry order (what `GET /v1` lists)."""
         return tuple(self._operations)
@@ -106,6 +139,8 @@ class Surfaces:
                 return errors
         return self.default_errors
 
+
+keep = ollama_wire.keep_alive_of
 
 SURFACES = Surfaces(
     (
@@ -158,6 +193,31 @@ SURFACES = Surfaces(
                 Route("POST", "/v1/audio/transcriptions", audio.create_transcription, "transcribe"),
                 Route("POST", "/v1/audio/translations", audio.create_translation, "transcribe"),
             ),
+        ),
+        Surface(
+            "ollama",
+            (
+                Route("POST", "/api/chat", ollama.create_chat, GENERATE, keep_alive=keep),
+                Route("POST", "/api/generate", ollama.create_generation, GENERATE, keep_alive=keep),
+                Route("POST", "/api/embed", ollama_models.embed, "embed", keep_alive=keep),
+                Route(
+                    "POST", "/api/embeddings", ollama_models.embeddings, "embed", keep_alive=keep
+                ),
+                Route("POST", "/api/show", ollama_models.show),
+                Route("GET", "/api/tags", ollama_models.tags),
+                Route("GET", "/api/ps", ollama_models.running),
+                Route("GET", "/api/version", ollama_models.version),
+                *(
+                    Route(
+                        "DELETE" if path == "/api/delete" else "POST",
+                        path,
+                        ollama_models.not_offered,
+                    )
+                    for path in ollama_models.NOT_OFFERED
+                ),
+            ),
+            OLLAMA_ERRORS,
+            model_names=ollama_wire.local_id,
         ),
         Surface(
             "discovery",

@@ -12,8 +12,9 @@ hostname resolve to 127.0.0.1. The guard refuses both with `403 {error:{message,
   `cross_origin`.
 - `Sec-Fetch-Site`, when present, must be `same-origin` or `none` (or come with an allowed
   `--cors-origin`). Otherwise `cross_site`.
-- An operator action (anything but GET under `/api/`: load, unload, pin, jobs) must be
-  same-origin in both: a `--cors-origin` opens the API to a page, not the server's controls.
+- An operator action (anything but GET under `/api/`: load, unload, pin, jobs; a surface's
+  own routes there, Ollama's, are none) must be same-origin in both: a `--cors-origin` opens
+  the API to a page, not the server's controls.
 
 Clients that send none of these headers (curl, the SDKs) pass. With `--api-key`, every route but
 `/health` and the console's page and files (they hold no data: observability/console.py) also needs
@@ -85,7 +86,10 @@ def edge(
             expose_headers=["x-request-id", "warning"],
         )
     wrapped = LocalAccessGuard(
-        wrapped, bind_host=settings.host, allowed_origins=settings.cors_origins
+        wrapped,
+        bind_host=settings.host,
+        allowed_origins=settings.cors_origins,
+        surface_paths=frozenset(route.path for route in surfaces.routes()),
     )
     return ObservedRequests(wrapped, metrics, observers)
 
@@ -161,9 +165,16 @@ def access_problem(
 
 class LocalAccessGuard:
     def __init__(
-        self, app: ASGIApp, *, bind_host: str, allowed_origins: Sequence[str] = ()
+        self,
+        app: ASGIApp,
+        *,
+        bind_host: str,
+        allowed_origins: Sequence[str] = (),
+        surface_paths: frozenset[str] = frozenset(),
     ) -> None:
         self.app = app
+        self.surface_paths = surface_paths  # a protocol's own /api/ routes (Ollama's) are no
+        # operator actions: a --cors-origin opens them as it opens /v1/
         self.bind_host = bind_host
         self.wildcard = bind_host in WILDCARD_BINDS
         self.allowed_origins = tuple(allowed_origins)
@@ -181,7 +192,12 @@ class LocalAccessGuard:
         bound = (self.bind_host, str(server[0]))  # the address this connection came in on
         # Operator actions (load, unload, pin, jobs) come from this server's own page or from
         # clients without a browser's headers: a --cors-origin does not reach them.
-        operator = scope["path"].startswith(OPERATOR_PREFIX) and scope.get("method") != "GET"
+        path = scope["path"]
+        operator = (
+            path.startswith(OPERATOR_PREFIX)
+            and scope.get("method") != "GET"
+            and path not in self.surface_paths
+        )
         allowed_origins = () if operator else self.allowed_origins
         problem = access_problem(
             headers, bound=bound, wildcard=self.wildcard, allowed_origins=allowed_origins

@@ -1,8 +1,10 @@
 """Model leasing as pure ASGI middleware: read the body's `model`, lease that model, and hold the
 lease until the response body has ended, been cancelled or failed (never longer).
 
-Every POST under /v1/ goes through here: the surfaces' model-routed paths route by the body's
-`model`, the rest lease the active model (when one is resident) so a change never runs on an
+Every POST under /v1/ and every model-routed path goes through here: the surfaces' model-routed
+paths route by the body's `model` (a surface with its own model names resolves them first, an
+unknown one refused; its `keep_alive`, when a body asks one, is set on the leased model), the rest
+lease the active model (when one is resident) so a change never runs on an
 engine being drained. The body is read once and replayed to the handler (or proxied to the
 worker process that serves the model); the handler finds its stage in the scope
 (`http.serving_stage`). A model that cannot be leased answers in the calling protocol's error
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from modelhost.inference.contracts import RequestCancelled
+from modelhost.inference.contracts import RequestCancelled, RequestError
 from modelhost.residency.router import ModelRouter
 from modelhost.residency.unit import ResidencyError
 from modelhost.residency.worker_unit import WorkerUnit
@@ -41,20 +43,29 @@ class ModelLeasing:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
-        if scope["type"] != "http" or scope["method"] != "POST" or not path.startswith("/v1/"):
+        operation = self.surfaces.operation(path)
+        leased = path.startswith("/v1/") or operation is not None
+        if scope["type"] != "http" or scope["method"] != "POST" or not leased:
             await self.app(scope, receive, send)
             return
         body = await _read_body(receive)
         if body is None:
             return  # the client left before it finished sending
         errors = self.surfaces.errors_for(path)
-        operation = self.surfaces.operation(path)
         if operation is not None:
             try:
                 named = model_field(body) or form_model_field(scope, body)
+                names = self.surfaces.model_names(path)
+                value = _json_object(body)
+                if names is not None and value is not None:  # its own names; unknown: refused
+                    registry = self.router.registry
+                    named = names(value.get("model"), lambda i: registry.get(i) is not None)
                 model_id = self.router.route(named, operation)
             except ResidencyError as error:
                 await _refuse(scope, receive, send, errors, *residency_status(error))
+                return
+            except RequestError as error:
+                await _refuse(scope, receive, send, errors, error.status, error.body)
                 return
         else:
             # Anything else model-scoped is the active model's, and never loads one: with
@@ -87,6 +98,9 @@ class ModelLeasing:
         except ResidencyError as error:
             await _refuse(scope, receive, send, errors, *residency_status(error))
             return
+        keep_alive = self.surfaces.keep_alive(path, body)
+        if keep_alive is not None:  # how long the model stays once this response has ended
+            self.router.host.keep_alive(model_id, keep_alive)
 
         async def send_then_release(message: Message) -> None:
             try:
@@ -125,6 +139,15 @@ def model_field(body: bytes) -> str | None:
         return None
     model = value.get("model") if isinstance(value, dict) else None
     return model if isinstance(model, str) else None
+
+
+def _json_object(body: bytes) -> dict[str, Any] | None:
+    """A buffered body as a JSON object; None when it is not one (its handler answers that)."""
+    try:
+        value = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _with(scope: Scope, forwarded: Forwarded) -> Scope:

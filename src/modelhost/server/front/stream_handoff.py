@@ -34,6 +34,7 @@ READY = b"ready"
 HANDOFF_SOCKET = "handoff.sock"  # beside the worker's HTTP socket, in its private directory
 TOKEN_BYTES = 32  # hex of 16 random bytes
 WAIT_FOR_SOCKET_S = 5.0  # the front answers at once; after this the stream is relayed
+STREAM_TYPES = (b"text/event-stream", b"application/x-ndjson")  # what is handed off
 HIGH_WATER_BYTES = 65536  # a slow client's bytes waiting in the worker before the stream waits
 
 
@@ -263,8 +264,12 @@ class ClientWriter:
             self.sock.close()
 
 
+def is_stream_type(content_type: bytes) -> bool:
+    """A stream of frames: SSE, or Ollama's NDJSON."""
+    return content_type.startswith(STREAM_TYPES)
+
+
 def _is_event_stream(message: Message) -> bool:
     if message.get("status") != 200:
         return False
-    content_type = header_value(message.get("headers", []), b"content-type") or b""
-    return content_type.startswith(b"text/event-stream")
+    return is_stream_type(header_value(message.get("headers", []), b"content-type") or b"")

@@ -29,6 +29,7 @@ from modelhost.server.front.stream_handoff import (
     READY,
     handoff_socket_path,
     header_value,
+    is_stream_type,
     pass_socket,
 )
 from modelhost.server.http import ErrorShape, stream_status, wait_for_disconnect
@@ -144,7 +145,7 @@ async def relay(
     out_headers.append((PID_HEADER.encode(), str(unit.pid).encode()))
     if unit.node is not None:
         out_headers.append((NODE_HEADER.encode(), unit.node.encode()))
-    is_stream = upstream.headers.get("content-type", "").startswith("text/event-stream")
+    is_stream = is_stream_type(upstream.headers.get("content-type", "").encode("latin-1"))
     ready = token is not None and header_value(upstream.headers.raw, HANDOFF_HEADER) == READY
     if ready:
         out_headers.append((b"transfer-encoding", b"chunked"))  # the framing the worker writes
