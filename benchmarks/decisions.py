@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from modelhost.engine.engine import Engine, EngineConfig, share_the_gil_with_the_engine
-from modelhost.engine.sampling_params import SamplingParams
+from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.inference.decision_prompt import DecisionQuestion, DecisionRequest, Option
 from modelhost.inference.decisions import decide
 from modelhost.inference.stage import InferenceStage

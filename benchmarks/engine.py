@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from modelhost.engine.engine import Engine, EngineConfig, share_the_gil_with_the_engine
-from modelhost.engine.sampling_params import SamplingParams
+from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.models.loaded import LoadedModel
 from modelhost.models.loading.loader import load_model
 from modelhost.models.modes import MODES

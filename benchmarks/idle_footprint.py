@@ -36,10 +36,10 @@ from typing import Any
 import httpx
 from server_tree import ServerTree, install_cleanup
 
-from modelhost.engine.kv_pool_size import DEFAULT_KV_BYTES
+from modelhost.engine.kv.kv_pool_size import DEFAULT_KV_BYTES
 from modelhost.residency.registry import ModelEntry, ModelRegistry, ServingShape
-from modelhost.residency.supervisor import rss_bytes
 from modelhost.residency.unit import claim_bytes
+from modelhost.residency.workers.supervisor import rss_bytes
 
 GB = 1e9
 EMBEDDED = ("smollm2-135m-instruct", "gemma-3-270m", "all-minilm-l6-v2")

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from modelhost.engine.engine import Engine, EngineConfig, share_the_gil_with_the_engine
-from modelhost.engine.sampling_params import SamplingParams
+from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.engine.scheduler import ScheduledRow, SchedulerOutput
 from modelhost.engine.sequence import Sequence
 from modelhost.models.loaded import LoadedModel

@@ -47,7 +47,7 @@ import torch
 
 from modelhost.assembly import build_serving, worker_loader
 from modelhost.engine.engine import share_the_gil_with_the_engine
-from modelhost.engine.sampling_params import SamplingParams
+from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.inference.contracts import ChatPrompt, InferenceRequest
 from modelhost.inference.prompt import prompt_ids_for
 from modelhost.models.loading.loader import load_model

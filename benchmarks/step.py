@@ -17,7 +17,7 @@ import torch
 
 from modelhost.engine.engine import Engine, EngineConfig, share_the_gil_with_the_engine
 from modelhost.engine.row_output import RowOutput
-from modelhost.engine.sampling_params import SamplingParams
+from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.engine.sequence import Sequence
 from modelhost.models.loading.loader import load_model
 

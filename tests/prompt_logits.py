@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from modelhost.engine.engine import Engine, EngineConfig
-from modelhost.engine.sampling_params import SamplingParams
+from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.engine.scheduler import ScheduledRow, SchedulerOutput
 from modelhost.engine.sequence import Sequence
 from modelhost.models.loaded import LoadedModel

@@ -28,7 +28,7 @@ from modelhost.engine.events import (
     TopLogprob,
     Usage,
 )
-from modelhost.engine.sampling_params import SamplingParams
+from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.models.config import ModelConfig
 from modelhost.models.families import family_for
 from modelhost.models.loaded import LoadedModel

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 from modelhost.inference.admission import BYTES_PER_GB, AdmissionPolicy, plan_memory
 from modelhost.residency.registry import ModelEntry
 from modelhost.residency.router import ModelRouter
-from modelhost.residency.supervisor import MAX_RESTARTS, WorkerFailed, WorkerProcess
 from modelhost.residency.unit import LoadProgress
-from modelhost.residency.worker_startup import STARTUP_FILE, startup_phases
-from modelhost.residency.worker_unit import WorkerUnit
+from modelhost.residency.workers.supervisor import MAX_RESTARTS, WorkerFailed, WorkerProcess
+from modelhost.residency.workers.worker_startup import STARTUP_FILE, startup_phases
+from modelhost.residency.workers.worker_unit import WorkerUnit
 from modelhost.serve_config import (
     WORKER_COMMAND,
     WorkerConfig,
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from modelhost.engine.engine import Engine
     from modelhost.inference.stage import InferenceStage
     from modelhost.models.loaded import LoadedModel
-    from modelhost.residency.spare_pool import SpareWorkers
+    from modelhost.residency.workers.spare_pool import SpareWorkers
 
 
 # ---------------------------------------------------------------------------------------------
@@ -94,8 +94,8 @@ def build_stage(
     """
     from modelhost.engine.engine import Engine, EngineConfig
     from modelhost.inference.stage import InferenceStage
-    from modelhost.residency.kv_model_identity import prefix_store_opener
-    from modelhost.residency.kv_store import KVDiskStore
+    from modelhost.residency.kv.kv_model_identity import prefix_store_opener
+    from modelhost.residency.kv.kv_store import KVDiskStore
 
     policy = admission_policy(model, settings, rows=batch)
     config = EngineConfig(

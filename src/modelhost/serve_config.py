@@ -18,9 +18,9 @@ from typing import Any
 
 from modelhost.inference.admission import BYTES_PER_GB
 from modelhost.models.modes import default_mode
-from modelhost.residency.kv_store import default_budget_bytes as default_kv_disk_bytes
+from modelhost.residency.kv.kv_store import default_budget_bytes as default_kv_disk_bytes
 from modelhost.residency.registry import ServingShape
-from modelhost.residency.supervisor import proc_bytes
+from modelhost.residency.workers.supervisor import proc_bytes
 from modelhost.server.edge.limits import DEFAULT_MAX_BODY_BYTES, MiB
 from modelhost.server.settings import ServeSettings
 

@@ -19,7 +19,7 @@ from modelhost.residency.cluster import ClusterHost
 from modelhost.residency.cluster import Node as ClusterNode
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.registry import ServingShape
-from modelhost.residency.supervisor import MAX_RESTARTS, WorkerProcess
+from modelhost.residency.workers.supervisor import MAX_RESTARTS, WorkerProcess
 
 ray = pytest.importorskip("ray")
 

@@ -3,9 +3,9 @@ prompt's match finds them, and they are the last free blocks handed out."""
 
 from __future__ import annotations
 
-from modelhost.engine.block_manager import BlockManager
-from modelhost.engine.prefix_store import chain_key
-from modelhost.engine.sampling_params import SamplingParams
+from modelhost.engine.kv.block_manager import BlockManager
+from modelhost.engine.kv.prefix_store import chain_key
+from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.engine.sequence import Sequence
 
 BS = 4

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from modelhost.engine import block_manager as block_manager_module
-from modelhost.engine.block_manager import BlockManager, OutOfBlocks
-from modelhost.engine.sampling_params import SamplingParams
+from modelhost.engine.kv import block_manager as block_manager_module
+from modelhost.engine.kv.block_manager import BlockManager, OutOfBlocks
+from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.engine.sequence import Sequence
 
 BS = 4

@@ -11,7 +11,7 @@ import torch
 
 from modelhost.engine.engine import Engine, EngineConfig
 from modelhost.engine.events import EngineEvent, PromptTooLong, QueueFull
-from modelhost.engine.sampling_params import SamplingParams
+from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.engine.scheduler import ScheduledRow
 from modelhost.engine.sequence import Sequence
 from modelhost.models.batch import ForwardBatch

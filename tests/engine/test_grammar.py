@@ -9,9 +9,9 @@ import torch
 import xgrammar
 
 from modelhost.engine.engine import Engine, EngineConfig
-from modelhost.engine.grammar_masks import GrammarState, apply_masks
-from modelhost.engine.sampler import RowSamplingState, sample
-from modelhost.engine.sampling_params import SamplingParams
+from modelhost.engine.sampling.grammar_masks import GrammarState, apply_masks
+from modelhost.engine.sampling.sampler import RowSamplingState, sample
+from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.inference.contracts import GrammarSpec
 from modelhost.inference.grammar_compile import GrammarInvalid, ModelGrammars
 from modelhost.models.loaded import LoadedModel

@@ -16,9 +16,9 @@ import pytest
 import torch
 import xgrammar
 
-from modelhost.engine.grammar_close import ClosePlan, TokenBytes
-from modelhost.engine.sampler import RowSamplingState, sample
-from modelhost.engine.sampling_params import SamplingParams
+from modelhost.engine.sampling.grammar_close import ClosePlan, TokenBytes
+from modelhost.engine.sampling.sampler import RowSamplingState, sample
+from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.text.json_prefix import JsonPrefix
 from modelhost.text.json_shape import shape_of
 

@@ -7,12 +7,12 @@ import asyncio
 
 import torch
 
-from modelhost.engine.block_manager import BlockManager
 from modelhost.engine.engine import Engine, EngineConfig
-from modelhost.engine.kv_memory import PAGE_BYTES, ReservedPools
-from modelhost.engine.sampling_params import SamplingParams
+from modelhost.engine.kv.block_manager import BlockManager
+from modelhost.engine.kv.kv_memory import PAGE_BYTES, ReservedPools
+from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.engine.sequence import Sequence
-from modelhost.residency.supervisor import rss_bytes
+from modelhost.residency.workers.supervisor import rss_bytes
 
 BS = 4
 

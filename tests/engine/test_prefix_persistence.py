@@ -9,10 +9,10 @@ import pytest
 
 from modelhost.engine.engine import Engine, EngineConfig
 from modelhost.engine.events import EngineEvent
-from modelhost.engine.sampling_params import SamplingParams
+from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.models.loaded import LoadedModel
-from modelhost.residency.kv_model_identity import prefix_store_opener
-from modelhost.residency.kv_store import KVDiskStore
+from modelhost.residency.kv.kv_model_identity import prefix_store_opener
+from modelhost.residency.kv.kv_store import KVDiskStore
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 KV_BYTES = 64 << 20  # a small pool: these tests need a few hundred blocks

@@ -11,7 +11,7 @@ import torch
 from modelhost.engine import runner
 from modelhost.engine.engine import Engine, EngineConfig
 from modelhost.engine.runner import PROMPT_THREADS_MIN_TOKENS
-from modelhost.engine.sampling_params import SamplingParams
+from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.models.loaded import LoadedModel
 
 

@@ -8,8 +8,8 @@ import asyncio
 import torch
 
 from modelhost.engine.engine import Engine, EngineConfig
-from modelhost.engine.sampler import RowSamplingState, sample
-from modelhost.engine.sampling_params import SamplingParams
+from modelhost.engine.sampling.sampler import RowSamplingState, sample
+from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.models.loaded import LoadedModel
 
 

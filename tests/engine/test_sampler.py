@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from modelhost.engine.sampler import RowSamplingState, sample
-from modelhost.engine.sampling_params import SamplingParams
+from modelhost.engine.sampling.sampler import RowSamplingState, sample
+from modelhost.engine.sampling.sampling_params import SamplingParams
 
 VOCAB = 1003  # deliberately not a multiple of a SIMD width
 

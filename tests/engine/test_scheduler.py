@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from modelhost.engine.block_manager import BlockManager
-from modelhost.engine.sampling_params import SamplingParams
+from modelhost.engine.kv.block_manager import BlockManager
+from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from modelhost.engine.sequence import Sequence, SequenceStatus
 

@@ -15,7 +15,7 @@ from safetensors import safe_open
 from tiny_models import make_tiny_checkpoint, reference_model
 
 from modelhost.engine.engine import Engine, EngineConfig
-from modelhost.engine.sampling_params import SamplingParams
+from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.jobs.convert import write_hf_directory
 from modelhost.models.loaded import LoadedModel
 from modelhost.models.loading.loader import load_model

@@ -8,7 +8,7 @@ import pytest
 
 from modelhost.engine.engine import Engine, EngineConfig
 from modelhost.engine.events import EngineEvent
-from modelhost.engine.sampling_params import SamplingParams
+from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.models.loaded import LoadedModel
 
 TEXT = "The quick brown fox jumps over the lazy dog, because the dog was asleep in the sun."

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from modelhost.engine.engine import Engine, EngineConfig, RequestStream
-from modelhost.engine.sampling_params import SamplingParams
+from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.models.kernels import native
 from modelhost.models.loaded import LoadedModel
 

@@ -17,7 +17,7 @@ from tiny_gguf import write_gguf_from_hf
 from tiny_models import ARCHITECTURES, make_tiny_checkpoint, reference_model
 
 from modelhost.engine.engine import Engine, EngineConfig
-from modelhost.engine.sampling_params import SamplingParams
+from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.models.loaded import LoadedModel
 from modelhost.models.loading.loader import load_model
 

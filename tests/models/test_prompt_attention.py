@@ -14,7 +14,7 @@ import torch
 from prompt_logits import prompt_logits
 
 from modelhost.engine.engine import Engine, EngineConfig, RequestStream
-from modelhost.engine.sampling_params import SamplingParams
+from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.models.kernels import native
 from modelhost.models.loaded import LoadedModel
 from modelhost.models.loading.loader import load_model

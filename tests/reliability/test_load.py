@@ -26,9 +26,9 @@ from modelhost.residency.host import ResidencyHost
 from modelhost.residency.inprocess import InProcessUnit
 from modelhost.residency.registry import ModelEntry, ModelRegistry, ServingShape
 from modelhost.residency.router import ModelRouter
-from modelhost.residency.supervisor import rss_bytes
 from modelhost.residency.unit import LoadProgress
-from modelhost.residency.worker_unit import WorkerUnit
+from modelhost.residency.workers.supervisor import rss_bytes
+from modelhost.residency.workers.worker_unit import WorkerUnit
 from modelhost.server.app import create_routed_app
 from modelhost.server.settings import ServeSettings
 

@@ -15,9 +15,9 @@ from reliability_support import HELLO, AppFactory, ClientFactory
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.registry import ModelEntry
 from modelhost.residency.router import ModelRouter
-from modelhost.residency.supervisor import WorkerProcess
 from modelhost.residency.unit import LoadProgress
-from modelhost.residency.worker_unit import WorkerUnit
+from modelhost.residency.workers.supervisor import WorkerProcess
+from modelhost.residency.workers.worker_unit import WorkerUnit
 from modelhost.server.app import create_routed_app
 from modelhost.server.edge.json_logs import JsonLogFormatter, use_json_logs
 from modelhost.server.settings import ServeSettings

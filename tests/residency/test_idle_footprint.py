@@ -10,11 +10,11 @@ import os
 import pytest
 
 from modelhost.assembly import build_stage
-from modelhost.engine.kv_pool_size import IDLE_KV_BYTES
-from modelhost.engine.sampling_params import SamplingParams
+from modelhost.engine.kv.kv_pool_size import IDLE_KV_BYTES
+from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.residency.inprocess import InProcessUnit
 from modelhost.residency.registry import ModelRegistry
-from modelhost.residency.supervisor import rss_bytes
+from modelhost.residency.workers.supervisor import rss_bytes
 from modelhost.server.settings import ServeSettings
 
 CHAT_MODELS = {"smollm2-135m-instruct": "smollm2", "gemma-3-270m": "gemma3"}

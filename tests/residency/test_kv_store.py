@@ -8,9 +8,9 @@ import os
 import time
 from pathlib import Path
 
-from modelhost.engine.prefix_store import chain_key
-from modelhost.residency.kv_block_file import file_bytes
-from modelhost.residency.kv_store import KVDiskStore, ModelKVStore
+from modelhost.engine.kv.prefix_store import chain_key
+from modelhost.residency.kv.kv_block_file import file_bytes
+from modelhost.residency.kv.kv_store import KVDiskStore, ModelKVStore
 
 BLOCK = 1000  # payload bytes of a block in these tests
 TOKENS = (1, 2, 3, 4, 5, 6, 7, 8)

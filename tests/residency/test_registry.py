@@ -11,7 +11,7 @@ import pytest
 from synthetic_files import synthetic_gguf
 from tiny_models import make_tiny_checkpoint
 
-from modelhost.engine.kv_pool_size import IDLE_KV_BYTES
+from modelhost.engine.kv.kv_pool_size import IDLE_KV_BYTES
 from modelhost.inference.admission import working_bytes
 from modelhost.models.loading.embedded import DEFAULT_MODEL, embedded_path
 from modelhost.models.loading.hf_config import config_from_hf

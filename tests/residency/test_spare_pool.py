@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from modelhost.residency.spare_pool import SpareWorkers
+from modelhost.residency.workers.spare_pool import SpareWorkers
 
 MODULE = "spare_echo_worker"
 WAIT_S = 60.0

@@ -20,8 +20,8 @@ from modelhost.assembly import worker_loader
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.registry import ModelRegistry, ServingShape
 from modelhost.residency.router import ModelRouter
-from modelhost.residency.spare_pool import SpareWorkers
-from modelhost.residency.worker_unit import WorkerUnit
+from modelhost.residency.workers.spare_pool import SpareWorkers
+from modelhost.residency.workers.worker_unit import WorkerUnit
 from modelhost.serve_config import WORKER_MODULE
 from modelhost.server.app import create_routed_app
 from modelhost.server.observability.prometheus import WorkerSamples

@@ -9,7 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from modelhost.residency.supervisor import WorkerProcess
+from modelhost.residency.workers.supervisor import WorkerProcess
 
 # A stand-in worker: answers 200 to anything on the Unix socket it is given (`--socket PATH`).
 HEALTHY = """

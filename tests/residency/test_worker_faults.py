@@ -22,7 +22,7 @@ from modelhost.assembly import worker_loader
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.registry import ModelRegistry, ServingShape
 from modelhost.residency.router import ModelRouter
-from modelhost.residency.worker_unit import WorkerUnit
+from modelhost.residency.workers.worker_unit import WorkerUnit
 from modelhost.server.app import create_routed_app
 from modelhost.server.settings import ServeSettings
 

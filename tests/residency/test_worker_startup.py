@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from modelhost.residency.worker_startup import StartupMarks, startup_phases
+from modelhost.residency.workers.worker_startup import StartupMarks, startup_phases
 
 
 def test_the_phases_are_the_times_between_the_worker_and_parent_moments(tmp_path):

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from modelhost.residency.worker_transport import WorkerTransport
+from modelhost.residency.workers.worker_transport import WorkerTransport
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

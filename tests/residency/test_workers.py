@@ -25,8 +25,8 @@ from modelhost.models.loading.embedded import EMBEDDING_MODEL
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.registry import ModelRegistry, ServingShape
 from modelhost.residency.router import ModelRouter
-from modelhost.residency.supervisor import MAX_RESTARTS
-from modelhost.residency.worker_unit import WorkerUnit
+from modelhost.residency.workers.supervisor import MAX_RESTARTS
+from modelhost.residency.workers.worker_unit import WorkerUnit
 from modelhost.server.app import create_routed_app
 from modelhost.server.front.worker_proxy import PID_HEADER
 from modelhost.server.observability.prometheus import WorkerSamples

@@ -14,7 +14,7 @@ import pytest
 from scripted_engine import ScriptedEngine, ScriptedStream
 from starlette.applications import Starlette
 
-from modelhost.engine.sampling_params import SamplingParams
+from modelhost.engine.sampling.sampling_params import SamplingParams
 
 AppFactory = Callable[..., Starlette]
 ClientFactory = Callable[[Starlette], httpx.AsyncClient]

@@ -11,7 +11,7 @@ import pytest
 from scripted_engine import ScriptedEngine, scripted_model
 from starlette.applications import Starlette
 
-from modelhost.engine.sampling_params import SamplingParams
+from modelhost.engine.sampling.sampling_params import SamplingParams
 
 AppFactory = Callable[..., Starlette]
 ClientFactory = Callable[[Starlette], httpx.AsyncClient]

@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from modelhost.cli.worker import bind_private_socket
-from modelhost.residency.supervisor import WorkerProcess
-from modelhost.residency.worker_unit import WorkerUnit
+from modelhost.residency.workers.supervisor import WorkerProcess
+from modelhost.residency.workers.worker_unit import WorkerUnit
 from modelhost.serve_config import WorkerConfig
 from modelhost.server.edge.request_context import ObservedRequests
 from modelhost.server.front.stream_handoff import HANDOFF_HEADER, handoff_socket_path

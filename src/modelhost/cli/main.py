@@ -77,7 +77,7 @@ def run_generate(args: argparse.Namespace) -> int:
         set_threads,
         share_the_gil_with_the_engine,
     )
-    from modelhost.engine.sampling_params import SamplingParams
+    from modelhost.engine.sampling.sampling_params import SamplingParams
     from modelhost.models.loading.loader import ModelNotFound, load_model
     from modelhost.models.loading.weights import UnsupportedTensor
 

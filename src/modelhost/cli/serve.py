@@ -42,7 +42,7 @@ from modelhost.server.settings import ServeSettings
 if TYPE_CHECKING:
     from modelhost.inference.stage import InferenceStage
     from modelhost.models.loaded import LoadedModel
-    from modelhost.residency.spare_pool import SpareWorkers
+    from modelhost.residency.workers.spare_pool import SpareWorkers
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -103,8 +103,8 @@ def _run_workers(
     args: argparse.Namespace, settings: ServeSettings, registry: ModelRegistry, startup: ModelEntry
 ) -> int:
     """`--workers`: every resident model in its own process; the startup model loads first."""
-    from modelhost.residency.spare_pool import SpareWorkers
-    from modelhost.residency.worker_unit import WorkerUnit
+    from modelhost.residency.workers.spare_pool import SpareWorkers
+    from modelhost.residency.workers.worker_unit import WorkerUnit
 
     async def load_startup_model(host: ResidencyHost[WorkerUnit]) -> None:
         shown = asyncio.create_task(show_load(host, startup.id))

@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from modelhost.residency.supervisor import PROGRESS_FILE, write_load_progress
-from modelhost.residency.worker_startup import STARTUP_FILE, StartupMarks
+from modelhost.residency.workers.supervisor import PROGRESS_FILE, write_load_progress
+from modelhost.residency.workers.worker_startup import STARTUP_FILE, StartupMarks
 from modelhost.serve_config import TCP_PORT_FILE, WorkerConfig
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 def warm_up() -> None:
     """What a worker needs before it can load a model, done ahead by a spare worker
-    (residency/spare_process.py): main's imports, the native kernels (a compiler's version
+    (residency/workers/spare_process.py): main's imports, the native kernels (a compiler's version
     check, a library load) and transformers' tokenizer conversion."""
     import uvicorn  # noqa: F401
 

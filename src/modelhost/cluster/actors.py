@@ -28,7 +28,7 @@ import ray
 from modelhost.cluster.node_series import NodeSamples, plain_samples, samples_directory
 from modelhost.paths import modelhost_home
 from modelhost.residency.registry import ModelEntry, ModelRegistry, ServingShape
-from modelhost.residency.supervisor import WorkerFailed, WorkerProcess
+from modelhost.residency.workers.supervisor import WorkerFailed, WorkerProcess
 from modelhost.server.edge.cluster_secret import SECRET_ENV
 from modelhost.server.observability.prometheus import read_samples
 

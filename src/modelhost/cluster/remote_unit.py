@@ -20,8 +20,8 @@ from typing import Any, cast
 import httpx
 import ray
 
-from modelhost.residency.supervisor import RestartWindow
-from modelhost.residency.worker_unit import WorkerUnit
+from modelhost.residency.workers.supervisor import RestartWindow
+from modelhost.residency.workers.worker_unit import WorkerUnit
 from modelhost.server.edge.cluster_secret import SECRET_HEADER
 
 log = logging.getLogger("modelhost.cluster")

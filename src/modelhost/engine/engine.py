@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 import torch
 
-from modelhost.engine.block_manager import BlockManager
 from modelhost.engine.events import (
     EngineClosed,
     EngineError,
@@ -34,15 +33,16 @@ from modelhost.engine.events import (
     PromptTooLong,
     QueueFull,
 )
-from modelhost.engine.kv_memory import grows_on
-from modelhost.engine.kv_pool_size import BLOCK_TOKENS, IDLE_KV_BYTES, default_kv_bytes
-from modelhost.engine.prefix_persistence import PrefixPersistence, kv_layout
-from modelhost.engine.prefix_store import PrefixStoreOpener
-from modelhost.engine.prompt_logprobs import PromptScores, prompt_spans
+from modelhost.engine.kv.block_manager import BlockManager
+from modelhost.engine.kv.kv_memory import grows_on
+from modelhost.engine.kv.kv_pool_size import BLOCK_TOKENS, IDLE_KV_BYTES, default_kv_bytes
+from modelhost.engine.kv.prefix_persistence import PrefixPersistence, kv_layout
+from modelhost.engine.kv.prefix_store import PrefixStoreOpener
 from modelhost.engine.row_output import RowOutput
 from modelhost.engine.runner import ModelRunner
-from modelhost.engine.sampler import SampledToken, sample
-from modelhost.engine.sampling_params import SamplingParams
+from modelhost.engine.sampling.prompt_logprobs import PromptScores, prompt_spans
+from modelhost.engine.sampling.sampler import SampledToken, sample
+from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from modelhost.engine.sequence import Sequence
 from modelhost.models.loaded import LoadedModel

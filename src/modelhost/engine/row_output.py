@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from modelhost.engine.events import EngineEvent, FinishReason, TokenLogprob, TopLogprob, Usage
-from modelhost.engine.sampler import RowSamplingState, SampledToken
+from modelhost.engine.sampling.sampler import RowSamplingState, SampledToken
 from modelhost.engine.sequence import Sequence
 from modelhost.text.detokenizer import IncrementalDetokenizer
 from modelhost.text.stop import StopMatcher

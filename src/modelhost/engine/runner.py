@@ -6,9 +6,9 @@ from collections.abc import Callable
 
 import torch
 
-from modelhost.engine.block_manager import cdiv
-from modelhost.engine.kv_memory import ReservedPools
-from modelhost.engine.prompt_logprobs import prompt_logits_index
+from modelhost.engine.kv.block_manager import cdiv
+from modelhost.engine.kv.kv_memory import ReservedPools
+from modelhost.engine.sampling.prompt_logprobs import prompt_logits_index
 from modelhost.engine.scheduler import ScheduledRow, SchedulerOutput
 from modelhost.models.batch import ForwardBatch, KVCache
 from modelhost.models.kernels import native
@@ -48,7 +48,7 @@ class ModelRunner:
         self.pad_block = num_blocks
         num_slots = (num_blocks + 1) * block_size
         self._reserved: ReservedPools | None = None
-        if grows:  # reserved, committed as blocks are written (engine/kv_memory.py)
+        if grows:  # reserved, committed as blocks are written (engine/kv/kv_memory.py)
             slot_shape = (2, config.num_kv_heads, config.head_dim)
             self._reserved = ReservedPools(
                 config.num_layers, num_slots, slot_shape, model.cache_dtype

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from modelhost.engine.block_manager import BlockManager
 from modelhost.engine.events import FinishReason
+from modelhost.engine.kv.block_manager import BlockManager
 from modelhost.engine.sequence import Sequence, SequenceStatus
 
 

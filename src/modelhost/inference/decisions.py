@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from modelhost.engine.events import EngineClosed, EngineEvent, PromptTooLong, QueueFull
-from modelhost.engine.sampling_params import SamplingParams
+from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.inference.contracts import (
     ContextOverBudget,
     EngineUnavailable,

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from modelhost.engine.sampling_params import InvalidSamplingParams, SamplingParams
+from modelhost.engine.sampling.sampling_params import InvalidSamplingParams, SamplingParams
 from modelhost.inference.contracts import InferenceRequest, InvalidRequest
 
 FALLBACK_TEMPERATURE = 0.7

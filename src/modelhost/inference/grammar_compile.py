@@ -26,7 +26,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from modelhost.engine.grammar_close import ClosePlan, TokenBytes
+from modelhost.engine.sampling.grammar_close import ClosePlan, TokenBytes
 from modelhost.inference.contracts import GrammarSpec, InvalidRequest
 from modelhost.models.loaded import LoadedModel
 from modelhost.text.json_shape import Shape, ShapeUnsupported, choice_shape, shape_of

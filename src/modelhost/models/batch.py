@@ -53,7 +53,7 @@ class KVCache:
         block_size: int,
     ) -> KVCache:
         # Zeroed and committed now: a preallocated pool (CUDA). On CPUs the engine reserves one
-        # that grows with use instead (engine/kv_memory.py).
+        # that grows with use instead (engine/kv/kv_memory.py).
         shape = (num_slots, 2, num_kv_heads, head_dim)
         pools = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         return cls(pools, block_size)

@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from modelhost.engine.kv_pool_size import BLOCK_TOKENS, IDLE_KV_BYTES, default_kv_bytes
+from modelhost.engine.kv.kv_pool_size import BLOCK_TOKENS, IDLE_KV_BYTES, default_kv_bytes
 from modelhost.inference.admission import working_bytes
 from modelhost.models.config import ModelConfig
 from modelhost.models.families import family_for
@@ -376,7 +376,7 @@ def serving_bytes(config: ModelConfig, weights: int, shape: ServingShape) -> Ser
     work = working_bytes(
         config, shape.dtype_bytes, context, chunk_tokens=shape.chunk_tokens, rows=shape.batch
     )
-    if shape.cuda:  # a preallocated pool (engine/kv_memory.py): held from the load on
+    if shape.cuda:  # a preallocated pool (engine/kv/kv_memory.py): held from the load on
         return ServingBytes(weights + kv + work)
     kept = min(IDLE_KV_BYTES, kv)
     return ServingBytes(weights + kept, work=work, kv_row=min(one_row, kv), kv_pool=kv)

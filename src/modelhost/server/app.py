@@ -29,7 +29,7 @@ from modelhost.server.surfaces import SURFACES, Surfaces
 
 if TYPE_CHECKING:
     from modelhost.inference.stage import InferenceStage
-    from modelhost.residency.spare_pool import SpareWorkers
+    from modelhost.residency.workers.spare_pool import SpareWorkers
 
 
 def create_app(

@@ -12,7 +12,7 @@ import asyncio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from modelhost.residency.kv_store import KVDiskStore
+from modelhost.residency.kv.kv_store import KVDiskStore
 from modelhost.server.openai.wire import openai_error
 
 

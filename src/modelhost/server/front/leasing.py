@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from modelhost.inference.contracts import RequestCancelled, RequestError
 from modelhost.residency.router import ModelRouter
 from modelhost.residency.unit import ResidencyError
-from modelhost.residency.worker_unit import WorkerUnit
+from modelhost.residency.workers.worker_unit import WorkerUnit
 from modelhost.server.edge.request_context import current_request
 from modelhost.server.front.worker_proxy import Forwarded, proxy
 from modelhost.server.http import STAGE_KEY, ErrorShape, replay_body, wait_for_disconnect

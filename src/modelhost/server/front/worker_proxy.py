@@ -21,7 +21,7 @@ import httpx
 from starlette.types import Receive, Scope, Send
 
 from modelhost.inference.contracts import SERVER_SHUTTING_DOWN, EngineUnavailable
-from modelhost.residency.worker_unit import WorkerUnit
+from modelhost.residency.workers.worker_unit import WorkerUnit
 from modelhost.server.edge.cluster_secret import SECRET_HEADER
 from modelhost.server.edge.request_context import current_request
 from modelhost.server.front.stream_handoff import (

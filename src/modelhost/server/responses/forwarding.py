@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 from starlette.types import Scope
 
-from modelhost.residency.worker_unit import WorkerUnit
+from modelhost.residency.workers.worker_unit import WorkerUnit
 from modelhost.server.front.worker_proxy import Forwarded
 from modelhost.server.responses.routes import FORWARDED_TURN_FIELD, RESPONSE_ID_HEADER, new_id
 from modelhost.server.responses.store import ResponseStore, StoredResponse

@@ -1,4 +1,4 @@
-"""Which blocks of the disk KV store (residency/kv_store.py) a loaded model may use: those of
+"""Which blocks of the disk KV store (residency/kv/kv_store.py) a loaded model may use: those of
 the same file (path, size, modification time), the same weights as held in memory (the
 quantization mode decides them: the formats each linear holds) on the same device, and the same
 KV layout (the engine describes it: block size, layers, heads, dtype)."""
@@ -9,10 +9,10 @@ import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from modelhost.residency.kv_store import KVDiskStore
+from modelhost.residency.kv.kv_store import KVDiskStore
 
 if TYPE_CHECKING:
-    from modelhost.engine.prefix_store import PrefixStore, PrefixStoreOpener
+    from modelhost.engine.kv.prefix_store import PrefixStore, PrefixStoreOpener
     from modelhost.models.loaded import LoadedModel
 
 

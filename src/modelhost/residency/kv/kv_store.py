@@ -6,9 +6,9 @@
         <model>-<identity digest>/<ab>/<key>.kvb one block (kv_block_file.py), named by its key
 
 A model's identity is its file (path, size, modification time), how its weights are held and
-its KV layout (residency/kv_model_identity.py): a file replaced in place, another quantization
+its KV layout (residency/kv/kv_model_identity.py): a file replaced in place, another quantization
 or another KV dtype gets a directory of its own. The engine reads and writes through
-`ModelKVStore` (engine/prefix_store.py's PrefixStore); the front lists and clears the store.
+`ModelKVStore` (engine/kv/prefix_store.py's PrefixStore); the front lists and clears the store.
 
 Several processes may share a home: a block is written to a temporary name and moved into place
 (`os.replace`: a reader sees the whole file or none), a file is checked whenever it is read, and
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from modelhost.paths import modelhost_home
-from modelhost.residency import kv_block_file
+from modelhost.residency.kv import kv_block_file
 
 log = logging.getLogger(__name__)
 

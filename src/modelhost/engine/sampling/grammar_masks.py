@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from modelhost.engine.grammar_close import ClosePlan, RowCloser
+from modelhost.engine.sampling.grammar_close import ClosePlan, RowCloser
 
 log = logging.getLogger(__name__)
 

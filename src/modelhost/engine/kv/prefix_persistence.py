@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from modelhost.engine.block_manager import BlockKey, BlockManager, cdiv
-from modelhost.engine.prefix_store import PrefixStore, chain_key
+from modelhost.engine.kv.block_manager import BlockKey, BlockManager, cdiv
+from modelhost.engine.kv.prefix_store import PrefixStore, chain_key
 from modelhost.engine.sequence import Sequence
 from modelhost.models.batch import KVCache
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 
-from modelhost.residency.supervisor import WorkerProcess
-from modelhost.residency.worker_transport import WorkerClient
+from modelhost.residency.workers.supervisor import WorkerProcess
+from modelhost.residency.workers.worker_transport import WorkerClient
 
 DRAIN_ANSWER_S = 2.0  # a forced drain answers at once; a worker that does not is killed
 

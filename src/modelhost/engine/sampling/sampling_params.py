@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from xgrammar import CompiledGrammar
 
-    from modelhost.engine.grammar_close import ClosePlan
+    from modelhost.engine.sampling.grammar_close import ClosePlan
 
 
 class InvalidSamplingParams(ValueError):

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from modelhost.engine.grammar_masks import GrammarState, apply_masks
-from modelhost.engine.sampling_params import SamplingParams
+from modelhost.engine.sampling.grammar_masks import GrammarState, apply_masks
+from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.models.kernels import native
 
 # Top-p first looks for the nucleus among this many best tokens, then among more, and only sorts a

@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from modelhost.residency.spare_process import TAKEN_FILE
 from modelhost.residency.unit import LoadProgress
+from modelhost.residency.workers.spare_process import TAKEN_FILE
 
 if TYPE_CHECKING:
-    from modelhost.residency.spare_pool import SpareWorkers
+    from modelhost.residency.workers.spare_pool import SpareWorkers
 
 MAX_RESTARTS = 3
 RESTART_WINDOW_S = 60.0

@@ -2,7 +2,7 @@
 
 The KV pool is `num_blocks` blocks of `block_size` token slots. A sequence's block table maps
 its positions to blocks. Once a block is full and its KV computed it is *committed*: it gets a
-chained key, key(i) = digest(key(i - 1), tokens of block i) (engine/prefix_store.py: stable
+chained key, key(i) = digest(key(i - 1), tokens of block i) (engine/kv/prefix_store.py: stable
 across processes, the name a disk store keeps it under too), and a later sequence whose prompt
 starts with the same tokens reuses it instead of recomputing it.
 
@@ -24,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from modelhost.engine.prefix_store import ChainKey, chain_key
+from modelhost.engine.kv.prefix_store import ChainKey, chain_key
 from modelhost.engine.sequence import Sequence
 
 BlockKey = ChainKey

@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from modelhost.residency.supervisor import (
+from modelhost.residency.workers.supervisor import (
     MAX_RESTARTS,
     RESTART_WINDOW_S,
     SOCKET_NAME,
@@ -239,7 +239,7 @@ class SpareWorkers:
     def _spawn(self) -> Spare:
         directory = Path(tempfile.mkdtemp(prefix="modelhost-worker-"))
         os.chmod(directory, 0o700)
-        command = [sys.executable, "-m", "modelhost.residency.spare_process"]
+        command = [sys.executable, "-m", "modelhost.residency.workers.spare_process"]
         command += ["--module", self.module, "--ready", str(directory / READY_FILE)]
         process = subprocess.Popen(
             command,

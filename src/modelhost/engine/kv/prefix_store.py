@@ -1,5 +1,5 @@
 """What the engine asks of a place that keeps full KV blocks beyond its own memory (the disk
-store under MODELHOST_HOME/kv, residency/kv_store.py): bytes in, bytes out, by chain key.
+store under MODELHOST_HOME/kv, residency/kv/kv_store.py): bytes in, bytes out, by chain key.
 
 A block's chain key is a stable digest of its parent's key and its own tokens,
 key(i) = blake2b(key(i - 1) || tokens of block i), so the same prefix has the same keys in every

@@ -1,7 +1,7 @@
 """A spare worker: a Python process that has already imported what a worker needs, waiting for
 the command line that makes it one.
 
-    python -m modelhost.residency.spare_process --module MODULE --ready PATH
+    python -m modelhost.residency.workers.spare_process --module MODULE --ready PATH
 
 `SpareWorkers` (spare_pool.py) starts it with a pipe on its stdin. A thread calls MODULE's
 `warm_up()` (PyTorch, the native kernels, the tokenizer machinery) at a low priority (nice 10) —
