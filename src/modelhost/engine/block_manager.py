@@ -191,6 +191,17 @@ class BlockManager:
             block.token_ids = tokens
             self._key_to_block[key] = block.block_id
 
+    def trim(self, seq: Sequence) -> None:
+        """Give back the blocks past those holding computed tokens (a rejected speculative
+        guess's): never committed, they go to the front of the free list."""
+        keep = cdiv(seq.num_computed_tokens, self.block_size)
+        while len(seq.block_table) > keep:
+            block = self._blocks[seq.block_table.pop()]
+            assert block.key is None and block.ref_count == 1, "trimmed a shared block"
+            block.ref_count = 0
+            self._free[block.block_id] = None
+            self._free.move_to_end(block.block_id, last=False)
+
     # ---- release --------------------------------------------------------------------------
 
     def free(self, seq: Sequence) -> None:

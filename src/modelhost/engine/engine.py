@@ -40,8 +40,14 @@ from modelhost.engine.row_output import RowOutput
 from modelhost.engine.runner import ModelRunner
 from modelhost.engine.sampler import SampledToken, sample
 from modelhost.engine.sampling_params import SamplingParams
-from modelhost.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from modelhost.engine.scheduler import (
+    ScheduledRow,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerOutput,
+)
 from modelhost.engine.sequence import Sequence
+from modelhost.engine.speculation import SpeculateMode, Speculator, exact_for
 from modelhost.models.loaded import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -84,6 +90,9 @@ class EngineConfig:
     # (big matmuls), and the native weight kernels' threads in every step; None: every step on
     # the thread count already set, the native kernels on all cores.
     prompt_threads: int | None = None
+    # Guess tokens ahead and verify them in one step (engine/speculation.py): auto where the
+    # step's spare lanes make it nearly free, ngram for every decoding row, none never.
+    speculate: SpeculateMode = "auto"
 
     def num_blocks(self, model: LoadedModel, context_length: int) -> int:
         token_bytes = model.config.kv_bytes_per_token(model.cache_dtype.itemsize)
@@ -182,6 +191,7 @@ class Engine:
             block_size=config.block_size,
             prompt_threads=config.prompt_threads,
         )
+        self.speculator = Speculator(config.speculate, exact_for(model))
         self._block_bytes = config.block_size * model.config.kv_bytes_per_token(
             model.cache_dtype.itemsize
         )
@@ -267,6 +277,10 @@ class Engine:
             prefix_hit_tokens=manager.num_prefix_hit_tokens,
             context_length=self.context_length,
             steps=self._num_steps,
+            speculate=self.speculator.mode,
+            spec_draft_tokens=self.speculator.counts.draft_tokens,
+            spec_accepted_tokens=self.speculator.counts.accepted_tokens,
+            spec_verify_steps=self.speculator.counts.verify_steps,
         )
 
     def close(self, timeout_s: float = 10.0) -> None:
@@ -327,6 +341,11 @@ class Engine:
             self._finish(seq, EngineEvent(), seq.finish_reason or "abort", None)
         if out.is_empty:
             return
+        if self.speculator.plan(
+            out, self.block_manager, self.scheduler.config.max_num_batched_tokens
+        ):
+            self._verify_step(out, before_layers)
+            return
         sampling_rows = [row.seq for row in out.rows if row.samples]
         logits = self.runner.execute(out, before_layers)
         self._num_steps += 1
@@ -338,6 +357,64 @@ class Engine:
         self.scheduler.update(out, sampled)
         for seq, token in zip(sampling_rows, tokens, strict=True):
             self._emit(seq, token)
+
+    def _verify_step(self, out: SchedulerOutput, before_layers: Callable[[], None]) -> None:
+        """A decode step where some rows carry guesses: every row's positions have logits,
+        in row order; rows without a draft are sampled together as in `_step_rows`."""
+        logits = self.runner.execute(out, before_layers)
+        self._num_steps += 1
+        plain: list[int] = []
+        spans: list[tuple[ScheduledRow, int]] = []
+        offset = 0
+        for row in out.rows:
+            if row.draft:
+                spans.append((row, offset))
+            else:
+                plain.append(offset)
+            offset += row.num_tokens
+        plain_rows = [row for row in out.rows if not row.draft]
+        if plain_rows:
+            index = torch.tensor(plain, dtype=torch.long, device=logits.device)
+            tokens = sample(
+                logits.index_select(0, index), [_output(row.seq).sampling for row in plain_rows]
+            )
+            self.scheduler.update(
+                SchedulerOutput(rows=plain_rows),
+                {row.seq.seq_id: t.token_id for row, t in zip(plain_rows, tokens, strict=True)},
+            )
+            for row, token in zip(plain_rows, tokens, strict=True):
+                self._emit(row.seq, token)
+        for row, start in spans:
+            self._verify_row(row, logits[start : start + row.num_tokens])
+
+    def _verify_row(self, row: ScheduledRow, logits: torch.Tensor) -> None:
+        """Sample the row's positions one after the other, as that many decode steps would,
+        keeping each guess the sampled token agrees with; the first disagreement (or the row's
+        end) is the last token of the step."""
+        seq, draft = row.seq, row.draft
+        sampling = _output(seq).sampling
+        params = seq.params
+        # A row whose choice reads nothing its own earlier tokens change (greedy, no penalties)
+        # samples every position in one call; the others one position at a time.
+        at_once = (
+            params.greedy
+            and params.repetition_penalty == 1.0
+            and not params.presence_penalty
+            and not params.frequency_penalty
+            and sampling.grammar is None
+        )
+        batch = sample(logits, [sampling] * logits.shape[0]) if at_once else None
+        appended = accepted = 0
+        for i in range(logits.shape[0]):
+            token = batch[i] if batch is not None else sample(logits[i : i + 1], [sampling])[0]
+            appended += 1
+            self.scheduler.accept_token(seq, token.token_id)
+            self._emit(seq, token)
+            if seq.is_finished or i == len(draft) or token.token_id != draft[i]:
+                break
+            accepted += 1
+        self.scheduler.settle_verified(row, appended)
+        self.speculator.learn(seq, len(draft), accepted)
 
     def _score_prompts(
         self, out: SchedulerOutput, logits: torch.Tensor, num_sampling: int
@@ -371,6 +448,7 @@ class Engine:
         output.post(output.finish(event, seq, reason, stop))
         self._live.pop(seq.seq_id, None)
         self._prompt_scores.forget(seq.seq_id)
+        self.speculator.forget(seq.seq_id)
 
     def _fail_all(self, error: EngineError) -> None:
         with self._cond:  # rows submitted but not yet handed over fail too
@@ -380,6 +458,7 @@ class Engine:
             command()
         for seq in list(self._live.values()):
             self.scheduler.finish(seq, "abort")
+            self.speculator.forget(seq.seq_id)
             _output(seq).post(error)
         self._live.clear()
         self._deliver()

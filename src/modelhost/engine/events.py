@@ -96,3 +96,7 @@ class EngineStats:
     prefix_hit_tokens: int
     context_length: int  # the longest sequence (prompt + output) the engine places
     steps: int = 0  # forward passes run so far
+    speculate: str = "none"  # the engine's speculation mode in effect (engine/speculation.py)
+    spec_draft_tokens: int = 0  # tokens guessed ahead and verified
+    spec_accepted_tokens: int = 0  # of those, tokens the model agreed with
+    spec_verify_steps: int = 0  # steps that verified any guess

@@ -36,6 +36,8 @@ class SamplingParams:
     prompt_logprobs: bool = False
     # Constrains every sampled token (greedy rows too); compiled for this model's vocabulary.
     grammar: CompiledGrammar | None = field(default=None, compare=False, repr=False)
+    # False: this row never guesses ahead (engine/speculation.py); its tokens are the same.
+    speculate: bool = True
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0.0:

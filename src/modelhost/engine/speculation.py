@@ -1,0 +1,191 @@
+"""N-gram speculation: which rows guess this step, how many tokens, and what they learned.
+
+A decoding row may carry a draft of k guessed tokens (engine/ngram_draft.py) into a step: its
+last token and the k guesses are k + 1 generated-token positions, computed in the same forward
+as the other rows. The engine then samples those positions one after the other, exactly as k + 1
+decode steps would (the same sampler, the same row state, one uniform drawn per emitted token),
+and stops at the first sampled token that is not the next guess: that token is the bonus, the
+guesses before it are accepted, the rest are dropped and their KV slots are reused later.
+
+Why this is exact: a verification step is built as a decode step whose "rows" are the row's
+positions (runner.py): every position runs through the same per-token kernels (packed weights,
+paged attention over its own row's keys up to its position, the fused decode path) as a
+one-token decode step, and on the native kernels no token's result depends on the tokens beside
+it. So at temperature 0 the tokens are the ones plain decoding gives, and with a seed the draws
+are too (a rejected guess is no different from sampling p with that token ruled out, renormalised:
+speculative sampling with a point-mass draft). `exact_for` refuses models where that argument
+does not hold (PyTorch's own matmuls, longrope's per-step table switch): they never speculate.
+
+Adaptive, per row: a row's draft length grows while all its guesses land and shrinks to what
+landed otherwise; after MISSES_BEFORE_PAUSE drafts in a row with nothing accepted it stops
+guessing for a pause that doubles each time (up to MAX_PAUSE_STEPS) and then tries again.
+
+Per step (`auto`): the native kernels read each weight once for up to TILE_ROWS token rows
+(native.py), so a step of r rows has (-r) % TILE_ROWS lanes that cost little more than the
+weights' read already paid; auto fills those with guesses and no more. `ngram` guesses for every
+row up to its k whatever the batch. Steps that prefill a prompt, or preempted a row, never
+guess: they are not decode steps. Rows with a grammar or a readout never guess (their per-token
+masks make extra positions costly and their answers are short).
+
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from modelhost.engine.block_manager import BlockManager
+from modelhost.engine.ngram_draft import NgramIndex
+from modelhost.engine.scheduler import ScheduledRow, SchedulerOutput
+from modelhost.engine.sequence import Sequence
+from modelhost.models import native
+from modelhost.models.loaded import LoadedModel
+
+SpeculateMode = Literal["auto", "ngram", "none"]
+SPECULATE_MODES: tuple[SpeculateMode, ...] = ("auto", "ngram", "none")
+
+TILE_ROWS = 8  # token rows the native weight kernels multiply per read of a weight
+START_K = 4
+MAX_K = 8
+MISSES_BEFORE_PAUSE = 3
+FIRST_PAUSE_STEPS = 8
+MAX_PAUSE_STEPS = 256
+
+
+@dataclass(slots=True)
+class RowSpeculation:
+    """One row's guessing state and its counts."""
+
+    index: NgramIndex = field(default_factory=NgramIndex)
+    k: int = START_K
+    misses: int = 0  # drafts in a row with nothing accepted
+    pause: int = 0  # steps left without guessing
+    next_pause: int = FIRST_PAUSE_STEPS
+    drafted: int = 0
+    accepted: int = 0
+
+    def wants_to_guess(self) -> bool:
+        if self.pause > 0:
+            self.pause -= 1
+            return False
+        return True
+
+    def learn(self, num_drafted: int, num_accepted: int) -> None:
+        self.drafted += num_drafted
+        self.accepted += num_accepted
+        if num_accepted == num_drafted:
+            self.k = min(MAX_K, self.k + 2)
+        else:
+            self.k = max(1, num_accepted + 1)
+        if num_accepted:
+            self.misses = 0
+            self.next_pause = FIRST_PAUSE_STEPS
+            return
+        self.misses += 1
+        if self.misses >= MISSES_BEFORE_PAUSE:
+            self.misses = 0
+            self.pause = self.next_pause
+            self.next_pause = min(MAX_PAUSE_STEPS, self.next_pause * 2)
+
+
+@dataclass(slots=True)
+class SpeculationCounts:
+    """Engine totals: guesses made and accepted, and steps that verified any."""
+
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    verify_steps: int = 0
+
+
+class Speculator:
+    """Attaches drafts to a scheduled step (`plan`) and keeps each row's state."""
+
+    def __init__(self, mode: SpeculateMode, exact: bool) -> None:
+        if mode not in SPECULATE_MODES:
+            raise ValueError(f"speculate must be one of {', '.join(SPECULATE_MODES)}")
+        self.mode: SpeculateMode = mode if exact else "none"
+        self.counts = SpeculationCounts()
+        self._rows: dict[int, RowSpeculation] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "none"
+
+    def forget(self, seq_id: int) -> None:
+        self._rows.pop(seq_id, None)
+
+    def plan(self, out: SchedulerOutput, block_manager: BlockManager, budget: int) -> bool:
+        """Give some decode rows of `out` a draft (row.draft, row.num_tokens grown, their
+        blocks appended); `budget` caps the step's tokens. Whether any row got one."""
+        if not self.enabled or out.preempted or not out.rows:
+            return False
+        if any(not _decoding(row) for row in out.rows):
+            return False
+        lanes = budget - len(out.rows)
+        if self.mode == "auto":
+            lanes = min(lanes, (-len(out.rows)) % TILE_ROWS)
+        planned = False
+        for row in out.rows:
+            if lanes <= 0:
+                break
+            seq = row.seq
+            if not _may_guess(seq):
+                continue
+            state = self._rows.get(seq.seq_id)
+            if state is None:
+                state = self._rows[seq.seq_id] = RowSpeculation()
+            if not state.wants_to_guess():
+                continue
+            # Never guess past max_tokens: the last position's bonus token is the last token.
+            room = seq.params.max_tokens - seq.num_generated_tokens - 1
+            k = min(state.k, lanes, room)
+            draft = state.index.propose(seq.token_ids, k)
+            if not draft:
+                continue
+            # Only free blocks: a guess never preempts a row.
+            grown = block_manager.max_appendable(seq, 1 + len(draft)) - 1
+            draft = draft[: max(0, grown)]
+            if not draft:
+                continue
+            block_manager.append_slots(seq, 1 + len(draft))
+            row.draft = draft
+            row.num_tokens = 1 + len(draft)
+            lanes -= len(draft)
+            planned = True
+        if planned:
+            self.counts.verify_steps += 1
+        return planned
+
+    def learn(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
+        self.counts.draft_tokens += num_drafted
+        self.counts.accepted_tokens += num_accepted
+        state = self._rows.get(seq.seq_id)
+        if state is not None:
+            state.learn(num_drafted, num_accepted)
+
+
+def exact_for(model: LoadedModel) -> bool:
+    """Whether a verification step gives this model's decode logits bit for bit: every layer
+    on the native kernels (the fused decode path describes them all), its KV pool one they read
+    in place, and no longrope (whose table switches on a row's length within the step)."""
+    network = model.network
+    fused = getattr(network, "fused_decode", None)
+    return (
+        native.kernels() is not None
+        and model.device.type == "cpu"
+        and model.cache_dtype in (torch.float32, torch.float16)
+        and getattr(network, "rotary_long", None) is None
+        and fused is not None
+        and fused() is not None
+    )
+
+
+def _decoding(row: ScheduledRow) -> bool:
+    return row.num_tokens == 1 and row.samples and row.start >= row.seq.num_prompt_tokens
+
+
+def _may_guess(seq: Sequence) -> bool:
+    params = seq.params
+    return params.speculate and params.grammar is None and not params.readout_token_ids
