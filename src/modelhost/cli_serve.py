@@ -50,6 +50,7 @@ def build_stage(
     Raises BudgetTooSmall when --memory-budget cannot hold the weights and any context.
     """
     from modelhost.engine.engine import Engine, EngineConfig
+    from modelhost.engine.speculation import speculate_mode
     from modelhost.inference.stage import InferenceStage
 
     policy = admission_policy(model, settings, rows=batch)
@@ -60,6 +61,7 @@ def build_stage(
         max_num_batched_tokens=settings.chunk_tokens,
         context_length=settings.context_length,
         prompt_threads=settings.prompt_threads,
+        speculate=speculate_mode(settings.speculate),
     )
     return InferenceStage(Engine(model, config), model, policy=policy, defaults=settings.defaults)
 

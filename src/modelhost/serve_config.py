@@ -43,6 +43,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         ),
         log_format=args.log_format,
         prompt_threads=args.prompt_threads,
+        speculate=getattr(args, "speculate", "auto"),
         console=not getattr(args, "no_console", False),
     )
 

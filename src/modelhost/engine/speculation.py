@@ -32,19 +32,27 @@ masks make extra positions costly and their answers are short).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
-
-import torch
+from typing import TYPE_CHECKING, Literal
 
 from modelhost.engine.block_manager import BlockManager
 from modelhost.engine.ngram_draft import NgramIndex
 from modelhost.engine.scheduler import ScheduledRow, SchedulerOutput
 from modelhost.engine.sequence import Sequence
-from modelhost.models import native
-from modelhost.models.loaded import LoadedModel
+
+if TYPE_CHECKING:
+    from modelhost.models.loaded import LoadedModel
 
 SpeculateMode = Literal["auto", "ngram", "none"]
 SPECULATE_MODES: tuple[SpeculateMode, ...] = ("auto", "ngram", "none")
+
+
+def speculate_mode(name: str) -> SpeculateMode:
+    """`name` as a mode (`--speculate`), or ValueError."""
+    for mode in SPECULATE_MODES:
+        if mode == name:
+            return mode
+    raise ValueError(f"speculate must be one of {', '.join(SPECULATE_MODES)}, not {name!r}")
+
 
 TILE_ROWS = 8  # token rows the native weight kernels multiply per read of a weight
 START_K = 4
@@ -170,6 +178,10 @@ def exact_for(model: LoadedModel) -> bool:
     """Whether a verification step gives this model's decode logits bit for bit: every layer
     on the native kernels (the fused decode path describes them all), its KV pool one they read
     in place, and no longrope (whose table switches on a row's length within the step)."""
+    import torch  # here: the serve command's arguments read this module's modes
+
+    from modelhost.models import native
+
     network = model.network
     fused = getattr(network, "fused_decode", None)
     return (

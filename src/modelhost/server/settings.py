@@ -30,6 +30,7 @@ class ServeSettings:
     top_k: int | None = None
     chunk_tokens: int = 512  # the engine's max_num_batched_tokens (sizes working memory)
     prompt_threads: int | None = None  # --prompt-threads: the engine's prompt-heavy steps
+    speculate: str = "auto"  # --speculate: the engine's guessing ahead (engine/speculation.py)
     owner: str = "serve"
     close_engine_on_shutdown: bool = True
     # The edge (server/access.py): the bind address the Host guard accepts, the API key
