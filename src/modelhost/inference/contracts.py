@@ -79,6 +79,7 @@ class SamplingRequest:
     frequency_penalty: float | None = None
     logit_bias: Mapping[int, float] = field(default_factory=dict)
     seed: int | None = None
+    speculate: bool | None = None  # False: never guess ahead for this request (same tokens)
 
 
 @dataclass(frozen=True, slots=True)
