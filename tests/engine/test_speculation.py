@@ -176,3 +176,44 @@ def test_every_familys_greedy_answers_are_the_same_with_guesses_alone_and_batche
         assert [tokens_of(e) for e in guessed] == [tokens_of(e) for e in plain], family
     # Longrope switches its tables on a row's length within a step: that family never guesses.
     assert stats.speculate == ("none" if family == "phi3" else "ngram")
+    assert (stats.spec_draft_tokens > 0) == (family != "phi3")  # the copying prompt guesses
+
+
+def test_a_stream_cancelled_while_guessing_frees_its_row_and_blocks(smollm2):
+    async def go():
+        engine = Engine(smollm2, EngineConfig(speculate="ngram"))
+        try:
+            stream = engine.submit(
+                chat(smollm2, COPY), SamplingParams(temperature=0, max_tokens=2000, ignore_eos=True)
+            )
+            received = 0
+            async for event in stream:
+                received += len(event.token_ids)
+                if received >= 40:
+                    break
+            stream.cancel()
+            for _ in range(500):
+                if engine.stats().active_rows == 0:
+                    break
+                await asyncio.sleep(0.01)
+            engine.block_manager.check_invariants()
+            return engine.stats()
+        finally:
+            engine.close()
+
+    stats = asyncio.run(go())
+    assert stats.active_rows == 0
+    assert stats.kv_blocks_used == 0
+    assert stats.spec_draft_tokens > 0
+
+
+def test_rows_preempted_when_the_pool_runs_dry_answer_as_they_do_without_guesses(smollm2):
+    block_bytes = 16 * smollm2.config.kv_bytes_per_token(smollm2.cache_dtype.itemsize)
+    repeating = smollm2.tokenizer.encode("one two three four one two three four one two")
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    jobs = [(repeating, params)] * 2 + [(smollm2.tokenizer.encode("My favourite book is"), params)]
+    config = {"batch": 4, "kv_cache_bytes": 10 * block_bytes}
+    plain, _ = run(smollm2, "none", jobs, **config)
+    guessed, stats = run(smollm2, "ngram", jobs, **config)
+    assert [tokens_of(e) for e in guessed] == [tokens_of(e) for e in plain]
+    assert stats.spec_draft_tokens > 0
