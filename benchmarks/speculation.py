@@ -9,7 +9,9 @@ group (stopped by this script), and one stream at a time asks it, greedy, for `-
 (EOS ignored) of two answers: one that copies from its context (a few hundred tokens of code
 shown back with a rename) and a free story. Per answer: decode tok/s (tokens after the first
 over the time from the first to the last, read from the SSE stream), the guesses made and
-accepted (from `/stats` before and after), and whether the answer is the one `none` gave.
+accepted (from `/stats` before and after), whether the answer is the one `none` gave, and the
+server process's CPU time a token (from /proc: on a shared machine it moves far less than the
+wall clock does). With `--repeats N` the modes alternate N times and each figure is the median.
 Prints a table and writes JSON (default benchmarks/results/speculation-<time>.json)."""
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -107,7 +110,13 @@ def speculation(base: str) -> dict[str, Any]:
     return stats.get("speculation", {})
 
 
-def ask(base: str, model: str, content: str, tokens: int) -> dict[str, Any]:
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of process `pid` and its threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def ask(base: str, model: str, content: str, tokens: int, pid: int) -> dict[str, Any]:
     body = {
         "model": model,
         "messages": [{"role": "user", "content": content}],
@@ -118,6 +127,7 @@ def ask(base: str, model: str, content: str, tokens: int) -> dict[str, Any]:
         "stream_options": {"include_usage": True},
     }
     before = speculation(base)
+    cpu_before = cpu_seconds(pid)
     text: list[str] = []
     first = last = 0.0
     usage: dict[str, Any] = {}
@@ -134,6 +144,7 @@ def ask(base: str, model: str, content: str, tokens: int) -> dict[str, Any]:
                     last = time.perf_counter()
                     first = first or last
                     text.append(piece)
+    cpu = cpu_seconds(pid) - cpu_before
     after = speculation(base)
     completion = int(usage.get("completion_tokens", 0))
     drafted = after.get("draft_tokens", 0) - before.get("draft_tokens", 0)
@@ -145,6 +156,7 @@ def ask(base: str, model: str, content: str, tokens: int) -> dict[str, Any]:
         "draft_tokens": drafted,
         "accepted_tokens": accepted,
         "acceptance": accepted / drafted if drafted else None,
+        "cpu_ms_per_token": 1000 * cpu / completion if completion else None,
         "mode_in_effect": after.get("mode"),
     }
 
@@ -155,40 +167,47 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["none", "auto"])
     parser.add_argument("--tokens", type=int, default=400)
     parser.add_argument("--port", type=int, default=8391)
+    parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
     results: list[dict[str, Any]] = []
     for model in args.models:
-        answers: dict[str, dict[str, Any]] = {}
-        for mode in args.modes:
-            process = start_server(model, mode, args.port)
-            try:
-                base = f"http://127.0.0.1:{args.port}"
-                ask(base, model, "Say hello.", 8)  # warm up: kernels, tables, first allocations
-                for name, content in REQUESTS.items():
-                    result = ask(base, model, content, args.tokens)
-                    baseline = answers.setdefault(name, result)
-                    result.update(model=model, mode=mode, request=name)
-                    result["same_answer"] = result["text"] == baseline["text"]
-                    result["speedup"] = (
-                        result["decode_tok_s"] / baseline["decode_tok_s"]
-                        if result["decode_tok_s"] and baseline["decode_tok_s"]
-                        else None
-                    )
-                    results.append(result)
-            finally:
-                stop_server(process)
+        runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for _ in range(args.repeats):
+            for mode in args.modes:
+                process = start_server(model, mode, args.port)
+                try:
+                    base = f"http://127.0.0.1:{args.port}"
+                    ask(base, model, "Say hello.", 8, process.pid)  # warm up
+                    for name, content in REQUESTS.items():
+                        result = ask(base, model, content, args.tokens, process.pid)
+                        runs.setdefault((mode, name), []).append(result)
+                finally:
+                    stop_server(process)
+        baseline: dict[str, dict[str, Any]] = {}
+        for (mode, name), found in runs.items():
+            result = median_of(found)
+            result.update(model=model, mode=mode, request=name, repeats=len(found))
+            first = baseline.setdefault(name, result)
+            result["same_answer"] = all(r["text"] == first["text"] for r in found)
+            result["speedup"] = (
+                result["decode_tok_s"] / first["decode_tok_s"]
+                if result["decode_tok_s"] and first["decode_tok_s"]
+                else None
+            )
+            results.append(result)
 
-    header = f"{'model':24} {'request':6} {'mode':6} {'tok/s':>7} {'x':>5} {'drafted':>7} "
-    header += f"{'accepted':>8} {'rate':>5} same"
+    header = f"{'model':24} {'request':6} {'mode':6} {'tok/s':>7} {'x':>5} {'cpu ms/tok':>10} "
+    header += f"{'drafted':>7} {'accepted':>8} {'rate':>5} same"
     print(header)
     for r in results:
         rate = f"{r['acceptance']:.2f}" if r["acceptance"] is not None else "-"
         speed = f"{r['decode_tok_s']:.1f}" if r["decode_tok_s"] else "-"
         ratio = f"{r['speedup']:.2f}" if r["speedup"] else "-"
+        cpu = f"{r['cpu_ms_per_token']:.2f}" if r["cpu_ms_per_token"] else "-"
         print(
-            f"{r['model']:24} {r['request']:6} {r['mode']:6} {speed:>7} {ratio:>5} "
+            f"{r['model']:24} {r['request']:6} {r['mode']:6} {speed:>7} {ratio:>5} {cpu:>10} "
             f"{r['draft_tokens']:>7} {r['accepted_tokens']:>8} {rate:>5} {r['same_answer']}"
         )
     out = (
@@ -198,6 +217,17 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"tokens": args.tokens, "results": results}, indent=2))
     print(f"wrote {out}")
+
+
+def median_of(found: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first run's record with each figure replaced by the median over the runs."""
+    result = dict(found[0])
+    for key in ("decode_tok_s", "cpu_ms_per_token", "draft_tokens", "accepted_tokens"):
+        values = [r[key] for r in found if r[key] is not None]
+        result[key] = statistics.median(values) if values else None
+    drafted, accepted = result["draft_tokens"], result["accepted_tokens"]
+    result["acceptance"] = accepted / drafted if drafted else None
+    return result
 
 
 if __name__ == "__main__":
