@@ -351,8 +351,8 @@ class ServingCollector:
             families["hit_ratio"].add_metric([model_id], hits / queried if queried else 0.0)
             families["queried"].add_metric([model_id], queried)
             families["hits"].add_metric([model_id], hits)
-            families["drafted"].add_metric([model_id], stats.spec_draft_tokens)
-            families["accepted"].add_metric([model_id], stats.spec_accepted_tokens)
+            families["drafted"].add_metric([model_id], getattr(stats, "spec_draft_tokens", 0))
+            families["accepted"].add_metric([model_id], getattr(stats, "spec_accepted_tokens", 0))
         for model_id, stats in self.worker_stats.items():
             batch, cache = stats.get("batch") or {}, stats.get("prompt_cache") or {}
             families["running"].add_metric([model_id], batch.get("active_rows", 0))
