@@ -5,12 +5,14 @@ from __future__ import annotations
 from modelhost.engine.block_manager import BlockManager
 from modelhost.engine.ngram_draft import NgramIndex
 from modelhost.engine.sampling_params import SamplingParams
+from modelhost.engine.scheduler import ScheduledRow, SchedulerOutput
 from modelhost.engine.sequence import Sequence
 from modelhost.engine.speculation import (
     FIRST_PAUSE_STEPS,
     MAX_K,
     MISSES_BEFORE_PAUSE,
     RowSpeculation,
+    Speculator,
 )
 
 
@@ -70,3 +72,48 @@ def test_trimming_gives_back_the_blocks_past_the_computed_tokens():
     assert len(seq.block_table) == 2
     assert manager.num_free_blocks == 6
     manager.check_invariants()
+
+
+def decoding_step(prompt: list[int], token: int) -> tuple[SchedulerOutput, BlockManager]:
+    """A step where one row decodes its first generated token after `prompt`."""
+    manager = BlockManager(num_blocks=64, block_size=4)
+    seq = Sequence.from_prompt(1, prompt, SamplingParams(temperature=0, max_tokens=50))
+    manager.allocate_prompt(seq)
+    manager.append_slots(seq, len(prompt))
+    seq.num_computed_tokens = len(prompt)
+    seq.append_token(token)
+    manager.append_slots(seq, 1)
+    return SchedulerOutput(rows=[ScheduledRow(seq, len(prompt), 1, True)]), manager
+
+
+REPEATING = [1, 2, 3, 4, 5, 6, 7, 8, 9] * 3
+
+
+def test_auto_guesses_everything_while_wider_steps_cost_no_more():
+    speculator = Speculator("auto", exact=True)
+    for size in range(1, 10):
+        speculator.record_step(size, 0.01)
+    out, manager = decoding_step(REPEATING, 1)
+    assert speculator.plan(out, manager, budget=512)
+    assert out.rows[0].draft == [2, 3, 4, 5]  # the row's whole first guess
+    assert out.rows[0].num_tokens == 5
+
+
+def test_auto_does_not_guess_where_wider_steps_cost_more_than_the_guesses_yield():
+    speculator = Speculator("auto", exact=True)
+    speculator.record_step(1, 0.01)
+    for size in range(2, 10):
+        speculator.record_step(size, 0.03)  # arithmetic-bound: three times one row's step
+    out, manager = decoding_step(REPEATING, 1)
+    assert not speculator.plan(out, manager, budget=512)
+    assert out.rows[0].num_tokens == 1 and out.rows[0].draft == []
+    ngram = Speculator("ngram", exact=True)  # ngram guesses whatever it costs
+    out, manager = decoding_step(REPEATING, 1)
+    assert ngram.plan(out, manager, budget=512)
+
+
+def test_a_model_where_guessing_is_not_exact_never_guesses():
+    speculator = Speculator("ngram", exact=False)
+    out, manager = decoding_step(REPEATING, 1)
+    assert speculator.mode == "none"
+    assert not speculator.plan(out, manager, budget=512)

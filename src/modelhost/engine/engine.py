@@ -17,6 +17,7 @@ import itertools
 import logging
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from collections.abc import Sequence as Rows
@@ -91,7 +92,7 @@ class EngineConfig:
     # the thread count already set, the native kernels on all cores.
     prompt_threads: int | None = None
     # Guess tokens ahead and verify them in one step (engine/speculation.py): auto where the
-    # step's spare lanes make it nearly free, ngram for every decoding row, none never.
+    # steps' measured cost says they pay, ngram for every decoding row, none never.
     speculate: SpeculateMode = "auto"
 
     def num_blocks(self, model: LoadedModel, context_length: int) -> int:
@@ -347,7 +348,9 @@ class Engine:
             self._verify_step(out, before_layers)
             return
         sampling_rows = [row.seq for row in out.rows if row.samples]
+        started = time.perf_counter()
         logits = self.runner.execute(out, before_layers)
+        self.speculator.observe(out, time.perf_counter() - started)
         self._num_steps += 1
         logits = self._score_prompts(out, logits, len(sampling_rows))
         tokens = sample(logits, [_output(seq).sampling for seq in sampling_rows])
@@ -361,7 +364,9 @@ class Engine:
     def _verify_step(self, out: SchedulerOutput, before_layers: Callable[[], None]) -> None:
         """A decode step where some rows carry guesses: every row's positions have logits,
         in row order; rows without a draft are sampled together as in `_step_rows`."""
+        started = time.perf_counter()
         logits = self.runner.execute(out, before_layers)
+        self.speculator.observe(out, time.perf_counter() - started)
         self._num_steps += 1
         plain: list[int] = []
         spans: list[tuple[ScheduledRow, int]] = []

@@ -20,13 +20,16 @@ Adaptive, per row: a row's draft length grows while all its guesses land and shr
 landed otherwise; after MISSES_BEFORE_PAUSE drafts in a row with nothing accepted it stops
 guessing for a pause that doubles each time (up to MAX_PAUSE_STEPS) and then tries again.
 
-Per step (`auto`): the native kernels read each weight once for up to TILE_ROWS token rows
-(native.py), so a step of r rows has (-r) % TILE_ROWS lanes that cost little more than the
-weights' read already paid; auto fills those with guesses and no more. `ngram` guesses for every
-row up to its k whatever the batch. Steps that prefill a prompt, or preempted a row, never
-guess: they are not decode steps. Rows with a grammar or a readout never guess (their per-token
-masks make extra positions costly and their answers are short).
-
+Per step (`auto`): a cost model decides how many guesses are worth verifying. The engine reports
+each decode step's forward time by its number of token rows (`observe`); a guess at depth i of a
+row whose guesses land at rate p yields p ** i tokens on average; the step verifies the guesses
+that maximise the expected tokens a second. Where extra rows are nearly free (on the native
+kernels each weight is read once for up to 8 token rows, and a step of a big model is bound by
+that read) most guesses are worth it; where they are not (a tiny model on few cores is bound by
+arithmetic, and a full batch already fills the rows), few or none are. `ngram` verifies every
+row's guesses whatever they cost. Steps that prefill a prompt, or preempted a row, never guess:
+they are not decode steps. Rows with a grammar or a readout never guess (their per-token masks
+make extra positions costly and their answers are short).
 """
 
 from __future__ import annotations
@@ -54,7 +57,10 @@ def speculate_mode(name: str) -> SpeculateMode:
     raise ValueError(f"speculate must be one of {', '.join(SPECULATE_MODES)}, not {name!r}")
 
 
-TILE_ROWS = 8  # token rows the native weight kernels multiply per read of a weight
+STEP_TIME_WEIGHT = 0.25  # of a decode step's latest time in its running average
+FIRST_RATE = 0.5  # a new row's guesses are assumed to land this often
+RATE_WEIGHT = 0.3  # of a verification's acceptance in the row's running rate
+RATE_RECOVERY = 0.05  # a step without guessing moves a row's rate this far back to FIRST_RATE
 START_K = 4
 MAX_K = 8
 MISSES_BEFORE_PAUSE = 3
@@ -71,6 +77,7 @@ class RowSpeculation:
     misses: int = 0  # drafts in a row with nothing accepted
     pause: int = 0  # steps left without guessing
     next_pause: int = FIRST_PAUSE_STEPS
+    rate: float = FIRST_RATE  # running share of guesses accepted
     drafted: int = 0
     accepted: int = 0
 
@@ -83,6 +90,7 @@ class RowSpeculation:
     def learn(self, num_drafted: int, num_accepted: int) -> None:
         self.drafted += num_drafted
         self.accepted += num_accepted
+        self.rate += RATE_WEIGHT * (num_accepted / num_drafted - self.rate)
         if num_accepted == num_drafted:
             self.k = min(MAX_K, self.k + 2)
         else:
@@ -116,6 +124,7 @@ class Speculator:
         self.mode: SpeculateMode = mode if exact else "none"
         self.counts = SpeculationCounts()
         self._rows: dict[int, RowSpeculation] = {}
+        self._step_s: dict[int, float] = {}  # a decode step's recent seconds, by token rows
 
     @property
     def enabled(self) -> bool:
@@ -131,13 +140,8 @@ class Speculator:
             return False
         if any(not _decoding(row) for row in out.rows):
             return False
-        lanes = budget - len(out.rows)
-        if self.mode == "auto":
-            lanes = min(lanes, (-len(out.rows)) % TILE_ROWS)
-        planned = False
+        candidates: list[tuple[ScheduledRow, list[int], RowSpeculation]] = []
         for row in out.rows:
-            if lanes <= 0:
-                break
             seq = row.seq
             if not _may_guess(seq):
                 continue
@@ -148,23 +152,86 @@ class Speculator:
                 continue
             # Never guess past max_tokens: the last position's bonus token is the last token.
             room = seq.params.max_tokens - seq.num_generated_tokens - 1
-            k = min(state.k, lanes, room)
-            draft = state.index.propose(seq.token_ids, k)
-            if not draft:
-                continue
+            draft = state.index.propose(seq.token_ids, min(state.k, room))
             # Only free blocks: a guess never preempts a row.
-            grown = block_manager.max_appendable(seq, 1 + len(draft)) - 1
-            draft = draft[: max(0, grown)]
-            if not draft:
+            draft = draft[: max(0, block_manager.max_appendable(seq, 1 + len(draft)) - 1)]
+            if draft:
+                candidates.append((row, draft, state))
+        lanes = budget - len(out.rows)
+        if self.mode == "auto":
+            counts = self._worth_it(len(out.rows), candidates, lanes)
+        else:
+            counts = []
+            for _, draft, _ in candidates:
+                counts.append(min(len(draft), max(0, lanes)))
+                lanes -= counts[-1]
+        planned = False
+        for (row, draft, state), count in zip(candidates, counts, strict=True):
+            if count == 0:
+                # Not worth it at the rate it had: drift back towards an untried row's, so a
+                # row judged on a bad stretch gets another chance later.
+                state.rate += RATE_RECOVERY * (FIRST_RATE - state.rate)
                 continue
-            block_manager.append_slots(seq, 1 + len(draft))
-            row.draft = draft
-            row.num_tokens = 1 + len(draft)
-            lanes -= len(draft)
+            block_manager.append_slots(row.seq, 1 + count)
+            row.draft = draft[:count]
+            row.num_tokens = 1 + count
             planned = True
         if planned:
             self.counts.verify_steps += 1
         return planned
+
+    def _worth_it(
+        self,
+        num_rows: int,
+        candidates: list[tuple[ScheduledRow, list[int], RowSpeculation]],
+        lanes: int,
+    ) -> list[int]:
+        """How many of each candidate's guesses to verify: the number that maximises the
+        expected tokens a second. A guess at depth i of a row whose guesses land at rate p
+        yields p ** i more tokens (it counts only if those before it landed), and a step of t
+        token rows takes the time such steps took lately (`observe`), or, for a size not seen
+        yet, that of the largest size seen below it: optimistic, so each size is tried once
+        and then judged by what it cost."""
+        gains = sorted(
+            (
+                (-(state.rate ** (depth + 1)), index)
+                for index, (_, draft, state) in enumerate(candidates)
+                for depth in range(len(draft))
+            ),
+        )[: max(0, lanes)]
+        best, best_rate, tokens = 0, num_rows / self._step_seconds(num_rows), float(num_rows)
+        for count, (gain, _) in enumerate(gains, 1):
+            tokens -= gain
+            rate = tokens / self._step_seconds(num_rows + count)
+            if rate > best_rate:
+                best, best_rate = count, rate
+        counts = [0] * len(candidates)
+        for _, index in gains[:best]:
+            counts[index] += 1
+        return counts
+
+    def _step_seconds(self, num_tokens: int) -> float:
+        seen = self._step_s
+        if num_tokens in seen:
+            return seen[num_tokens]
+        below = [seconds for size, seconds in seen.items() if size < num_tokens]
+        return max(below) if below else 1.0
+
+    def observe(self, out: SchedulerOutput, seconds: float) -> None:
+        """Record how long a step's forward took, if it was a decode step (guesses or not)."""
+        if not self.enabled or not out.rows:
+            return
+        if any(row.num_tokens != 1 + len(row.draft) or not _generated(row) for row in out.rows):
+            return
+        self.record_step(out.num_batched_tokens, seconds)
+
+    def record_step(self, num_tokens: int, seconds: float) -> None:
+        """A decode step of `num_tokens` token rows took `seconds`."""
+        last = self._step_s.get(num_tokens)
+        if last is None:
+            self._step_s[num_tokens] = seconds
+        else:
+            self._step_s[num_tokens] = last + STEP_TIME_WEIGHT * (seconds - last)
 
     def learn(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
         self.counts.draft_tokens += num_drafted
@@ -195,7 +262,11 @@ def exact_for(model: LoadedModel) -> bool:
 
 
 def _decoding(row: ScheduledRow) -> bool:
-    return row.num_tokens == 1 and row.samples and row.start >= row.seq.num_prompt_tokens
+    return row.num_tokens == 1 and _generated(row)
+
+
+def _generated(row: ScheduledRow) -> bool:
+    return row.samples and row.start >= row.seq.num_prompt_tokens
 
 
 def _may_guess(seq: Sequence) -> bool:
