@@ -93,6 +93,7 @@ def build_stage(
     Raises BudgetTooSmall when --memory-budget cannot hold the weights and any context.
     """
     from modelhost.engine.engine import Engine, EngineConfig
+    from modelhost.engine.speculation import speculate_mode
     from modelhost.inference.stage import InferenceStage
     from modelhost.residency.kv.kv_model_identity import prefix_store_opener
     from modelhost.residency.kv.kv_store import KVDiskStore
@@ -105,6 +106,7 @@ def build_stage(
         max_num_batched_tokens=settings.chunk_tokens,
         context_length=settings.context_length,
         prompt_threads=settings.prompt_threads,
+        speculate=speculate_mode(settings.speculate),
     )
     prefix_store = prefix_store_opener(model, KVDiskStore(budget_bytes=settings.kv_disk_bytes))
     engine = Engine(model, config, prefix_store=prefix_store)

@@ -50,6 +50,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         log_format=args.log_format,
         prompt_threads=args.prompt_threads,
         kv_disk_bytes=kv_disk_bytes(args),
+        speculate=getattr(args, "speculate", "auto"),
         console=not getattr(args, "no_console", False),
     )
 

@@ -112,6 +112,14 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         help="CPU threads for engine steps that compute many prompt tokens, and for the native "
         "weight kernels of every step (default: all cores)",
     )  # fmt: skip
+    # Where a decode step has spare rows, guessed tokens ride in them for little more than the
+    # weights' read (engine/speculation.py); exact either way.
+    parser.add_argument(
+        "--speculate", choices=("auto", "ngram", "none"), default="auto",
+        help="guess tokens ahead from each answer's own context and verify them in one step: "
+        "auto (where a step has room for them), ngram (every decoding row), none "
+        "(default: auto; answers are the same either way)",
+    )  # fmt: skip
     cluster = parser.add_argument_group("cluster (needs `pip install 'modelhost[cluster]'`)")
     cluster.add_argument(
         "--cluster", default=None, metavar="HEAD:PORT",

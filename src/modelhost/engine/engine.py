@@ -17,6 +17,7 @@ import itertools
 import logging
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from collections.abc import Sequence as Rows
@@ -43,8 +44,14 @@ from modelhost.engine.runner import ModelRunner
 from modelhost.engine.sampling.prompt_logprobs import PromptScores, prompt_spans
 from modelhost.engine.sampling.sampler import SampledToken, sample
 from modelhost.engine.sampling.sampling_params import SamplingParams
-from modelhost.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from modelhost.engine.scheduler import (
+    ScheduledRow,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerOutput,
+)
 from modelhost.engine.sequence import Sequence
+from modelhost.engine.speculation import SpeculateMode, Speculator, exact_for
 from modelhost.models.loaded import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -88,6 +95,9 @@ class EngineConfig:
     # (big matmuls), and the native weight kernels' threads in every step; None: every step on
     # the thread count already set, the native kernels on all cores.
     prompt_threads: int | None = None
+    # Guess tokens ahead and verify them in one step (engine/speculation.py): auto where the
+    # steps' measured cost says they pay, ngram for every decoding row, none never.
+    speculate: SpeculateMode = "auto"
 
     def num_blocks(self, model: LoadedModel, context_length: int) -> int:
         token_bytes = model.config.kv_bytes_per_token(model.cache_dtype.itemsize)
@@ -195,6 +205,7 @@ class Engine:
             prompt_threads=config.prompt_threads,
             grows=grows,
         )
+        self.speculator = Speculator(config.speculate, exact_for(model))
         self._block_bytes = config.block_size * model.config.kv_bytes_per_token(
             model.cache_dtype.itemsize
         )
@@ -286,6 +297,10 @@ class Engine:
             context_length=self.context_length,
             steps=self._num_steps,
             kv_committed_bytes=manager.num_committed * self._block_bytes,
+            speculate=self.speculator.mode,
+            spec_draft_tokens=self.speculator.counts.draft_tokens,
+            spec_accepted_tokens=self.speculator.counts.accepted_tokens,
+            spec_verify_steps=self.speculator.counts.verify_steps,
         )
 
     def close(self, timeout_s: float = 10.0) -> None:
@@ -375,8 +390,15 @@ class Engine:
             self._finish(seq, EngineEvent(), seq.finish_reason or "abort", None)
         if out.is_empty:
             return
+        if self.speculator.plan(
+            out, self.block_manager, self.scheduler.config.max_num_batched_tokens
+        ):
+            self._verify_step(out, before_layers)
+            return
         sampling_rows = [row.seq for row in out.rows if row.samples]
+        started = time.perf_counter()
         logits = self.runner.execute(out, before_layers)
+        self.speculator.observe(out, time.perf_counter() - started)
         self._num_steps += 1
         logits = self._score_prompts(out, logits, len(sampling_rows))
         tokens = sample(logits, [_output(seq).sampling for seq in sampling_rows])
@@ -386,6 +408,66 @@ class Engine:
         self.scheduler.update(out, sampled)
         for seq, token in zip(sampling_rows, tokens, strict=True):
             self._emit(seq, token)
+
+    def _verify_step(self, out: SchedulerOutput, before_layers: Callable[[], None]) -> None:
+        """A decode step where some rows carry guesses: every row's positions have logits,
+        in row order; rows without a draft are sampled together as in `_step_rows`."""
+        started = time.perf_counter()
+        logits = self.runner.execute(out, before_layers)
+        self.speculator.observe(out, time.perf_counter() - started)
+        self._num_steps += 1
+        plain: list[int] = []
+        spans: list[tuple[ScheduledRow, int]] = []
+        offset = 0
+        for row in out.rows:
+            if row.draft:
+                spans.append((row, offset))
+            else:
+                plain.append(offset)
+            offset += row.num_tokens
+        plain_rows = [row for row in out.rows if not row.draft]
+        if plain_rows:
+            index = torch.tensor(plain, dtype=torch.long, device=logits.device)
+            tokens = sample(
+                logits.index_select(0, index), [_output(row.seq).sampling for row in plain_rows]
+            )
+            self.scheduler.update(
+                SchedulerOutput(rows=plain_rows),
+                {row.seq.seq_id: t.token_id for row, t in zip(plain_rows, tokens, strict=True)},
+            )
+            for row, token in zip(plain_rows, tokens, strict=True):
+                self._emit(row.seq, token)
+        for row, start in spans:
+            self._verify_row(row, logits[start : start + row.num_tokens])
+
+    def _verify_row(self, row: ScheduledRow, logits: torch.Tensor) -> None:
+        """Sample the row's positions one after the other, as that many decode steps would,
+        keeping each guess the sampled token agrees with; the first disagreement (or the row's
+        end) is the last token of the step."""
+        seq, draft = row.seq, row.draft
+        sampling = _output(seq).sampling
+        params = seq.params
+        # A row whose choice reads nothing its own earlier tokens change (greedy, no penalties)
+        # samples every position in one call; the others one position at a time.
+        at_once = (
+            params.greedy
+            and params.repetition_penalty == 1.0
+            and not params.presence_penalty
+            and not params.frequency_penalty
+            and sampling.grammar is None
+        )
+        batch = sample(logits, [sampling] * logits.shape[0]) if at_once else None
+        appended = accepted = 0
+        for i in range(logits.shape[0]):
+            token = batch[i] if batch is not None else sample(logits[i : i + 1], [sampling])[0]
+            appended += 1
+            self.scheduler.accept_token(seq, token.token_id)
+            self._emit(seq, token)
+            if seq.is_finished or i == len(draft) or token.token_id != draft[i]:
+                break
+            accepted += 1
+        self.scheduler.settle_verified(row, appended)
+        self.speculator.learn(seq, len(draft), accepted)
 
     def _score_prompts(
         self, out: SchedulerOutput, logits: torch.Tensor, num_sampling: int
@@ -419,6 +501,7 @@ class Engine:
         output.post(output.finish(event, seq, reason, stop))
         self._live.pop(seq.seq_id, None)
         self._prompt_scores.forget(seq.seq_id)
+        self.speculator.forget(seq.seq_id)
 
     def _fail_all(self, error: EngineError) -> None:
         with self._cond:  # rows submitted but not yet handed over fail too
@@ -428,6 +511,7 @@ class Engine:
             command()
         for seq in list(self._live.values()):
             self.scheduler.finish(seq, "abort")
+            self.speculator.forget(seq.seq_id)
             _output(seq).post(error)
         self._live.clear()
         self._deliver()

@@ -99,7 +99,10 @@ class ModelRunner:
 
     def build_batch(self, out: SchedulerOutput) -> ForwardBatch:
         rows = out.rows
-        if all(row.num_tokens == 1 and row.start >= row.seq.num_prompt_tokens for row in rows):
+        if all(
+            row.num_tokens == 1 + len(row.draft) and row.start >= row.seq.num_prompt_tokens
+            for row in rows
+        ):
             return self._decode_batch(rows)
         return self._mixed_batch(rows)
 
@@ -113,11 +116,22 @@ class ModelRunner:
 
     def _decode_batch(self, rows: list[ScheduledRow]) -> ForwardBatch:
         """`_mixed_batch`'s batch where every row computes one generated token (decode steps,
-        the common case): built from lists with a few tensor ops instead of ~25."""
+        the common case): built from lists with a few tensor ops instead of ~25.
+
+        A row verifying a speculative draft computes its last token and its guesses: each of
+        those positions is a row of this batch of its own, over the row's block table, so it
+        runs through exactly the kernels of a one-token decode step (engine/speculation.py)."""
         block_size = self.block_size
-        positions = [row.start for row in rows]
+        positions: list[int] = []
+        token_ids: list[int] = []
+        tokens_rows: list[ScheduledRow] = []
+        for row in rows:
+            positions.extend(range(row.start, row.start + row.num_tokens))
+            token_ids.append(row.seq.token_ids[row.start])
+            token_ids.extend(row.draft)
+            tokens_rows.extend([row] * row.num_tokens)
         max_blocks = max(positions) // block_size + 1
-        padded = self._block_tables(rows, max_blocks)
+        padded = self._block_tables(tokens_rows, max_blocks)
         slots = [
             table[position // block_size] * block_size + position % block_size
             for table, position in zip(padded, positions, strict=True)
@@ -129,12 +143,10 @@ class ModelRunner:
         if self.sliding_window is not None:
             sliding_mask = attn_mask & (distance < self.sliding_window)[:, None, None, :]
         device = self.model.device
-        index = torch.arange(len(rows), device=device)
+        index = torch.arange(len(positions), device=device)
         tables = torch.tensor(padded, dtype=torch.long, device=device)
         return ForwardBatch(
-            input_ids=torch.tensor(
-                [row.seq.token_ids[row.start] for row in rows], dtype=torch.long, device=device
-            ),
+            input_ids=torch.tensor(token_ids, dtype=torch.long, device=device),
             positions=position_t.to(device),
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
             query_index=index[:, None],
@@ -144,7 +156,9 @@ class ModelRunner:
             attn_mask=attn_mask.to(device),
             sliding_mask=None if sliding_mask is None else sliding_mask.to(device),
             logits_index=torch.tensor(
-                [i for i, row in enumerate(rows) if row.samples], dtype=torch.long, device=device
+                [i for i, row in enumerate(tokens_rows) if row.samples],
+                dtype=torch.long,
+                device=device,
             ),
             dense=True,
         )

@@ -41,6 +41,9 @@ class ScheduledRow:
     start: int  # seq.num_computed_tokens when scheduled: the first position computed this step
     num_tokens: int  # >= 1
     samples: bool  # the chunk reaches the last token, so this row yields a next token
+    # Guessed tokens computed after the row's last one (engine/speculation.py): num_tokens is
+    # 1 + len(draft), and `settle_verified` records the step instead of `update`.
+    draft: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -191,6 +194,27 @@ class Scheduler:
                 self._finish(seq, reason)
                 finished.append(seq)
         return finished
+
+    def accept_token(self, seq: Sequence, token_id: int) -> FinishReason | None:
+        """Append one token of a verified row (see `settle_verified`), finishing the row when
+        it ends it, as `update` does for a decode row's one token."""
+        seq.append_token(token_id)
+        reason = _stop_reason(seq, token_id)
+        if reason is not None:
+            self._finish(seq, reason)
+        return reason
+
+    def settle_verified(self, row: ScheduledRow, num_appended: int) -> None:
+        """Record a verified row's step once `accept_token` appended `num_appended` tokens:
+        the KV of its last token and of the guesses that were kept is computed, the blocks
+        grown for guesses that were not go back to the pool (their slots were never committed)."""
+        seq = row.seq
+        if seq.is_finished:
+            return
+        assert seq.num_computed_tokens == row.start, "row updated twice"
+        seq.num_computed_tokens = row.start + num_appended
+        self.block_manager.commit_full_blocks(seq)
+        self.block_manager.trim(seq)
 
     # ---- transitions ----------------------------------------------------------------------
 

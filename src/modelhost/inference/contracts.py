@@ -79,6 +79,7 @@ class SamplingRequest:
     frequency_penalty: float | None = None
     logit_bias: Mapping[int, float] = field(default_factory=dict)
     seed: int | None = None
+    speculate: bool | None = None  # False: never guess ahead for this request (same tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,12 +193,21 @@ class PromptCacheStats:
 
 
 @dataclass(frozen=True, slots=True)
+class SpeculationStats:
+    mode: str = "none"  # in effect: auto, ngram, or none (off, or not exact for this model)
+    draft_tokens: int = 0  # tokens guessed ahead and verified
+    accepted_tokens: int = 0  # of those, the ones the model agreed with
+    verify_steps: int = 0  # steps that verified any guess
+
+
+@dataclass(frozen=True, slots=True)
 class StageStats:
     model_id: str
     started_at: int  # unix seconds
     admission: AdmissionLimits
     batch: BatchStats
     prompt_cache: PromptCacheStats
+    speculation: SpeculationStats = SpeculationStats()
 
 
 # ---------------------------------------------------------------------------------------------

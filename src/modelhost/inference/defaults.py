@@ -82,6 +82,7 @@ def resolve_sampling(
             ignore_eos=request.ignore_eos,
             logprobs=request.logprobs,
             prompt_logprobs=request.prompt_logprobs,
+            speculate=asked.speculate is not False,
         )
     except InvalidSamplingParams as exc:
         raise InvalidRequest(str(exc)) from exc

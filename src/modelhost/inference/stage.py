@@ -44,6 +44,7 @@ from modelhost.inference.contracts import (
     ModelCard,
     PromptCacheStats,
     QueueFullError,
+    SpeculationStats,
     StageStats,
     TokenLogprob,
     Usage,
@@ -252,6 +253,12 @@ class InferenceStage:
                 max_bytes=engine.kv_budget_bytes,
                 query_tokens=engine.prefix_query_tokens,
                 hit_tokens=engine.prefix_hit_tokens,
+            ),
+            speculation=SpeculationStats(
+                mode=engine.speculate,
+                draft_tokens=engine.spec_draft_tokens,
+                accepted_tokens=engine.spec_accepted_tokens,
+                verify_steps=engine.spec_verify_steps,
             ),
         )
 

@@ -31,6 +31,7 @@ class ServeSettings:
     chunk_tokens: int = 512  # the engine's max_num_batched_tokens (sizes working memory)
     prompt_threads: int | None = None  # --prompt-threads: the engine's prompt-heavy steps
     kv_disk_bytes: int = 0  # --kv-disk: the prefix KV store's budget (0: off)
+    speculate: str = "auto"  # --speculate: the engine's guessing ahead (engine/speculation.py)
     owner: str = "serve"
     close_engine_on_shutdown: bool = True
     # The edge (server/edge/access.py): the bind address the Host guard accepts, the API key

@@ -261,6 +261,17 @@ class BlockManager:
             block = self._blocks[block_id]
             yield block_id, key, block.parent_key, block.token_ids
 
+    def trim(self, seq: Sequence) -> None:
+        """Give back the blocks past those holding computed tokens (a rejected speculative
+        guess's): never committed, they go to the front of the free list."""
+        keep = cdiv(seq.num_computed_tokens, self.block_size)
+        while len(seq.block_table) > keep:
+            block = self._blocks[seq.block_table.pop()]
+            assert block.key is None and block.ref_count == 1, "trimmed a shared block"
+            block.ref_count = 0
+            self._free[block.block_id] = None
+            self._free.move_to_end(block.block_id, last=False)
+
     # ---- release --------------------------------------------------------------------------
 
     def free(self, seq: Sequence) -> None:

@@ -40,6 +40,8 @@ class SamplingParams:
     grammar: CompiledGrammar | None = field(default=None, compare=False, repr=False)
     # With `grammar`: how its value closes within max_tokens; None: no closing guarantee.
     grammar_close: ClosePlan | None = field(default=None, compare=False, repr=False)
+    # False: this row never guesses ahead (engine/speculation.py); its tokens are the same.
+    speculate: bool = True
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0.0:

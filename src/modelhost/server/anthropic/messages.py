@@ -123,6 +123,7 @@ def parse_messages_request(
             presence_penalty=fields.number(body, "presence_penalty", at_least=-2, at_most=2),
             frequency_penalty=fields.number(body, "frequency_penalty", at_least=-2, at_most=2),
             seed=fields.field(body, "seed", int),
+            speculate=fields.field(body, "speculate", bool),
         ),
         max_tokens=fields.number(body, "max_tokens", int, at_least=1),
         stop=wire.stop_sequences(body),

@@ -329,6 +329,16 @@ class ServingCollector:
                 "Prompt tokens found in the prefix cache",
                 labels=["model"],
             ),
+            "drafted": CounterMetricFamily(
+                "modelhost_spec_draft_tokens",
+                "Tokens guessed ahead by speculation and verified",
+                labels=["model"],
+            ),
+            "accepted": CounterMetricFamily(
+                "modelhost_spec_accepted_tokens",
+                "Guessed tokens the model agreed with (kept without a step of their own)",
+                labels=["model"],
+            ),
         }
         for model_id, stats in self._engine_stats():
             families["running"].add_metric([model_id], stats.active_rows)
@@ -339,6 +349,8 @@ class ServingCollector:
             families["hit_ratio"].add_metric([model_id], hits / queried if queried else 0.0)
             families["queried"].add_metric([model_id], queried)
             families["hits"].add_metric([model_id], hits)
+            families["drafted"].add_metric([model_id], getattr(stats, "spec_draft_tokens", 0))
+            families["accepted"].add_metric([model_id], getattr(stats, "spec_accepted_tokens", 0))
         for model_id, stats in self.worker_stats.items():
             batch, cache = stats.get("batch") or {}, stats.get("prompt_cache") or {}
             families["running"].add_metric([model_id], batch.get("active_rows", 0))
@@ -347,6 +359,9 @@ class ServingCollector:
             families["hit_ratio"].add_metric([model_id], hits / queried if queried else 0.0)
             families["queried"].add_metric([model_id], queried)
             families["hits"].add_metric([model_id], hits)
+            speculation = stats.get("speculation") or {}
+            families["drafted"].add_metric([model_id], speculation.get("draft_tokens", 0))
+            families["accepted"].add_metric([model_id], speculation.get("accepted_tokens", 0))
         yield from families.values()
         yield from self._residency()
         yield from self._jobs()

@@ -183,6 +183,12 @@ def stats_json(stats: StageStats, owner: str) -> dict[str, Any]:
             "usable_bytes": admission.usable_bytes,
             "weights_bytes": admission.weights_bytes,
         },
+        "speculation": {
+            "mode": stats.speculation.mode,
+            "draft_tokens": stats.speculation.draft_tokens,
+            "accepted_tokens": stats.speculation.accepted_tokens,
+            "verify_steps": stats.speculation.verify_steps,
+        },
         "batch": {
             "configured": batch.configured,
             "mode": "batch",

@@ -67,6 +67,7 @@ def sampling(body: dict[str, Any]) -> SamplingRequest:
         frequency_penalty=number(body, "frequency_penalty", at_least=-2, at_most=2),
         logit_bias=logit_bias(body),
         seed=field(body, "seed", int),
+        speculate=field(body, "speculate", bool),
     )
 
 

@@ -1,0 +1,274 @@
+"""N-gram speculation: which rows guess this step, how many tokens, and what they learned.
+
+A decoding row may carry a draft of k guessed tokens (engine/ngram_draft.py) into a step: its
+last token and the k guesses are k + 1 generated-token positions, computed in the same forward
+as the other rows. The engine then samples those positions one after the other, exactly as k + 1
+decode steps would (the same sampler, the same row state, one uniform drawn per emitted token),
+and stops at the first sampled token that is not the next guess: that token is the bonus, the
+guesses before it are accepted, the rest are dropped and their KV slots are reused later.
+
+Why this is exact: a verification step is built as a decode step whose "rows" are the row's
+positions (runner.py): every position runs through the same per-token kernels (packed weights,
+paged attention over its own row's keys up to its position, the fused decode path) as a
+one-token decode step, and on the native kernels no token's result depends on the tokens beside
+it. So at temperature 0 the tokens are the ones plain decoding gives, and with a seed the draws
+are too (a rejected guess is no different from sampling p with that token ruled out, renormalised:
+speculative sampling with a point-mass draft). `exact_for` refuses models where that argument
+does not hold (PyTorch's own matmuls, longrope's per-step table switch): they never speculate.
+
+Adaptive, per row: a row's draft length grows while all its guesses land and shrinks to what
+landed otherwise; after MISSES_BEFORE_PAUSE drafts in a row with nothing accepted it stops
+guessing for a pause that doubles each time (up to MAX_PAUSE_STEPS) and then tries again.
+
+Per step (`auto`): a cost model decides how many guesses are worth verifying. The engine reports
+each decode step's forward time by its number of token rows (`observe`); a guess at depth i of a
+row whose guesses land at rate p yields p ** i tokens on average; the step verifies the guesses
+that maximise the expected tokens a second. Where extra rows are nearly free (on the native
+kernels each weight is read once for up to 8 token rows, and a step of a big model is bound by
+that read) most guesses are worth it; where they are not (a tiny model on few cores is bound by
+arithmetic, and a full batch already fills the rows), few or none are. `ngram` verifies every
+row's guesses whatever they cost. Steps that prefill a prompt, or preempted a row, never guess:
+they are not decode steps. Rows with a grammar or a readout never guess (their per-token masks
+make extra positions costly and their answers are short).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from modelhost.engine.kv.block_manager import BlockManager
+from modelhost.engine.ngram_draft import NgramIndex
+from modelhost.engine.scheduler import ScheduledRow, SchedulerOutput
+from modelhost.engine.sequence import Sequence
+
+if TYPE_CHECKING:
+    from modelhost.models.loaded import LoadedModel
+
+SpeculateMode = Literal["auto", "ngram", "none"]
+SPECULATE_MODES: tuple[SpeculateMode, ...] = ("auto", "ngram", "none")
+
+
+def speculate_mode(name: str) -> SpeculateMode:
+    """`name` as a mode (`--speculate`), or ValueError."""
+    for mode in SPECULATE_MODES:
+        if mode == name:
+            return mode
+    raise ValueError(f"speculate must be one of {', '.join(SPECULATE_MODES)}, not {name!r}")
+
+
+STEP_TIME_WEIGHT = 0.25  # of a decode step's latest time in its running average
+FIRST_RATE = 0.5  # a new row's guesses are assumed to land this often
+RATE_WEIGHT = 0.3  # of a verification's acceptance in the row's running rate
+RATE_RECOVERY = 0.05  # a step without guessing moves a row's rate this far back to FIRST_RATE
+START_K = 4
+MAX_K = 8
+MISSES_BEFORE_PAUSE = 3
+FIRST_PAUSE_STEPS = 8
+MAX_PAUSE_STEPS = 256
+
+
+@dataclass(slots=True)
+class RowSpeculation:
+    """One row's guessing state and its counts."""
+
+    index: NgramIndex = field(default_factory=NgramIndex)
+    k: int = START_K
+    misses: int = 0  # drafts in a row with nothing accepted
+    pause: int = 0  # steps left without guessing
+    next_pause: int = FIRST_PAUSE_STEPS
+    rate: float = FIRST_RATE  # running share of guesses accepted
+    drafted: int = 0
+    accepted: int = 0
+
+    def wants_to_guess(self) -> bool:
+        if self.pause > 0:
+            self.pause -= 1
+            return False
+        return True
+
+    def learn(self, num_drafted: int, num_accepted: int) -> None:
+        self.drafted += num_drafted
+        self.accepted += num_accepted
+        self.rate += RATE_WEIGHT * (num_accepted / num_drafted - self.rate)
+        if num_accepted == num_drafted:
+            self.k = min(MAX_K, self.k + 2)
+        else:
+            self.k = max(1, num_accepted + 1)
+        if num_accepted:
+            self.misses = 0
+            self.next_pause = FIRST_PAUSE_STEPS
+            return
+        self.misses += 1
+        if self.misses >= MISSES_BEFORE_PAUSE:
+            self.misses = 0
+            self.pause = self.next_pause
+            self.next_pause = min(MAX_PAUSE_STEPS, self.next_pause * 2)
+
+
+@dataclass(slots=True)
+class SpeculationCounts:
+    """Engine totals: guesses made and accepted, and steps that verified any."""
+
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    verify_steps: int = 0
+
+
+class Speculator:
+    """Attaches drafts to a scheduled step (`plan`) and keeps each row's state."""
+
+    def __init__(self, mode: SpeculateMode, exact: bool) -> None:
+        if mode not in SPECULATE_MODES:
+            raise ValueError(f"speculate must be one of {', '.join(SPECULATE_MODES)}")
+        self.mode: SpeculateMode = mode if exact else "none"
+        self.counts = SpeculationCounts()
+        self._rows: dict[int, RowSpeculation] = {}
+        self._step_s: dict[int, float] = {}  # a decode step's recent seconds, by token rows
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "none"
+
+    def forget(self, seq_id: int) -> None:
+        self._rows.pop(seq_id, None)
+
+    def plan(self, out: SchedulerOutput, block_manager: BlockManager, budget: int) -> bool:
+        """Give some decode rows of `out` a draft (row.draft, row.num_tokens grown, their
+        blocks appended); `budget` caps the step's tokens. Whether any row got one."""
+        if not self.enabled or out.preempted or not out.rows:
+            return False
+        if any(not _decoding(row) for row in out.rows):
+            return False
+        candidates: list[tuple[ScheduledRow, list[int], RowSpeculation]] = []
+        for row in out.rows:
+            seq = row.seq
+            if not _may_guess(seq):
+                continue
+            state = self._rows.get(seq.seq_id)
+            if state is None:
+                state = self._rows[seq.seq_id] = RowSpeculation()
+            if not state.wants_to_guess():
+                continue
+            # Never guess past max_tokens: the last position's bonus token is the last token.
+            room = seq.params.max_tokens - seq.num_generated_tokens - 1
+            draft = state.index.propose(seq.token_ids, min(state.k, room))
+            # Only free blocks: a guess never preempts a row.
+            draft = draft[: max(0, block_manager.max_appendable(seq, 1 + len(draft)) - 1)]
+            if draft:
+                candidates.append((row, draft, state))
+        lanes = budget - len(out.rows)
+        if self.mode == "auto":
+            counts = self._worth_it(len(out.rows), candidates, lanes)
+        else:
+            counts = []
+            for _, draft, _ in candidates:
+                counts.append(min(len(draft), max(0, lanes)))
+                lanes -= counts[-1]
+        planned = False
+        for (row, draft, state), count in zip(candidates, counts, strict=True):
+            if count == 0:
+                # Not worth it at the rate it had: drift back towards an untried row's, so a
+                # row judged on a bad stretch gets another chance later.
+                state.rate += RATE_RECOVERY * (FIRST_RATE - state.rate)
+                continue
+            block_manager.append_slots(row.seq, 1 + count)
+            row.draft = draft[:count]
+            row.num_tokens = 1 + count
+            planned = True
+        if planned:
+            self.counts.verify_steps += 1
+        return planned
+
+    def _worth_it(
+        self,
+        num_rows: int,
+        candidates: list[tuple[ScheduledRow, list[int], RowSpeculation]],
+        lanes: int,
+    ) -> list[int]:
+        """How many of each candidate's guesses to verify: the number that maximises the
+        expected tokens a second. A guess at depth i of a row whose guesses land at rate p
+        yields p ** i more tokens (it counts only if those before it landed), and a step of t
+        token rows takes the time such steps took lately (`observe`), or, for a size not seen
+        yet, that of the largest size seen below it: optimistic, so each size is tried once
+        and then judged by what it cost."""
+        gains = sorted(
+            (
+                (-(state.rate ** (depth + 1)), index)
+                for index, (_, draft, state) in enumerate(candidates)
+                for depth in range(len(draft))
+            ),
+        )[: max(0, lanes)]
+        best, best_rate, tokens = 0, num_rows / self._step_seconds(num_rows), float(num_rows)
+        for count, (gain, _) in enumerate(gains, 1):
+            tokens -= gain
+            rate = tokens / self._step_seconds(num_rows + count)
+            if rate > best_rate:
+                best, best_rate = count, rate
+        counts = [0] * len(candidates)
+        for _, index in gains[:best]:
+            counts[index] += 1
+        return counts
+
+    def _step_seconds(self, num_tokens: int) -> float:
+        seen = self._step_s
+        if num_tokens in seen:
+            return seen[num_tokens]
+        below = [seconds for size, seconds in seen.items() if size < num_tokens]
+        return max(below) if below else 1.0
+
+    def observe(self, out: SchedulerOutput, seconds: float) -> None:
+        """Record how long a step's forward took, if it was a decode step (guesses or not)."""
+        if not self.enabled or not out.rows:
+            return
+        if any(row.num_tokens != 1 + len(row.draft) or not _generated(row) for row in out.rows):
+            return
+        self.record_step(out.num_batched_tokens, seconds)
+
+    def record_step(self, num_tokens: int, seconds: float) -> None:
+        """A decode step of `num_tokens` token rows took `seconds`."""
+        last = self._step_s.get(num_tokens)
+        if last is None:
+            self._step_s[num_tokens] = seconds
+        else:
+            self._step_s[num_tokens] = last + STEP_TIME_WEIGHT * (seconds - last)
+
+    def learn(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
+        self.counts.draft_tokens += num_drafted
+        self.counts.accepted_tokens += num_accepted
+        state = self._rows.get(seq.seq_id)
+        if state is not None:
+            state.learn(num_drafted, num_accepted)
+
+
+def exact_for(model: LoadedModel) -> bool:
+    """Whether a verification step gives this model's decode logits bit for bit: every layer
+    on the native kernels (the fused decode path describes them all), its KV pool one they read
+    in place, and no longrope (whose table switches on a row's length within the step)."""
+    import torch  # here: the serve command's arguments read this module's modes
+
+    from modelhost.models.kernels import native
+
+    network = model.network
+    fused = getattr(network, "fused_decode", None)
+    return (
+        native.kernels() is not None
+        and model.device.type == "cpu"
+        and model.cache_dtype in (torch.float32, torch.float16)
+        and getattr(network, "rotary_long", None) is None
+        and fused is not None
+        and fused() is not None
+    )
+
+
+def _decoding(row: ScheduledRow) -> bool:
+    return row.num_tokens == 1 and _generated(row)
+
+
+def _generated(row: ScheduledRow) -> bool:
+    return row.samples and row.start >= row.seq.num_prompt_tokens
+
+
+def _may_guess(seq: Sequence) -> bool:
+    params = seq.params
+    return params.speculate and params.grammar is None and not params.readout_token_ids
