@@ -209,6 +209,14 @@ class SpareWorkers:
         log.info("[models] spare worker (pid %d) takes the load", spare.process.pid)
         return spare.process, spare.directory
 
+    def lost(self, process: subprocess.Popen[bytes]) -> None:
+        """A spare handed over that ended before it read its arguments (its death was not
+        seen in time to keep it from the load): it counts among the spares that died."""
+        self.deaths.record()
+        log.warning("[models] the spare worker (pid %d) had ended before it took the load "
+                    "(status %s); a new process starts instead",
+                    process.pid, process.returncode)  # fmt: skip
+
     # -- keeping one -----------------------------------------------------------------------
 
     async def _keep(self) -> None:

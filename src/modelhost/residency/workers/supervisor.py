@@ -188,6 +188,8 @@ class WorkerProcess:
             lost_spare = self.from_spare and not self._spare_took_over()  # before the reap
             await asyncio.to_thread(self._reap)
             if lost_spare:  # it died as it was handed its arguments: start afresh
+                assert self.spares is not None
+                self.spares.lost(self.process)
                 await self._start()
                 return
             self.state = "failed"
