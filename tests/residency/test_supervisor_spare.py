@@ -32,6 +32,10 @@ class DyingSpares:
 
     def __init__(self) -> None:
         self.handed: list[int] = []
+        self.lost_pids: list[int] = []
+
+    def lost(self, process: subprocess.Popen[bytes]) -> None:
+        self.lost_pids.append(process.pid)
 
     async def hand_over(self, command: list[str]) -> tuple[subprocess.Popen[bytes], Path]:
         directory = Path(tempfile.mkdtemp(prefix="modelhost-worker-"))
@@ -50,6 +54,7 @@ async def test_a_spare_that_dies_as_it_is_handed_a_model_is_replaced_by_a_new_pr
         assert worker.state == "ready" and worker.alive()
         assert worker.from_spare is False
         assert worker.pid not in spares.handed
+        assert spares.lost_pids == spares.handed  # the dead spare is reported to its pool
     finally:
         await worker.stop()
     assert not worker.alive()
