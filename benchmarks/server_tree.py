@@ -80,7 +80,12 @@ class ServerTree:
         self.started = time.perf_counter()
         with open(log, "wb") as out:
             self.process = subprocess.Popen(
-                self.argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                self.argv,
+                env=env,
+                stdin=subprocess.DEVNULL,  # llama-server's router ends on its stdin's EOF signals
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         _LIVE.add(self)
         self.interval_s = interval_s

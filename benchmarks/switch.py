@@ -55,10 +55,17 @@ from typing import Any
 
 import httpx
 from server_tree import ServerTree, install_cleanup
-from user_sized import LLAMA_SERVER_ARGS, LLAMA_SERVER_CANDIDATES, free_port, git_commit
+from user_sized import (
+    LLAMA_SERVER_ARGS,
+    LLAMA_SERVER_CANDIDATES,
+    free_port,
+    fresh_home,
+    git_commit,
+)
 from user_sized import read_through as read_into_page_cache
 
 from modelhost.bench import prompt_text
+from modelhost.paths import modelhost_home
 
 SYNTH = Path("/tmp/synth-models")
 DEFAULT_FILES = (SYNTH / "1b-q4_k_m.gguf", SYNTH / "3b-q4_k_m.gguf")
@@ -206,7 +213,12 @@ def run_server(
     log = workdir / f"{name}.log"
     result: dict[str, Any] = {"argv": server_argv(name, files, port, args), "visits": []}
     print(f"{name}: starting", flush=True)
-    with ServerTree(result["argv"], dict(os.environ), log) as tree:
+    env = dict(os.environ)
+    if name.startswith("modelhost"):  # its own home: no server's KV store serves another's
+        native = modelhost_home() / "cache" / "native"
+        home = fresh_home(workdir / "homes", native if native.is_dir() else None)
+        env["MODELHOST_HOME"] = str(home)
+    with ServerTree(result["argv"], env, log) as tree:
         wait_listening(tree, url, args.start_timeout)
         names = model_names(name, url, files)
         result["models"] = names
