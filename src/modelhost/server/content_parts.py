@@ -33,6 +33,14 @@ class FlatContent:
         return "\n".join(self.texts)
 
 
+def require_role(role: Any, roles: Collection[str], where: str, param: str) -> str:
+    """A message's `role`, one the surface takes (else a 400 naming them, in its order)."""
+    if role not in roles:
+        allowed = ", ".join(f"'{r}'" for r in roles)
+        raise InvalidRequest(f"{where}.role must be one of {allowed}", param=param)
+    return str(role)
+
+
 def flatten_content(
     content: Any,
     where: str,

@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 
 from modelhost.inference.contracts import GrammarSpec, InvalidRequest
 from modelhost.inference.tool_choice import forced_call
-from modelhost.server.content_parts import PartHandler, flatten_content, part_text
+from modelhost.server.content_parts import PartHandler, flatten_content, part_text, require_role
 from modelhost.server.http import ErrorShape
 from modelhost.server.openai import fields
 from modelhost.server.sse_frames import named_event
@@ -178,9 +178,7 @@ def template_messages(body: dict[str, Any]) -> tuple[list[dict[str, Any]], froze
         if not isinstance(message, dict):
             raise InvalidRequest(f"{where} must be an object", param="messages")
         role = message.get("role")
-        if role not in ROLES:
-            allowed = ", ".join(f"'{r}'" for r in ROLES)
-            raise InvalidRequest(f"{where}.role must be one of {allowed}", param="messages")
+        role = require_role(role, ROLES, where, "messages")
         if role == "system":
             system.append(system_text(message.get("content"), f"{where}.content"))
             continue

@@ -22,7 +22,7 @@ from typing import Any
 from starlette.responses import JSONResponse, Response
 
 from modelhost.inference.contracts import GrammarSpec, InvalidRequest, RequestError, SamplingRequest
-from modelhost.server.content_parts import flatten_content
+from modelhost.server.content_parts import flatten_content, require_role
 from modelhost.server.http import ErrorShape
 from modelhost.server.openai import fields
 
@@ -270,9 +270,7 @@ def template_messages(raw: Any) -> tuple[list[dict[str, Any]], frozenset[str]]:
         if not isinstance(message, dict):
             raise InvalidRequest(f"{where} must be an object", param="messages")
         role = message.get("role")
-        if role not in ROLES:
-            allowed = ", ".join(f"'{r}'" for r in ROLES)
-            raise InvalidRequest(f"{where}.role must be one of {allowed}", param="messages")
+        role = require_role(role, ROLES, where, "messages")
         text = flatten_content(message.get("content") or "", where, param="messages").text
         pictures = images(message.get("images"), f"{where}.images")
         if pictures:

@@ -27,7 +27,7 @@ from modelhost.inference.contracts import (
     InferenceResult,
     InvalidRequest,
 )
-from modelhost.server.content_parts import flatten_content
+from modelhost.server.content_parts import flatten_content, require_role
 from modelhost.server.exchange import Prepared, Reply, answer_inference
 from modelhost.server.http import EventStreamResponse, RequestLog
 from modelhost.server.openai import fields
@@ -160,9 +160,7 @@ def normalize_messages(raw: Any) -> tuple[list[dict[str, Any]], frozenset[str]]:
         role = message.get("role")
         if not isinstance(role, str):
             raise InvalidRequest(f"{where}.role must be of type str", param="messages")
-        if role not in ROLES:
-            allowed = ", ".join(f"'{r}'" for r in ROLES)
-            raise InvalidRequest(f"{where}.role must be one of {allowed}", param="messages")
+        role = require_role(role, ROLES, where, "messages")
         if role != "assistant":  # an assistant's turn may be only tool calls
             _require_content(message, where)
         out = dict(message)

@@ -23,7 +23,7 @@ from modelhost.inference.contracts import (
     RequestError,
     Usage,
 )
-from modelhost.server.content_parts import flatten_content
+from modelhost.server.content_parts import flatten_content, require_role
 from modelhost.server.http import ErrorShape
 from modelhost.server.openai import fields
 from modelhost.server.sse_frames import named_event
@@ -102,9 +102,7 @@ def template_messages(
         kind = item.get("type", "message")
         if kind == "message":
             role = item.get("role")
-            if role not in ROLES:
-                allowed = ", ".join(f"'{r}'" for r in ROLES)
-                raise InvalidRequest(f"{where}.role must be one of {allowed}", param="input")
+            role = require_role(role, ROLES, where, "input")
             text, media = _content(item.get("content"), where)
             has_media = has_media | media
             if role in ("system", "developer"):
