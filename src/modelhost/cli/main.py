@@ -13,6 +13,7 @@ from modelhost.cli.bench import add_bench_parser, run_bench_command
 from modelhost.cli.jobs import add_jobs_parser, run_jobs
 from modelhost.cli.kv import add_kv_parser, run_kv
 from modelhost.cli.ls import add_ls_parser, run_ls
+from modelhost.cli.pull import add_pull_parser, run_pull
 from modelhost.cli.serve_args import add_serve_parser
 from modelhost.models.modes import HELP as QUANTIZE_HELP
 from modelhost.models.modes import MODES
@@ -24,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     serve = add_serve_parser(subparsers)
     generate = _add_generate_parser(subparsers)
     add_ls_parser(subparsers)
+    add_pull_parser(subparsers)
     add_bench_parser(subparsers)
     add_jobs_parser(subparsers)
     add_kv_parser(subparsers)
@@ -44,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "ls":
         return run_ls(args)
+    if args.command == "pull":
+        return run_pull(args)
     if args.command == "bench":
         return run_bench_command(args)
     if args.command == "jobs":

@@ -12,7 +12,9 @@ Ids: `org/name` for Hugging Face layouts, the file stem for GGUF, the embedded i
 Besides generative models, an entry may be a sentence encoder (a BERT-family Hugging Face
 directory: `operations=("embed",)`) or a faster-whisper model directory (`("transcribe",)`).
 An id is only ever looked up among what a scan found, never turned into a path, and a file that
-resolves outside its root (a symlink out of the models folder) is skipped.
+resolves outside its root (a symlink out of the models folder) is skipped. Files a pull is
+still writing or checking (residency/pull/marker.py) are skipped too; a finished pull touches
+the hub folder, which makes the next lookup of an unknown id rescan at once.
 
 The estimate is what the model will hold once served and idle: its weights as the loader keeps
 them (on CPUs each tensor packed in its file's own quantization, or the `--quantize` mode's;
@@ -50,6 +52,7 @@ from modelhost.models.loading.footprint import held_bytes, unsupported_tensor
 from modelhost.models.loading.gguf_header import GGUFFile
 from modelhost.models.loading.hf_config import config_from_hf, read_json
 from modelhost.paths import file_cache_key, modelhost_home
+from modelhost.residency.pull.marker import files_being_pulled
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +128,7 @@ class ModelRegistry:
         self._read: dict[tuple[Path, int, int], ModelEntry | None] = {}  # by file signature
         self._entries: dict[str, ModelEntry] = {}
         self._scanned_at: float | None = None
+        self._hub_signature: int | None = None  # the hub folder's mtime at the last scan
 
     def entries(self) -> list[ModelEntry]:
         """Every local model, scanning the disk again."""
@@ -134,7 +138,7 @@ class ModelRegistry:
     def get(self, model_id: str) -> ModelEntry | None:
         """The entry of an exact local id; an id not seen yet may trigger a rescan."""
         stale = self._scanned_at is None or time.monotonic() - self._scanned_at > _RESCAN_S
-        if model_id not in self._entries and stale:
+        if model_id not in self._entries and (stale or self._hub_changed()):
             self.scan()
         return self._entries.get(model_id)
 
@@ -148,6 +152,10 @@ class ModelRegistry:
             found[entry.id] = entry
             seen.add(real)
         self._entries, self._scanned_at = found, time.monotonic()
+        self._hub_signature = _mtime_ns(self.hf_hub)
+
+    def _hub_changed(self) -> bool:
+        return _mtime_ns(self.hf_hub) != self._hub_signature
 
     def resolve_argument(self, name: str) -> ModelEntry | None:
         """A `serve` argument: a local id, or a path to a model (which joins the registry)."""
@@ -215,10 +223,12 @@ class ModelRegistry:
             snapshot = _snapshot(repo)
             if snapshot is None:
                 continue
-            if (snapshot / "config.json").is_file():
+            pulling = files_being_pulled(repo)
+            if (snapshot / "config.json").is_file() and "config.json" not in pulling:
                 yield from self._entry(f"{org}/{name}", snapshot, hub)
             for gguf_file in sorted(snapshot.glob("*.gguf")):
-                yield from self._entry(gguf_file.stem, gguf_file, hub)
+                if gguf_file.name not in pulling:
+                    yield from self._entry(gguf_file.stem, gguf_file, hub)
 
     def _entry(self, model_id: str, path: Path, root: Path) -> Iterator[ModelEntry]:
         if not _inside(path, root):
@@ -253,12 +263,9 @@ class ModelRegistry:
             if raw.get("model_type") in _ENCODER_TYPES:
                 return self._encoder(model_id, path, files, raw)
             size = sum(f.stat().st_size for f in files)
-            architecture = str(raw.get("model_type") or "llama")
             try:
-                family_for(architecture)
-                config = config_from_hf(raw)
-            except ValueError as exc:  # an unknown architecture, or rotary variant
-                refusal = UnservableArchitecture(architecture, str(exc))
+                architecture, config = hf_model_config(raw)
+            except UnservableArchitecture as refusal:
                 return _refused(model_id, path, "safetensors", refusal, size)
             tensors = [t for f in files for t in _safetensors_tensors(f)]
             fmt = "safetensors"
@@ -315,6 +322,55 @@ class UnservableArchitecture(ValueError):
     def __init__(self, architecture: str, reason: str) -> None:
         super().__init__(reason)
         self.architecture = architecture
+
+
+# What makes a model servable, from its header or config alone (a pull asks before it
+# downloads, with the header of a range request): the reasons `modelhost ls` gives.
+
+
+def gguf_model_config(gguf_file: GGUFFile) -> ModelConfig:
+    """A GGUF file's config; UnservableArchitecture when no family serves its architecture or
+    its hyper-parameters cannot be read."""
+    architecture = gguf_file.architecture
+    try:
+        family_for(architecture)
+        return gguf_file.config()
+    except ValueError as exc:  # an unknown architecture, or rotary variant
+        raise UnservableArchitecture(architecture, str(exc)) from exc
+    except (KeyError, TypeError) as exc:
+        reason = f"its {architecture} hyper-parameters cannot be read ({exc!r} is missing or bad)"
+        raise UnservableArchitecture(architecture, reason) from exc
+
+
+def hf_model_config(raw: dict[str, Any]) -> tuple[str, ModelConfig]:
+    """A generative Hugging Face config.json's architecture and config; UnservableArchitecture
+    when no family serves it."""
+    architecture = str(raw.get("model_type") or "llama")
+    try:
+        family_for(architecture)
+        return architecture, config_from_hf(raw)
+    except ValueError as exc:  # an unknown architecture, or rotary variant
+        raise UnservableArchitecture(architecture, str(exc)) from exc
+
+
+def gguf_refusal(gguf_file: GGUFFile) -> str | None:
+    """Why a GGUF file cannot be served (None: it can)."""
+    try:
+        gguf_model_config(gguf_file)
+    except UnservableArchitecture as exc:
+        return str(exc)
+    return unsupported_tensor((t["name"], t["type"], len(t["shape"])) for t in gguf_file.tensors)
+
+
+def hf_refusal(raw: dict[str, Any], tensors: Sequence[TensorEntry]) -> str | None:
+    """Why a Hugging Face folder of this config.json and these tensors cannot be served."""
+    if raw.get("model_type") in _ENCODER_TYPES:
+        return None
+    try:
+        hf_model_config(raw)
+    except UnservableArchitecture as exc:
+        return str(exc)
+    return unsupported_tensor((name, kind, len(dims)) for name, kind, dims in tensors)
 
 
 def _refused(
@@ -400,14 +456,7 @@ def _read_gguf(path: Path) -> tuple[ModelConfig, str, list[TensorEntry], int]:
 
     gguf_file = GGUFFile(path)
     architecture = gguf_file.architecture
-    try:
-        family_for(architecture)
-        config = gguf_file.config()
-    except ValueError as exc:  # an unknown architecture, or rotary variant
-        raise UnservableArchitecture(architecture, str(exc)) from exc
-    except (KeyError, TypeError) as exc:
-        reason = f"its {architecture} hyper-parameters cannot be read ({exc!r} is missing or bad)"
-        raise UnservableArchitecture(architecture, reason) from exc
+    config = gguf_model_config(gguf_file)
     tensors = [(t["name"], t["type"], tuple(reversed(t["shape"]))) for t in gguf_file.tensors]
     meta = {
         "version": _GGUF_META_VERSION,
@@ -428,6 +477,11 @@ def _safetensors_tensors(path: Path) -> list[TensorEntry]:
     with path.open("rb") as f:
         (length,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(length))
+    return safetensors_header_tensors(header)
+
+
+def safetensors_header_tensors(header: dict[str, Any]) -> list[TensorEntry]:
+    """The tensors a safetensors file's JSON header lists."""
     return [
         (name, footprint.safetensors_type(t["dtype"]), tuple(t["shape"]))
         for name, t in header.items()
@@ -443,6 +497,13 @@ def _snapshot(repo: Path) -> Path | None:
             return snapshot
     snapshots = [s for s in (repo / "snapshots").glob("*") if s.is_dir()]
     return max(snapshots, key=lambda s: s.stat().st_mtime) if snapshots else None
+
+
+def _mtime_ns(path: Path) -> int | None:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None
 
 
 def _inside(path: Path, root: Path) -> bool:

@@ -25,6 +25,18 @@ class GGUFFile:
         # load needs to read it, without parsing the header again.
         self.fields, self.tensors = read_header(path)
         self.architecture: str = self.field("general.architecture")
+        self._prefix: bytes | None = None
+
+    @classmethod
+    def from_prefix(cls, name: str, prefix: bytes, file_size: int) -> GGUFFile:
+        """The header of a file not on disk, from its first bytes (a range request's body);
+        raises HeaderTruncated when they end before what is read."""
+        gguf_file = cls.__new__(cls)
+        gguf_file.path = Path(name)
+        gguf_file.fields, gguf_file.tensors = parse_header(prefix, file_size, name)
+        gguf_file.architecture = gguf_file.field("general.architecture")
+        gguf_file._prefix = prefix
+        return gguf_file
 
     def field(self, key: str, default: Any = None) -> Any:
         return self.fields.get(key, default)
@@ -112,9 +124,13 @@ class GGUFFile:
         entry = next(t for t in self.tensors if t["name"] == name)
         if entry["type"] != 0:
             raise ValueError(f"{self.path}: {name} is not F32")
-        values = np.fromfile(
-            self.path, dtype=np.float32, count=math.prod(entry["shape"]), offset=entry["offset"]
-        )
+        count, offset = math.prod(entry["shape"]), entry["offset"]
+        if self._prefix is not None:  # a header read from a range request
+            if offset + 4 * count > len(self._prefix):
+                raise HeaderTruncated(offset + 4 * count)
+            values = np.frombuffer(self._prefix, dtype=np.float32, count=count, offset=offset)
+        else:
+            values = np.fromfile(self.path, dtype=np.float32, count=count, offset=offset)
         return tuple(float(v) for v in values)
 
     def _experts(self, count: int, tensor_names: set[str]) -> dict[str, Any]:
@@ -147,60 +163,88 @@ _ARRAYS = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: 
            6: np.float32, 7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}  # fmt: skip
 
 
+class HeaderTruncated(Exception):
+    """The bytes given end before the header does: `needed` is a length known to be short of
+    the end (read more than that and try again)."""
+
+    def __init__(self, needed: int) -> None:
+        super().__init__(f"the GGUF header goes on past byte {needed}")
+        self.needed = needed
+
+
 def read_header(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The metadata fields (arrays as lists) and the tensor table of a GGUF file (version 2 or
     3). A plain reading of the format: `gguf`'s reader builds an object per array element,
     which takes seconds for a large vocabulary."""
     with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        magic, version, tensor_count, field_count = struct.unpack_from("<4sIQQ", data, 0)
-        if magic != b"GGUF" or version not in (2, 3):
-            raise ValueError(f"{path} is not a GGUF file of version 2 or 3")
-        at = 24
+        return parse_header(data, len(data), str(path))
 
-        def string() -> str:
-            nonlocal at
-            (size,) = struct.unpack_from("<Q", data, at)
-            at += 8 + size
-            return data[at - size : at].decode("utf-8", errors="replace")
 
-        def value(kind: int) -> Any:
-            nonlocal at
-            if kind == 8:
-                return string()
-            if kind == 9:
-                item, count = struct.unpack_from("<IQ", data, at)
-                at += 12
-                if item in _ARRAYS:
-                    array: np.ndarray = np.frombuffer(
-                        data, dtype=_ARRAYS[item], count=count, offset=at
-                    )
-                    at += array.nbytes
-                    return array.tolist()
-                return [value(item) for _ in range(count)]
-            (result,) = struct.unpack_from(_SCALARS[kind], data, at)
-            at += struct.calcsize(_SCALARS[kind])
-            return result
+def parse_header(
+    data: bytes | mmap.mmap, file_size: int, name: str
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """`read_header` of a file of `file_size` bytes whose first bytes are `data` (all of them,
+    or a prefix: HeaderTruncated when the header does not end inside it)."""
+    try:
+        return _parse_header(data, file_size, name)
+    except (struct.error, IndexError) as exc:
+        raise HeaderTruncated(len(data)) from exc
 
-        fields: dict[str, Any] = {}
-        for _ in range(field_count):
-            key = string()
-            (kind,) = struct.unpack_from("<I", data, at)
-            at += 4
-            fields[key] = value(kind)
-        tensors = []
-        for _ in range(tensor_count):
-            name = string()
-            (dims,) = struct.unpack_from("<I", data, at)
-            shape = list(struct.unpack_from(f"<{dims}Q", data, at + 4))
-            kind, offset = struct.unpack_from("<IQ", data, at + 4 + 8 * dims)
-            at += 4 + 8 * dims + 12
-            tensors.append({"name": name, "type": kind, "shape": shape, "offset": offset})
-        alignment = int(fields.get("general.alignment", 32))
-        start = -(-at // alignment) * alignment
-        size = len(data)
+
+def _parse_header(
+    data: bytes | mmap.mmap, file_size: int, name: str
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    magic, version, tensor_count, field_count = struct.unpack_from("<4sIQQ", data, 0)
+    if magic != b"GGUF" or version not in (2, 3):
+        raise ValueError(f"{name} is not a GGUF file of version 2 or 3")
+    at = 24
+
+    def string() -> str:
+        nonlocal at
+        (size,) = struct.unpack_from("<Q", data, at)
+        at += 8 + size
+        if at > len(data):
+            raise IndexError(at)
+        return data[at - size : at].decode("utf-8", errors="replace")
+
+    def value(kind: int) -> Any:
+        nonlocal at
+        if kind == 8:
+            return string()
+        if kind == 9:
+            item, count = struct.unpack_from("<IQ", data, at)
+            at += 12
+            if item in _ARRAYS:
+                width = np.dtype(_ARRAYS[item]).itemsize
+                if at + count * width > len(data):
+                    raise IndexError(at + count * width)
+                array: np.ndarray = np.frombuffer(data, dtype=_ARRAYS[item], count=count, offset=at)
+                at += array.nbytes
+                return array.tolist()
+            return [value(item) for _ in range(count)]
+        (result,) = struct.unpack_from(_SCALARS[kind], data, at)
+        at += struct.calcsize(_SCALARS[kind])
+        return result
+
+    fields: dict[str, Any] = {}
+    for _ in range(field_count):
+        key = string()
+        (kind,) = struct.unpack_from("<I", data, at)
+        at += 4
+        fields[key] = value(kind)
+    tensors = []
+    for _ in range(tensor_count):
+        tensor_name = string()
+        (dims,) = struct.unpack_from("<I", data, at)
+        shape = list(struct.unpack_from(f"<{dims}Q", data, at + 4))
+        kind, offset = struct.unpack_from("<IQ", data, at + 4 + 8 * dims)
+        at += 4 + 8 * dims + 12
+        tensors.append({"name": tensor_name, "type": kind, "shape": shape, "offset": offset})
+    alignment = int(fields.get("general.alignment", 32))
+    start = -(-at // alignment) * alignment
     # A tensor's size from its type, or (a type `gguf` does not know) up to the next one.
     by_offset = sorted(tensors, key=lambda t: t["offset"])
-    ends = [t["offset"] for t in by_offset[1:]] + [size - start]
+    ends = [t["offset"] for t in by_offset[1:]] + [file_size - start]
     for tensor, end in zip(by_offset, ends, strict=True):
         known = _known_bytes(tensor["type"], tensor["shape"])
         tensor["nbytes"] = known if known is not None else end - tensor["offset"]

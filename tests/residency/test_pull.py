@@ -1,0 +1,173 @@
+"""Pulling from the hub (a stand-in on loopback, HF_ENDPOINT): the files a reference means,
+the checks before any weight is fetched, resumption, checksums, and what a failed pull leaves
+(nothing that lists as a model)."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from pathlib import Path
+
+import pytest
+from hub_standin import StandInHub
+from pull_world import ALIEN_REPO, GGUF_REPO, HF_REPO, ODD_REPO, hub, hub_cache, hub_files
+
+from modelhost.cli.main import main
+from modelhost.residency.pull.marker import pulling
+from modelhost.residency.pull.puller import PullCancelled, PullProgress, fetch, prepare
+from modelhost.residency.pull.reference import HubReference, PullError, parse_reference
+from modelhost.residency.registry import ModelRegistry
+
+__all__ = ["hub", "hub_files"]  # fixtures
+
+
+def listed(tmp_path: Path) -> dict[str, str | None]:
+    """What the registry lists from the cache: id -> refusal."""
+    registry = ModelRegistry([], home=tmp_path / "home", embedded=False)
+    return {entry.id: entry.refusal for entry in registry.entries()}
+
+
+def pull(name: str) -> Path:
+    return fetch(prepare(name))
+
+
+def got(hub: StandInHub, repo: str) -> set[str]:
+    """The files whose bodies were fetched whole (not a header's range)."""
+    return {f.file for f in hub.fetches if f.repo == repo and f.method == "GET" and not f.range}
+
+
+def test_a_reference_names_a_repo_and_a_quantization():
+    assert parse_reference("hf.co/bartowski/Llama-3B-GGUF:q4_k_m") == HubReference(
+        "bartowski/Llama-3B-GGUF", "q4_k_m"
+    )
+    assert parse_reference("https://huggingface.co/org/name") == HubReference("org/name", None)
+    assert parse_reference("org/name:latest") == HubReference("org/name", None)
+    with pytest.raises(PullError, match="is not a Hugging Face repo") as error:
+        parse_reference("llama3.2")
+    assert error.value.status == 400
+
+
+def test_a_gguf_repo_gives_the_file_of_the_quantization_asked_in_any_case(hub, tmp_path, capsys):
+    assert main(["pull", f"hf.co/{GGUF_REPO}:q8_0"]) == 0
+    assert capsys.readouterr().out.strip() == "Tiny-Q8_0"
+    assert got(hub, GGUF_REPO) == {"Tiny-Q8_0.gguf"}
+    assert listed(tmp_path) == {"Tiny-Q8_0": None}
+
+
+def test_a_gguf_repo_gives_q4_k_m_when_no_quantization_is_named(hub, tmp_path):
+    path = pull(GGUF_REPO)
+    assert path.name == "Tiny-Q4_K_M.gguf" and path.is_relative_to(hub_cache(tmp_path))
+    assert got(hub, GGUF_REPO) == {"Tiny-Q4_K_M.gguf"}
+    assert listed(tmp_path) == {"Tiny-Q4_K_M": None}
+
+
+def test_a_quantization_the_repo_lacks_is_a_404_naming_those_it_has(hub, tmp_path):
+    with pytest.raises(PullError) as error:
+        prepare(f"{GGUF_REPO}:Q2_K")
+    assert error.value.status == 404
+    assert "no Q2_K GGUF file" in error.value.message and "Q8_0" in error.value.message
+
+
+def test_a_safetensors_repo_gives_the_files_a_model_needs_config_last(hub, tmp_path):
+    plan = prepare(HF_REPO)
+    names = [f.name for f in plan.files]
+    assert names[0] == "model.safetensors" and names[-1] == "config.json"
+    assert "README.md" not in names and "tokenizer.json" in names
+    path = fetch(plan)
+    assert (path / "config.json").is_file() and (path / "model.safetensors").is_file()
+    assert listed(tmp_path) == {HF_REPO: None}
+
+
+def test_a_connection_cut_short_resumes_from_what_was_written(hub, tmp_path):
+    data = hub.repos[GGUF_REPO].files["Tiny-Q4_K_M.gguf"]
+    # Cut past the hub client's first 10 MiB chunk: it writes whole chunks, resumes after them.
+    hub.repos[GGUF_REPO].cut_once["Tiny-Q4_K_M.gguf"] = len(data) - (1 << 20)
+    path = pull(f"{GGUF_REPO}:Q4_K_M")
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == hashlib.sha256(data).hexdigest()
+    gets = [f for f in hub.fetches if f.file == "Tiny-Q4_K_M.gguf" and f.method == "GET"]
+    first_cut = next(f for f in gets if not f.range)
+    assert first_cut.sent == len(data) - (1 << 20)
+    resumed = gets[gets.index(first_cut) + 1]
+    resumed_from = len(data) - resumed.sent
+    assert 0 < resumed_from <= first_cut.sent  # not from the start
+    assert resumed.range == f"bytes={resumed_from}-"
+    assert listed(tmp_path) == {"Tiny-Q4_K_M": None}
+
+
+def test_a_checksum_mismatch_removes_the_file_and_nothing_is_listed(hub, tmp_path):
+    hub.repos[GGUF_REPO].wrong_sha256.add("Tiny-Q4_K_M.gguf")
+    with pytest.raises(PullError, match="does not match the hub's checksum") as error:
+        pull(GGUF_REPO)
+    assert error.value.status == 502
+    assert listed(tmp_path) == {}
+    cached = [p for p in hub_cache(tmp_path).rglob("*") if p.is_file() and "blobs" in p.parts]
+    assert cached == []
+
+
+def test_an_unsupported_quantization_is_refused_from_its_header_alone(hub, hub_files, tmp_path):
+    with pytest.raises(PullError) as error:
+        prepare(ODD_REPO)
+    assert error.value.status == 400
+    # The reason `modelhost ls` gives for the same file on disk.
+    local = ModelRegistry([hub_files[ODD_REPO]["Odd-IQ4_XS.gguf"]], embedded=False)
+    [entry] = local.entries()
+    assert error.value.message == f"Odd-IQ4_XS.gguf cannot be served: {entry.refusal}"
+    assert "IQ4_XS" in error.value.message
+    size = len(hub.repos[ODD_REPO].files["Odd-IQ4_XS.gguf"])
+    gets = [f for f in hub.fetches if f.repo == ODD_REPO and f.method == "GET"]
+    assert gets and all(f.range for f in gets)  # range requests only
+    assert hub.sent(ODD_REPO, "Odd-IQ4_XS.gguf") < size // 4  # the header, not the weights
+    assert listed(tmp_path) == {}
+
+
+def test_an_unsupported_architecture_is_refused_before_its_weights_are_fetched(hub, tmp_path):
+    with pytest.raises(PullError, match="rwkv7") as error:
+        prepare(ALIEN_REPO)
+    assert error.value.status == 400
+    weights = len(hub.repos[ALIEN_REPO].files["model.safetensors"])
+    assert 0 < hub.sent(ALIEN_REPO, "model.safetensors") < weights // 4
+    assert listed(tmp_path) == {}
+
+
+def test_an_unknown_repo_is_a_404_naming_it(hub):
+    with pytest.raises(PullError) as error:
+        prepare("nobody/no-such-model:Q4_K_M")
+    assert error.value.status == 404
+    assert "'nobody/no-such-model' was not found" in error.value.message
+
+
+def test_a_gated_repo_without_a_token_is_a_401_that_says_what_to_do(hub, monkeypatch, tmp_path):
+    hub.repos[GGUF_REPO].gated = True
+    with pytest.raises(PullError) as error:
+        prepare(GGUF_REPO)
+    assert error.value.status == 401
+    assert "gated" in error.value.message and "HF_TOKEN" in error.value.message
+    monkeypatch.setenv("HF_TOKEN", hub.token)
+    pull(GGUF_REPO)
+    assert listed(tmp_path) == {"Tiny-Q4_K_M": None}
+
+
+def test_a_cancelled_pull_leaves_nothing_listed(hub, tmp_path):
+    cancel = threading.Event()
+
+    def report(progress: PullProgress) -> None:
+        if progress.completed:  # the first bytes arrived
+            cancel.set()
+
+    with pytest.raises(PullCancelled):
+        fetch(prepare(GGUF_REPO), report, cancel=cancel)
+    assert listed(tmp_path) == {}
+    assert not [p for p in hub_cache(tmp_path).rglob("*.incomplete")]
+
+
+def test_files_a_pull_is_still_writing_are_not_listed(hub, tmp_path):
+    pull(GGUF_REPO)
+    repo_dir = hub_cache(tmp_path) / f"models--{GGUF_REPO.replace('/', '--')}"
+    with pulling(repo_dir, ["Tiny-Q4_K_M.gguf"]):
+        assert listed(tmp_path) == {}
+    assert listed(tmp_path) == {"Tiny-Q4_K_M": None}
+
+
+def test_the_cli_says_why_a_pull_is_refused(hub, capsys):
+    assert main(["pull", "nobody/nothing"]) == 1
+    assert "modelhost pull: repo 'nobody/nothing' was not found" in capsys.readouterr().err
