@@ -66,6 +66,9 @@ class StandInHub:
         """Body bytes of `name` sent so far (GETs)."""
         return sum(f.sent for f in self.fetches if f.repo == repo_id and f.file == name)
 
+    def sha256(self, repo_id: str, name: str) -> str:
+        return hashlib.sha256(self.repos[repo_id].files[name]).hexdigest()
+
     def start(self) -> StandInHub:
         self.thread.start()
         return self

@@ -307,10 +307,18 @@ def test_embedding_with_a_chat_model_is_a_400(client: ollama.Client) -> None:
     assert raised.value.status_code == 400
 
 
-def test_pull_is_not_available_yet(client: ollama.Client) -> None:
+def test_pulling_an_ollama_library_name_is_a_400_asking_for_a_hub_repo(
+    client: ollama.Client,
+) -> None:
     with pytest.raises(ollama.ResponseError) as raised:
         client.pull("llama3.2")
-    assert raised.value.status_code == 501 and "not available yet" in raised.value.error
+    assert raised.value.status_code == 400 and "USER/REPO[:QUANT]" in raised.value.error
+
+
+def test_push_is_not_offered(client: ollama.Client) -> None:
+    with pytest.raises(ollama.ResponseError) as raised:
+        client.push("smollm2-135m-instruct")
+    assert raised.value.status_code == 501 and "not offered" in raised.value.error
 
 
 def test_an_unknown_model_in_a_stream_is_refused_before_it_opens(client: ollama.Client) -> None:

@@ -26,6 +26,7 @@ from modelhost.server.front.worker_proxy import Forwarded
 from modelhost.server.http import ErrorShape, EventStreamResponse
 from modelhost.server.ollama import generation as ollama
 from modelhost.server.ollama import models as ollama_models
+from modelhost.server.ollama import pull as ollama_pull
 from modelhost.server.ollama import wire as ollama_wire
 from modelhost.server.ollama.wire import OLLAMA_ERRORS
 from modelhost.server.openai import audio_routes as audio
@@ -58,6 +59,9 @@ class Route:
     # For a surface whose requests say how long their model stays resident: the seconds a
     # buffered body asks for (below 0: pinned; 0: let go after this response), None if none.
     keep_alive: KeepAlive | None = None
+    # An operator action on the server (Ollama's pull): guarded as load and unload are, so a
+    # --cors-origin page does not reach it (edge/access.py).
+    operator: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +211,7 @@ SURFACES = Surfaces(
                 Route("GET", "/api/tags", ollama_models.tags),
                 Route("GET", "/api/ps", ollama_models.running),
                 Route("GET", "/api/version", ollama_models.version),
+                Route("POST", "/api/pull", ollama_pull.pull, operator=True),
                 *(
                     Route(
                         "DELETE" if path == "/api/delete" else "POST",

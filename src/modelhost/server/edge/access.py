@@ -12,9 +12,9 @@ hostname resolve to 127.0.0.1. The guard refuses both with `403 {error:{message,
   `cross_origin`.
 - `Sec-Fetch-Site`, when present, must be `same-origin` or `none` (or come with an allowed
   `--cors-origin`). Otherwise `cross_site`.
-- An operator action (anything but GET under `/api/`: load, unload, pin, jobs; a surface's
-  own routes there, Ollama's, are none) must be same-origin in both: a `--cors-origin` opens
-  the API to a page, not the server's controls.
+- An operator action (anything but GET under `/api/`: load, unload, pin, jobs, Ollama's pull;
+  a surface's other routes there, Ollama's chat and the rest, are none) must be same-origin in
+  both: a `--cors-origin` opens the API to a page, not the server's controls.
 
 Clients that send none of these headers (curl, the SDKs) pass. With `--api-key`, every route but
 `/health` and the console's page and files (they hold no data: observability/console.py) also needs
@@ -89,7 +89,7 @@ def edge(
         wrapped,
         bind_host=settings.host,
         allowed_origins=settings.cors_origins,
-        surface_paths=frozenset(route.path for route in surfaces.routes()),
+        surface_paths=frozenset(route.path for route in surfaces.routes() if not route.operator),
     )
     return ObservedRequests(wrapped, metrics, observers)
 

@@ -1,6 +1,6 @@
 """Ollama's model routes: `GET /api/version`, `GET /api/tags`, `POST /api/show`, `GET /api/ps`,
 `POST /api/embed` and the older `POST /api/embeddings`; and the model-management routes this
-server does not offer yet (pull, push, create, copy, delete), each a 501 that says so.
+server does not offer (push, create, copy, delete), each a 501 that says so (pull is pull.py's).
 
 What a model is and can do comes from its files and its family record (`residency.model_facts`)
 without loading it: `capabilities` are `completion` (it generates), `tools` (it has a chat
@@ -292,11 +292,9 @@ async def embeddings(request: Request) -> Response:
 
 
 # ---------------------------------------------------------------------------------------------
-# Not offered (yet)
+# Not offered
 
 NOT_OFFERED = {
-    "/api/pull": "pulling is not available yet: put a GGUF file or a Hugging Face folder in "
-    "MODELHOST_HOME/models (or the Hugging Face cache) and it is listed at once",
     "/api/push": "pushing models is not offered by this server",
     "/api/create": "creating models is not offered: modelhost serves model files as they are",
     "/api/copy": "copying models is not offered by this server",
