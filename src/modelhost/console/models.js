@@ -1,7 +1,8 @@
 // Models: every local model, its state and bytes against the budget, its rows and recent
-// tokens per second; load, unload, pin and unpin through /api/models/{id}/{action}.
+// tokens per second; load, unload, pin and unpin through /api/models/{id}/{action}; a pull
+// from the Hugging Face hub through Ollama's /api/pull, its NDJSON progress on a bar.
 
-import { get, metricSum, parseMetrics, post } from "./api.js";
+import { get, metricSum, parseMetrics, post, request } from "./api.js";
 import { sparkline } from "./chart.js";
 import { $, bytes, el, num, replace, say } from "./dom.js";
 
@@ -22,6 +23,7 @@ export function models() { return listing; }
 export function onModels(fn) { listeners.add(fn); if (listing.length) fn(listing); }
 
 export function init() {
+  $("#pull-form").addEventListener("submit", (event) => { event.preventDefault(); pull(); });
   setInterval(sample, SAMPLE_S * 1000);
   setInterval(() => { if (!$("#view-models").hidden) refreshRows(); }, SAMPLE_S * 1000);
   refresh();
@@ -169,4 +171,51 @@ function renderBudget() {
     kvStore ? el("div", { id: "kv-store-text", class: "muted small" },
       `KV store on disk: ${bytes(kvStore.bytes)} of ${bytes(kvStore.budget_bytes)} ` +
       `(${kvStore.files} blocks, prompts kept across switches and restarts)`) : null);
+}
+
+// A pull: one NDJSON line per step ({status}, a file's {digest, total, completed}, or {error}).
+async function pull() {
+  const input = $("#pull-model"), button = $("#pull-button");
+  const bar = $("#pull-progress"), status = $("#pull-status");
+  const name = input.value.trim();
+  if (!name) return;
+  button.disabled = input.disabled = true;
+  bar.hidden = false;
+  bar.value = 0;
+  status.className = "muted small";
+  status.textContent = `${name}: starting…`;
+  const show = (line) => {
+    if (line.error) throw new Error(line.error);
+    if (line.total) {
+      bar.value = line.completed / line.total;
+      status.textContent = `${name}: ${line.status} ${bytes(line.completed)} of ${bytes(line.total)}`;
+    } else {
+      status.textContent = `${name}: ${line.status}`;
+    }
+  };
+  try {
+    const response = await request("/api/pull", { method: "POST", json: { model: name }, raw: true });
+    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += value;
+      const lines = buffer.split("\n");
+      buffer = lines.pop();
+      for (const line of lines) if (line.trim()) show(JSON.parse(line));
+    }
+    if (buffer.trim()) show(JSON.parse(buffer));
+    bar.value = 1;
+    say(`${name}: pulled`);
+    input.value = "";
+  } catch (error) {
+    status.className = "error small";
+    status.textContent = `${name}: ${error.message}`;
+    bar.hidden = true;
+    say(`Pull ${name}: ${error.message}`, "error");
+  } finally {
+    button.disabled = input.disabled = false;
+    await refresh();
+  }
 }
