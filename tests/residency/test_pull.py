@@ -109,7 +109,8 @@ def test_an_unsupported_quantization_is_refused_from_its_header_alone(hub, hub_f
         prepare(ODD_REPO)
     assert error.value.status == 400
     # The reason `modelhost ls` gives for the same file on disk.
-    local = ModelRegistry([hub_files[ODD_REPO]["Odd-IQ4_XS.gguf"]], embedded=False)
+    odd = hub_files[ODD_REPO]["Odd-IQ4_XS.gguf"]
+    local = ModelRegistry([odd], home=tmp_path / "home", hf_hub=tmp_path / "none", embedded=False)
     [entry] = local.entries()
     assert error.value.message == f"Odd-IQ4_XS.gguf cannot be served: {entry.refusal}"
     assert "IQ4_XS" in error.value.message
@@ -171,3 +172,24 @@ def test_files_a_pull_is_still_writing_are_not_listed(hub, tmp_path):
 def test_the_cli_says_why_a_pull_is_refused(hub, capsys):
     assert main(["pull", "nobody/nothing"]) == 1
     assert "modelhost pull: repo 'nobody/nothing' was not found" in capsys.readouterr().err
+
+
+def test_offline_a_pull_is_a_503_that_says_why(hub, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(PullError, match="HF_HUB_OFFLINE is set") as error:
+        prepare(GGUF_REPO)
+    assert error.value.status == 503
+    assert hub.fetches == []
+
+
+def test_a_pull_already_in_the_cache_fetches_no_weights_again(hub, tmp_path):
+    def whole_gets() -> int:
+        return sum(1 for f in hub.fetches if f.method == "GET" and not f.range)
+
+    pull(GGUF_REPO)
+    assert whole_gets() == 1
+    pull(GGUF_REPO)  # its header is read again (ranges), its checksum checked again
+    assert whole_gets() == 1
+    assert listed(tmp_path) == {"Tiny-Q4_K_M": None}
