@@ -193,3 +193,16 @@ def test_a_pull_already_in_the_cache_fetches_no_weights_again(hub, tmp_path):
     pull(GGUF_REPO)  # its header is read again (ranges), its checksum checked again
     assert whole_gets() == 1
     assert listed(tmp_path) == {"Tiny-Q4_K_M": None}
+
+
+def test_a_pull_that_does_not_fit_on_the_disk_is_a_507_before_any_weight(hub, monkeypatch):
+    from modelhost.residency.pull import checks
+
+    class Full:
+        free = 1 << 20
+
+    monkeypatch.setattr(checks.shutil, "disk_usage", lambda path: Full())
+    with pytest.raises(PullError, match="not enough free disk") as error:
+        prepare(GGUF_REPO)
+    assert error.value.status == 507
+    assert got(hub, GGUF_REPO) == set()
