@@ -206,3 +206,17 @@ def test_a_pull_that_does_not_fit_on_the_disk_is_a_507_before_any_weight(hub, mo
         prepare(GGUF_REPO)
     assert error.value.status == 507
     assert got(hub, GGUF_REPO) == set()
+
+
+def test_the_name_a_pull_took_finds_the_pulled_model(hub, tmp_path):
+    pull(f"{GGUF_REPO}:Q8_0")
+    pull(HF_REPO)
+    registry = ModelRegistry([], home=tmp_path / "home", embedded=False)
+    for name, model_id in (
+        (f"hf.co/{GGUF_REPO}:q8_0", "Tiny-Q8_0"),
+        (f"{GGUF_REPO}:Q8_0", "Tiny-Q8_0"),
+        (f"hf.co/{HF_REPO}:latest", HF_REPO),
+    ):
+        entry = registry.get(name)
+        assert entry is not None and entry.id == model_id, name
+    assert registry.get(f"{GGUF_REPO}:Q4_K_M") is None  # not pulled

@@ -70,6 +70,12 @@ def test_the_ollama_client_pulls_with_progress_and_the_model_answers_at_once(ser
     assert "Tiny-Q8_0" in {m["id"] for m in models}
     reply = client.generate(model="Tiny-Q8_0", prompt="hi", options={"num_predict": 2})
     assert reply.done and reply.eval_count
+    # The name it was pulled by answers too, as Ollama's own hf.co pulls do.
+    reply = client.generate(
+        model=f"hf.co/{GGUF_REPO}:Q8_0", prompt="hi", options={"num_predict": 2}
+    )
+    assert reply.done and reply.eval_count
+    assert [m.model for m in client.ps().models] == ["Tiny-Q8_0:latest"]  # one model, one unit
 
 
 def test_a_pull_without_streaming_answers_success_once(served):

@@ -53,6 +53,8 @@ from modelhost.models.loading.gguf_header import GGUFFile
 from modelhost.models.loading.hf_config import config_from_hf, read_json
 from modelhost.paths import file_cache_key, modelhost_home
 from modelhost.residency.pull.marker import files_being_pulled
+from modelhost.residency.pull.plan import quant_files
+from modelhost.residency.pull.reference import PullError, parse_reference
 
 log = logging.getLogger(__name__)
 
@@ -136,11 +138,32 @@ class ModelRegistry:
         return list(self._entries.values())
 
     def get(self, model_id: str) -> ModelEntry | None:
-        """The entry of an exact local id; an id not seen yet may trigger a rescan."""
+        """The entry of an exact local id, or of the name a pull took (`pulled`); an id not
+        seen yet may trigger a rescan."""
         stale = self._scanned_at is None or time.monotonic() - self._scanned_at > _RESCAN_S
         if model_id not in self._entries and (stale or self._hub_changed()):
             self.scan()
-        return self._entries.get(model_id)
+        return self._entries.get(model_id) or self.pulled(model_id)
+
+    def pulled(self, name: str) -> ModelEntry | None:
+        """The model in the hub cache that a pull's name means (`hf.co/USER/REPO:Q4_K_M`, as
+        Ollama names what it pulls from the hub): the repo's GGUF file of that quantization,
+        or its safetensors folder."""
+        if "/" not in name:
+            return None
+        try:
+            reference = parse_reference(name)
+        except PullError:
+            return None
+        repo_dir = self.hf_hub / f"models--{reference.repo_id.replace('/', '--')}"
+        inside = [e for e in self._entries.values() if e.path.is_relative_to(repo_dir)]
+        ggufs = {e.path.name: e for e in inside if e.format == "gguf"}
+        picked = quant_files(list(ggufs), reference.quant)
+        if picked:
+            return ggufs[picked[0]]
+        if reference.quant is None:
+            return next((e for e in inside if e.format != "gguf"), None)
+        return None
 
     def scan(self) -> None:
         found: dict[str, ModelEntry] = {}

@@ -107,11 +107,21 @@ def _tokens(name: str) -> list[str]:
     return [t for t in re.split(r"[-./]", _SPLIT.sub(".gguf", name).lower()) if t]
 
 
+def quant_files(names: list[str], quant: str | None) -> list[str]:
+    """The GGUF file names (no vision projector) a quantization picks, best first: those whose
+    name holds it as a whole token, in any case; with none named, Q4_K_M's, or the only one."""
+    ggufs = [n for n in names if n.lower().endswith(".gguf") and not _is_projector(n)]
+    wanted = (quant or DEFAULT_QUANT).lower()
+    matches = sorted(n for n in ggufs if wanted in _tokens(n))
+    if not matches and quant is None and len(ggufs) == 1:
+        return ggufs  # a repo of one GGUF: that one, whatever its quantization
+    return matches
+
+
 def _gguf_choice(reference: HubReference, ggufs: list[HubFile]) -> HubFile:
     wanted = (reference.quant or DEFAULT_QUANT).lower()
-    matches = sorted((f for f in ggufs if wanted in _tokens(f.name)), key=lambda f: f.name)
-    if not matches and reference.quant is None and len(ggufs) == 1:
-        matches = ggufs  # a repo of one GGUF: that one, whatever its quantization
+    by_name = {f.name: f for f in ggufs}
+    matches = [by_name[n] for n in quant_files(list(by_name), reference.quant)]
     if not matches:
         offered = sorted(
             {t.upper() for f in ggufs for t in _tokens(f.name) if _QUANT_TOKEN.match(t)}
