@@ -8,7 +8,8 @@ Places, in order (the first to claim an id keeps it):
 - the Hugging Face cache (`HF_HUB_CACHE`, `HF_HOME/hub`, or ~/.cache/huggingface/hub):
   `models--org--name/snapshots/<rev>/`, the revision `refs/main` names (else the newest).
 
-Ids: `org/name` for Hugging Face layouts, the file stem for GGUF, the embedded ids as they are.
+Ids: `org/name` for Hugging Face layouts, the file stem for GGUF, the embedded ids as they are;
+a model in the hub cache also answers to the name a pull took (`hf.co/org/name:QUANT`).
 Besides generative models, an entry may be a sentence encoder (a BERT-family Hugging Face
 directory: `operations=("embed",)`) or a faster-whisper model directory (`("transcribe",)`).
 An id is only ever looked up among what a scan found, never turned into a path, and a file that
