@@ -100,6 +100,12 @@ def hub_errors(reference: HubReference) -> Iterator[None]:
         ) from exc
     except HfHubHTTPError as exc:
         status = getattr(getattr(exc, "response", None), "status_code", None)
+        if status in (401, 403):
+            raise PullError(
+                401,
+                f"the hub refused access to '{repo}' ({status}): check HF_TOKEN "
+                "(a token that can read the repo, and the repo's terms accepted)",
+            ) from exc
         raise PullError(502, f"the hub answered {status}: {str(exc).splitlines()[0]}") from exc
     except (httpx2.TransportError, ConnectionError) as exc:
         raise PullError(502, f"the hub at {hub_endpoint()} could not be reached: {exc}") from exc
