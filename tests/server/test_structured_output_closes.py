@@ -24,7 +24,7 @@ from modelhost.assembly import build_serving
 from modelhost.models.loaded import LoadedModel
 from modelhost.server.settings import ServeSettings
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # 256-token answers on a busy CPU
 
 DEFAULT_BUDGET = 40  # the server's --max-tokens: the bound of a request that sets none
 TRIP_ASK = [{"role": "user", "content": "Plan a long trip through many European cities."}]
