@@ -30,7 +30,7 @@ from modelhost.engine.events import (
 )
 from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.models.config import ModelConfig
-from modelhost.models.families import family_for
+from modelhost.models.families import family_for, family_for_model
 from modelhost.models.loaded import LoadedModel
 from modelhost.text.tokenizer import Tokenizer
 
@@ -59,9 +59,11 @@ def scripted_model(
     gen_defaults: dict[str, float] | None = None,
     weights_bytes: int = 10_000_000,
     family: str = "llama",
+    template: str | None = None,
 ) -> LoadedModel:
-    """A tiny model; `family` picks its record (e.g. "qwen3" for tool-call and think markers)."""
-    record = family_for(family)
+    """A tiny model; `family` picks its record (e.g. "qwen3" for tool-call and think markers),
+    and `template`, a chat template of the model's own, the dialects it declares."""
+    record = family_for(family) if template is None else family_for_model(family, template)
     config = ModelConfig(
         architecture="llama",
         vocab_size=256,
@@ -77,7 +79,7 @@ def scripted_model(
     )
     tokenizer = Tokenizer(
         char_tokenizer(),
-        chat_template=record.chat_template,
+        chat_template=template or record.chat_template,
         eos_token_ids=[_SPECIALS.index("<|im_end|>")],
         add_bos_token=False,
         bos_token=None,

@@ -1,6 +1,7 @@
 """Each family's own tool-call markup, as a scripted model of that family writes it, reaches
 every surface as a parsed call (OpenAI tool_calls, Anthropic tool_use, Responses function_call),
-streamed or not, with none of the markup in the text."""
+streamed or not, with none of the markup in the text. A dialect a model's own template declares
+(Llama 3.2's pythonic list) is keyed `architecture:template`."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from family_templates import template
 from scripted_engine import ScriptedEngine, scripted_model
 from starlette.applications import Starlette
 
@@ -25,15 +27,19 @@ SCRIPTS = {
     "granite": ("Checking.", "<|tool", "_call|>", '[{"name": "get_weather", ',
                 '"arguments": {"city": "Paris"}}]'),
     "gemma2": ("```tool_code\n", 'get_weather(city="Paris")', "\n```"),
+    "llama:llama3_2_pythonic": ("[get", "_weather(", 'city="Paris"', ")]"),
 }  # fmt: skip
-MARKUP = ("[TOOL_CALLS]", "[ARGS]", "<|tool_call|>", "<|/tool_call|>", "<|python_tag|>", "```")
+MARKUP = ("[TOOL_CALLS]", "[ARGS]", "<|tool_call|>", "<|/tool_call|>", "<|python_tag|>", "```",
+          "(city=")  # fmt: skip
 PARAMETERS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": PARAMETERS}}
 USER = [{"role": "user", "content": "Weather in Paris?"}]
 
 
 def app_for(make_app: AppFactory, family: str) -> Starlette:
-    return make_app(ScriptedEngine(SCRIPTS[family]), scripted_model(family=family))
+    architecture, _, fixture = family.partition(":")
+    model = scripted_model(family=architecture, template=template(fixture) if fixture else None)
+    return make_app(ScriptedEngine(SCRIPTS[family]), model)
 
 
 def sse_data(text: str) -> list[Any]:

@@ -1,5 +1,5 @@
 """End to end: structured output always closes. Whatever the budget, from the fewest tokens the
-shortest valid answer takes up to 128, a schema-bound answer parses, validates and ends with
+shortest valid answer takes up to 256, a schema-bound answer parses, validates and ends with
 `stop` (`tool_calls`, `tool_use`) within max_tokens, on every surface, plain and streamed; a
 budget below the shortest valid answer is a 400 in the surface's own shape, naming the minimum.
 
@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import anthropic
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -23,7 +24,7 @@ from modelhost.assembly import build_serving
 from modelhost.models.loaded import LoadedModel
 from modelhost.server.settings import ServeSettings
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # 256-token answers on a busy CPU
 
 DEFAULT_BUDGET = 40  # the server's --max-tokens: the bound of a request that sets none
 TRIP_ASK = [{"role": "user", "content": "Plan a long trip through many European cities."}]
@@ -64,7 +65,17 @@ CATALOG = {  # an enum, bounded integers, minItems, optional properties
     },
     "required": ["title", "rating", "items"],
 }
-SCHEMAS = {"trip": TRIP, "catalog": CATALOG}
+REPORT = {  # a long string (minLength), an enum, a bounded integer, an optional property
+    "type": "object",
+    "properties": {
+        "summary": {"type": "string", "minLength": 60},
+        "severity": {"enum": ["minor", "major", "critical"]},
+        "count": {"type": "integer", "minimum": 0, "maximum": 9},
+        "owner": {"type": "string"},
+    },
+    "required": ["summary", "severity", "count"],
+}
+SCHEMAS = {"trip": TRIP, "catalog": CATALOG, "report": REPORT}
 # (budget, temperature, seed): "min" is the fewest tokens the server says the shortest answer
 # takes, "min+3" just above it; greedy and sampled with two seeds across the budgets.
 CASES = pytest.mark.parametrize(
@@ -73,10 +84,10 @@ CASES = pytest.mark.parametrize(
         ("min", 0.0, None),
         ("min", 0.8, 3),
         ("min+3", 0.8, 11),
-        (128, 0.0, None),
         (128, 0.8, 11),
+        (256, 0.8, 5),
     ],
-    ids=["min-greedy", "min-s3", "min+3-s11", "128-greedy", "128-s11"],
+    ids=["min-greedy", "min-s3", "min+3-s11", "128-s11", "256-s5"],
 )
 
 
@@ -99,7 +110,7 @@ def server(smollm2: LoadedModel, module_live_server: Any) -> Any:
 @pytest.fixture
 def client(server: Any) -> Iterator[openai.OpenAI]:
     with openai.OpenAI(
-        base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=120
+        base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=600
     ) as client:
         yield client
 
@@ -107,7 +118,7 @@ def client(server: Any) -> Iterator[openai.OpenAI]:
 @pytest.fixture
 def claude(server: Any) -> Iterator[anthropic.Anthropic]:
     with anthropic.Anthropic(
-        base_url=server.base_url, api_key="unused", max_retries=0, timeout=120
+        base_url=server.base_url, api_key="unused", max_retries=0, timeout=600
     ) as client:
         yield client
 
@@ -140,7 +151,7 @@ def budget_of(client: openai.OpenAI, name: str, budget: int | str) -> int:
     return budget
 
 
-@pytest.mark.parametrize("name", ["trip", "catalog"])
+@pytest.mark.parametrize("name", ["trip", "catalog", "report"])
 @CASES
 def test_a_chat_answer_validates_and_stops_within_any_budget(
     client: openai.OpenAI, name: str, budget: int | str, temperature: float, seed: int | None
@@ -159,7 +170,7 @@ def test_a_chat_answer_validates_and_stops_within_any_budget(
     validated(answer.choices[0].message.content or "", SCHEMAS[name])
 
 
-@pytest.mark.parametrize("name", ["trip", "catalog"])
+@pytest.mark.parametrize("name", ["trip", "catalog", "report"])
 @pytest.mark.parametrize("budget", ["min", 64])
 def test_a_streamed_chat_answer_validates_and_stops_within_its_budget(
     client: openai.OpenAI, name: str, budget: int | str
@@ -215,6 +226,33 @@ def test_an_anthropic_forced_tool_use_validates_and_stops_within_any_budget(
     jsonschema.validate(block.input, CATALOG)
 
 
+@pytest.mark.parametrize("budget", ["min", 96])
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+def test_an_anthropic_output_format_answer_validates_and_ends_within_any_budget(
+    client: openai.OpenAI, claude: anthropic.Anthropic, budget: int | str, stream: bool
+) -> None:
+    max_tokens = budget_of(client, "report", budget)
+    request: Any = {
+        "model": "smollm2",
+        "messages": TRIP_ASK,
+        "max_tokens": max_tokens,
+        "extra_body": {
+            "output_config": {"format": {"type": "json_schema", "schema": REPORT}},
+            "temperature": 0.8,
+            "seed": 7,
+        },
+    }
+    if stream:
+        with claude.messages.stream(**request) as events:
+            message = events.get_final_message()
+    else:
+        message = claude.messages.create(**request)
+    assert message.stop_reason == "end_turn"
+    assert message.usage.output_tokens <= max_tokens
+    text = "".join(block.text for block in message.content if block.type == "text")
+    validated(text, REPORT)
+
+
 def anthropic_minimum(claude: anthropic.Anthropic) -> int:
     with pytest.raises(anthropic.BadRequestError) as caught:
         claude.messages.create(
@@ -251,6 +289,35 @@ def test_a_responses_answer_validates_and_completes_within_any_budget(
     assert response.status == "completed"
     assert response.usage is not None and response.usage.output_tokens <= max_tokens
     validated(response.output_text, TRIP)
+
+
+def test_decisions_answer_only_with_the_labels_they_offer(server: Any) -> None:
+    # A decision reads one token out of the offered labels: its answer cannot be anything else
+    # and cannot run past a budget.
+    questions = [
+        {"type": "predicate", "name": "long", "instructions": "Is the trip long?"},
+        {
+            "type": "choice",
+            "name": "first",
+            "instructions": "Which city comes first?",
+            "choices": [{"value": city} for city in ("Paris", "Rome", "Vienna", "Prague")],
+        },
+        {
+            "type": "score",
+            "name": "cost",
+            "instructions": "How expensive is it?",
+            "levels": [{"label": "cheap"}, {"label": "fair"}, {"label": "dear"}],
+        },
+    ]
+    body = {"model": "smollm2", "input": TRIP_ASK[0]["content"], "questions": questions}
+
+    response = httpx.post(f"{server.base_url}/v1/decisions", json=body, timeout=600)
+
+    assert response.status_code == 200, response.text
+    predicate, choice, score = response.json()["answers"]
+    assert 0.0 <= predicate["probability"] <= 1.0
+    assert choice["choice"] in ("Paris", "Rome", "Vienna", "Prague")
+    assert 0.0 <= score["score"] <= 2.0
 
 
 @pytest.mark.parametrize("max_tokens", [2, 24])

@@ -7,11 +7,14 @@ from family_templates import template
 
 from modelhost.models.families import (
     GEMMA_TOOL_CODE,
+    GRANITE_THINKING,
     HERMES,
     LLAMA3_JSON,
     MISTRAL,
     PHI,
+    PYTHONIC,
     THINK,
+    THINKING,
     UnsupportedArchitecture,
     family_for,
     family_for_model,
@@ -82,6 +85,8 @@ def test_family_for_model_refuses_an_unknown_architecture_too() -> None:
         ("gemma3", "gemma3", GEMMA_TOOL_CODE),
         ("smollm3", "smollm3", HERMES),
         ("granite", "granite", PHI),
+        ("granite", "granite3_3", PHI),
+        ("llama", "llama3_2_pythonic", PYTHONIC),  # Llama 3.2's call as a Python list
     ],
 )
 def test_the_tool_call_dialect_follows_the_models_own_template(
@@ -107,6 +112,17 @@ def test_a_think_tag_in_the_template_turns_reasoning_on() -> None:
     assert family_for_model("llama", template("qwen3")).reasoning_markers == THINK
     assert family_for_model("smollm3", template("smollm3")).reasoning_markers == THINK
     assert family_for_model("qwen2", template("qwen2_5")).reasoning_markers is None
+
+
+def test_granite_3_3s_template_declares_response_tags_and_its_own_thinking_switch() -> None:
+    granite = family_for_model("granite", template("granite3_3"))
+
+    assert granite.reasoning == GRANITE_THINKING
+    assert granite.reasoning_markers == THINK
+    assert GRANITE_THINKING.answer == ("<response>", "</response>")
+    assert granite.thinking_switch == "thinking"
+    assert family_for_model("qwen3", template("qwen3")).reasoning == THINKING
+    assert family_for_model("granite", template("granite")).reasoning is None  # Granite 3.1
 
 
 def test_a_mistral_dialect_asks_for_nine_character_call_ids_whatever_the_architecture() -> None:

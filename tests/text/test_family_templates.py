@@ -188,6 +188,30 @@ def test_granite_writes_the_call_after_its_tool_call_token_and_the_result_as_too
     assert rendered.endswith("<|end_of_text|>\n<|start_of_role|>assistant<|end_of_role|>")
 
 
+def test_llama3_2_pythonic_asks_for_a_python_list_and_writes_past_calls_in_that_form() -> None:
+    rendered = render("llama", "llama3_2_pythonic")
+
+    assert "you MUST put it in the format of [func_name1(" in rendered
+    assert '[get_weather(city="Paris")]<|eot_id|>' in rendered
+    assert rendered.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+def test_granite_3_3_asks_for_think_and_response_tags_when_its_thinking_switch_is_on(
+    thinking: bool,
+) -> None:
+    text = template("granite3_3")
+    family = family_for_model("granite", text)
+    question = [{"role": "user", "content": "What is 1+1?"}]
+
+    rendered = tokenizer_for(text).render_chat(
+        question, add_generation_prompt=True, **{family.thinking_switch: thinking}
+    )
+
+    asked = "write your response between <response></response>" in rendered
+    assert asked is thinking
+
+
 @pytest.mark.parametrize(
     "body",
     [

@@ -48,3 +48,33 @@ def test_a_prompt_ending_inside_an_open_think_block_is_detected() -> None:
     assert prompt_opens_thinking("<|im_start|>assistant\n<think>\n", THINK)
     assert not prompt_opens_thinking("<think>\n\n</think>\n\n", THINK)
     assert not prompt_opens_thinking("<|im_start|>assistant\n", THINK)
+
+
+GRANITE_ANSWER = ("<response>", "</response>")
+
+
+def test_granite_response_tags_are_dropped_from_the_content() -> None:
+    splitter = ReasoningSplitter(THINK, answer=GRANITE_ANSWER)
+    text = "<think>1 plus 1 is 2.</think>\n<response>It is 2.</response>"
+
+    assert _run(splitter, [text]) == ("1 plus 1 is 2.", "It is 2.")
+
+
+def test_granite_tags_split_across_every_character_never_reach_either_channel() -> None:
+    splitter = ReasoningSplitter(THINK, answer=GRANITE_ANSWER)
+    text = "<think>sum</think><response>2</response>"
+
+    assert _run(splitter, list(text)) == ("sum", "2")
+
+
+def test_an_answer_without_response_tags_is_still_content() -> None:
+    splitter = ReasoningSplitter(THINK, answer=GRANITE_ANSWER)
+
+    assert _run(splitter, list("It is 2. <respite> <b>")) == ("", "It is 2. <respite> <b>")
+
+
+def test_a_response_tag_inside_the_thinking_stays_reasoning() -> None:
+    splitter = ReasoningSplitter(THINK, answer=GRANITE_ANSWER)
+    text = "<think>I will write <response> next.</think><response>Done.</response>"
+
+    assert _run(splitter, [text]) == ("I will write <response> next.", "Done.")

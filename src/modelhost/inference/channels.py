@@ -1,6 +1,6 @@
 """Splitting a row's text into the neutral channels: reasoning, content and tool calls.
 
-Driven by the family record (its `reasoning_markers` and `tool_call_markers`) and the request
+Driven by the family record (its reasoning and tool-call dialects) and the request
 (tools given or not), never by a protocol: each surface only maps the split events to its wire
 shape. Reasoning is split first (a call written while thinking is not a call), then the content
 goes through the tool-call parser. Both hold back partial markers, so markup never leaks.
@@ -33,25 +33,38 @@ class OutputChannels:
 
     @classmethod
     def for_request(
-        cls, request: InferenceRequest, family: Family, prompt_tail: Callable[[], str]
+        cls,
+        request: InferenceRequest,
+        family: Family,
+        prompt_tail: Callable[[], str],
+        *,
+        constrained: bool = False,
     ) -> OutputChannels | None:
         """The splitter a request needs, or None when its text passes through as it is.
 
         `prompt_tail` renders the end of the prompt, asked only when the family has reasoning.
+        `constrained`: a grammar enforces the whole answer (a schema, a forced call), so the
+        model writes no reasoning and every character is the value, tag-like text included.
         """
         prompt = request.prompt
         if not isinstance(prompt, ChatPrompt):
             return None  # text completions are raw continuations
         reasoning = None
-        markers = family.reasoning_markers
-        if markers is not None and request.thinking is not False:
-            start = prompt_opens_thinking(prompt_tail(), markers)
-            reasoning = ReasoningSplitter(markers, start_in_thinking=start)
+        dialect = family.reasoning
+        if dialect is not None and request.thinking is not False and not constrained:
+            start = prompt_opens_thinking(prompt_tail(), dialect.markers)
+            reasoning = ReasoningSplitter(
+                dialect.markers, start_in_thinking=start, answer=dialect.answer
+            )
         tools = None
         if prompt.tools:
             names = [_tool_name(tool) for tool in prompt.tools]
             extra = (family.tool_call_markers,) if family.tool_call_markers else ()
-            tools = ToolCallParser(extra, tool_names=[name for name in names if name])
+            tools = ToolCallParser(
+                extra,
+                tool_names=[name for name in names if name],
+                python_list=family.tool_dialect.python_list,
+            )
         if reasoning is None and tools is None:
             return None
         return cls(reasoning, tools)

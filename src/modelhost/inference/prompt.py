@@ -39,7 +39,7 @@ def prompt_ids_for(
     messages, tools = template_inputs(model.family, tokenizer, messages, prompt.tools)
     kwargs: dict[str, Any] = dict(prompt.template_kwargs)
     if request.thinking is not None:
-        kwargs["enable_thinking"] = request.thinking
+        kwargs[model.family.thinking_switch] = request.thinking
     try:
         return tokenizer.encode_chat(messages, add_generation_prompt=True, tools=tools, **kwargs)
     except (ChatTemplateError, TypeError, ValueError, KeyError) as exc:

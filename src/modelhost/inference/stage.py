@@ -175,6 +175,7 @@ class InferenceStage:
             request,
             self.model.family,
             lambda: tokenizer.decode(prompt_ids[-32:], skip_special_tokens=False),
+            constrained=grammar is not None,
         )
         max_tokens = self.policy.max_tokens_for(
             len(prompt_ids),

@@ -80,9 +80,14 @@ class ToolDialect:
     markers: tuple[str, str] | None
     tokens: tuple[str, ...] = ()
     call_id_length: int | None = None
+    python_list: bool = False  # a bare answer may be a Python list of calls (pythonic form)
 
 
 LLAMA3_JSON = ToolDialect("llama3-json", None, tokens=("<|python_tag|>",))
+# Llama 3.2's lightweight models (and Gemma 3's template of the same form) answer a call as a
+# Python list, `[get_weather(city="Paris"), other(x=1)]`, with no markup around it; a bare JSON
+# call (what a forced call's grammar writes) still reads as one.
+PYTHONIC = ToolDialect("pythonic", None, tokens=("<|python_tag|>",), python_list=True)
 HERMES = ToolDialect(
     "hermes", ("<tool_call>", "</tool_call>"), tokens=("<tool_call>", "</tool_call>")
 )
@@ -100,14 +105,40 @@ THINK = ("<think>", "</think>")
 
 
 @dataclass(frozen=True, slots=True)
+class ReasoningDialect:
+    """How a family writes its reasoning. `markers`: the (open, close) tags around it.
+    `answer`: tags some families put around the answer that follows (Granite 3.3's
+    `<response>`…`</response>`), dropped from the content. `switch`: the chat template variable
+    that turns thinking on or off (`enable_thinking` for Qwen 3 and SmolLM3, Granite's
+    `thinking`)."""
+
+    markers: tuple[str, str]
+    answer: tuple[str, str] | None = None
+    switch: str = "enable_thinking"
+
+
+THINKING = ReasoningDialect(THINK)
+GRANITE_THINKING = ReasoningDialect(THINK, ("<response>", "</response>"), switch="thinking")
+
+
+@dataclass(frozen=True, slots=True)
 class Family:
     name: str
     chat_template: str | None  # used when the model's own files carry none
     eos_tokens: tuple[str, ...]  # end-of-turn tokens that end generation besides the model's EOS
     tool_dialect: ToolDialect = LLAMA3_JSON
-    reasoning_markers: tuple[str, str] | None = None
+    reasoning: ReasoningDialect | None = None
     vision: bool = False
     system_role: bool = True  # False: the template refuses system turns (Gemma 2's raises)
+
+    @property
+    def reasoning_markers(self) -> tuple[str, str] | None:
+        return self.reasoning.markers if self.reasoning is not None else None
+
+    @property
+    def thinking_switch(self) -> str:
+        """The chat template variable a request's thinking on/off is passed as."""
+        return self.reasoning.switch if self.reasoning is not None else "enable_thinking"
 
     @property
     def tool_call_markers(self) -> tuple[str, str] | None:
@@ -121,7 +152,8 @@ class Family:
     def markup_tokens(self) -> tuple[str, ...]:
         """Special tokens that carry markup (tool calls, reasoning): kept when detokenizing."""
         reasoning = self.reasoning_markers or ()
-        return tuple(dict.fromkeys((*self.tool_dialect.tokens, *reasoning)))
+        answer = (self.reasoning.answer if self.reasoning is not None else None) or ()
+        return tuple(dict.fromkeys((*self.tool_dialect.tokens, *reasoning, *answer)))
 
 
 _QWEN_EOS = ("<|im_end|>", "<|endoftext|>")
@@ -132,14 +164,14 @@ FAMILIES: dict[str, Family] = {
     "llama": Family("llama", CHATML_TEMPLATE, _LLAMA_EOS, LLAMA3_JSON),
     "mistral": Family("mistral", MISTRAL_TEMPLATE, ("</s>",), MISTRAL),
     "qwen2": Family("qwen2", CHATML_TEMPLATE, _QWEN_EOS, HERMES),
-    "qwen3": Family("qwen3", CHATML_TEMPLATE, _QWEN_EOS, HERMES, THINK),
-    "qwen3moe": Family("qwen3moe", CHATML_TEMPLATE, _QWEN_EOS, HERMES, THINK),
+    "qwen3": Family("qwen3", CHATML_TEMPLATE, _QWEN_EOS, HERMES, THINKING),
+    "qwen3moe": Family("qwen3moe", CHATML_TEMPLATE, _QWEN_EOS, HERMES, THINKING),
     "phi3": Family("phi3", PHI3_TEMPLATE, ("<|end|>", "<|endoftext|>"), PHI),
     "gemma2": Family(
         "gemma2", GEMMA_TEMPLATE, ("<end_of_turn>",), GEMMA_TOOL_CODE, system_role=False
     ),
     "gemma3": Family("gemma3", GEMMA_TEMPLATE, ("<end_of_turn>",), GEMMA_TOOL_CODE),
-    "smollm3": Family("smollm3", CHATML_TEMPLATE, _QWEN_EOS, HERMES, THINK),
+    "smollm3": Family("smollm3", CHATML_TEMPLATE, _QWEN_EOS, HERMES, THINKING),
     "granite": Family("granite", GRANITE_TEMPLATE, ("<|end_of_text|>",), PHI),
 }
 
@@ -177,12 +209,19 @@ def family_for(architecture: str) -> Family:
 # order they are tried: the first that appears wins. A Hermes fine-tune of Llama 3 keeps
 # `<|python_tag|>` in its vocabulary but writes `<tool_call>` in its template, hence template first.
 _TOOL_SIGNS: tuple[tuple[str, ToolDialect], ...] = (
+    ("[func_name1(", PYTHONIC),  # the example call of the pythonic templates' instruction
     ("[TOOL_CALLS]", MISTRAL),
     ("<|tool_call|>", PHI),
     ("<tool_call>", HERMES),
     ("<|python_tag|>", LLAMA3_JSON),
     ("<|eom_id|>", LLAMA3_JSON),
     ("```tool_code", GEMMA_TOOL_CODE),
+)
+# The same for reasoning, template first: Granite 3.3's asks for `<think></think>` then
+# `<response></response>`; any other `<think>` (template or vocabulary) is the plain form.
+_REASONING_SIGNS: tuple[tuple[str, ReasoningDialect], ...] = (
+    ("<response></response>", GRANITE_THINKING),
+    (THINK[0], THINKING),
 )
 
 
@@ -199,9 +238,11 @@ def family_for_model(
     dialect = next((d for sign, d in _TOOL_SIGNS if sign in template), None)
     if dialect is None:
         dialect = next((d for sign, d in _TOOL_SIGNS if has_token(sign)), family.tool_dialect)
-    reasoning = family.reasoning_markers
-    if reasoning is None and (THINK[0] in template or has_token(THINK[0])):
-        reasoning = THINK
-    if dialect == family.tool_dialect and reasoning == family.reasoning_markers:
+    reasoning = family.reasoning
+    if reasoning is None:
+        reasoning = next((r for sign, r in _REASONING_SIGNS if sign in template), None)
+    if reasoning is None and has_token(THINK[0]):
+        reasoning = THINKING
+    if dialect == family.tool_dialect and reasoning == family.reasoning:
         return family
-    return dataclasses.replace(family, tool_dialect=dialect, reasoning_markers=reasoning)
+    return dataclasses.replace(family, tool_dialect=dialect, reasoning=reasoning)

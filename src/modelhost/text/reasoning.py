@@ -4,14 +4,25 @@ Deltas can split a tag anywhere, so a tail that may be the start of the next tag
 (as the stop matcher does) and tags never reach either channel. A prompt that already opened the
 thinking block (templates that put `<think>` in the generation prompt) starts inside it, so the
 model's first text is reasoning until it closes the tag.
+
+Some families wrap the answer after the reasoning in tags of its own (Granite 3.3:
+`<think>…</think><response>…</response>`): those `answer` tags are dropped from the content the
+same way, held back while they may be forming.
 """
 
 from __future__ import annotations
 
 
 class ReasoningSplitter:
-    def __init__(self, markers: tuple[str, str], *, start_in_thinking: bool = False) -> None:
+    def __init__(
+        self,
+        markers: tuple[str, str],
+        *,
+        start_in_thinking: bool = False,
+        answer: tuple[str, str] | None = None,
+    ) -> None:
         self._open, self._close = markers
+        self._answer_tags = answer or ()
         self._thinking = start_in_thinking
         self._pending = ""
         self._content_started = False  # the blank lines after `</think>` are not content
@@ -27,14 +38,15 @@ class ReasoningSplitter:
         reasoning: list[str] = []
         content: list[str] = []
         while True:
-            tag = self._close if self._thinking else self._open
-            index = pending.find(tag)
-            if index == -1:
+            found = _first_tag(pending, self._tags())
+            if found is None:
                 break
+            index, tag = found
             self._emit(pending[:index], reasoning, content)
             pending = pending[index + len(tag) :]
-            self._thinking = not self._thinking
-        held = _held_length(pending, self._close if self._thinking else self._open)
+            if tag in (self._open, self._close):  # an answer tag is only dropped
+                self._thinking = not self._thinking
+        held = max(_held_length(pending, tag) for tag in self._tags())
         self._pending = pending[len(pending) - held :]
         self._emit(pending[: len(pending) - held], reasoning, content)
         return "".join(reasoning), "".join(content)
@@ -47,6 +59,13 @@ class ReasoningSplitter:
         self._emit(pending, reasoning, content)
         return "".join(reasoning), "".join(content)
 
+    def _tags(self) -> tuple[str, ...]:
+        """The tags that may come next: the one that switches channel, and in the content the
+        answer's own tags."""
+        if self._thinking:
+            return (self._close,)
+        return (self._open, *self._answer_tags)
+
     def _emit(self, text: str, reasoning: list[str], content: list[str]) -> None:
         if self._thinking:
             if not self._reasoning_started:
@@ -58,6 +77,12 @@ class ReasoningSplitter:
                 text = text.lstrip()
                 self._content_started = bool(text)
             content.append(text)
+
+
+def _first_tag(text: str, tags: tuple[str, ...]) -> tuple[int, str] | None:
+    """The earliest of `tags` in `text`, as (index, tag)."""
+    found = [(index, tag) for tag in tags if (index := text.find(tag)) != -1]
+    return min(found) if found else None
 
 
 def _held_length(pending: str, tag: str) -> int:

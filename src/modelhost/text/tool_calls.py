@@ -13,8 +13,11 @@ one marker per call, `[CALL_ID]id` optionally between). A marker with an empty e
 next start marker or the end of the text.
 
 Gemma writes its calls as Python in a fenced block (`TOOL_CODE`: ```tool_code, then
-`get_weather(city="Paris")`, then ```). That is read with `ast`, never run: only plain calls whose
-arguments are all keyword literals count; anything else stays text.
+`get_weather(city="Paris")`, then ```). With `python_list` (the pythonic dialect: Llama 3.2's
+lightweight models, Gemma 3's template of that form) a bare answer may be a Python list of calls,
+`[get_weather(city="Paris"), other(x=1)]`; it starts with `[`, so it is frozen like bare JSON.
+Both are read with `ast`, never run: only plain calls whose arguments are all keyword literals
+(strings, numbers, True/False/None, lists, dicts) count; anything else stays text.
 
 `finish()` parses the frozen text. If every piece of markup parses, the calls are returned and
 the markup is dropped; otherwise the frozen text is released as content (fail-soft): a model's
@@ -68,12 +71,14 @@ class ToolCallParser:
         *,
         bare_json: bool = True,
         tool_names: Iterable[str] = (),
+        python_list: bool = False,
     ) -> None:
         self._pairs = tuple(dict.fromkeys((*markers, *GENERIC_MARKERS)))
         self._starts = tuple(dict.fromkeys(start for start, _ in self._pairs))
         self._prefixes = frozenset(s[:i] for s in self._starts for i in range(1, len(s)))
         self._bare_json = bare_json
         self._names = frozenset(tool_names)
+        self._python_list = python_list
         self._pending = ""  # held back: may be a marker's start
         self._frozen: str | None = None  # text from the first marker on
         self._seen_text = False  # any non-space text went out (bare JSON must come first)
@@ -152,6 +157,8 @@ class ToolCallParser:
 
     def _bare(self, body: str) -> tuple[ToolCall, ...] | None:
         calls = _json_calls(body)
+        if calls is None and self._python_list and body.startswith("["):
+            calls = _python_list_calls(body, self._names)
         if calls is None:
             return None
         # Bare JSON is also what a plain JSON answer looks like: only a known tool counts.
@@ -253,29 +260,57 @@ def _python_calls(
     inner = segment[len(start) :]
     if inner.endswith(end):
         inner = inner[: -len(end)]
+    tree = _python_tree(inner.strip(), "exec")
+    if not isinstance(tree, ast.Module):
+        return None
+    statements = tree.body
+    return _calls_of([s.value if isinstance(s, ast.Expr) else None for s in statements], names)
+
+
+def _python_list_calls(text: str, names: frozenset[str]) -> list[ToolCall] | None:
+    """The pythonic form, `[name(key=literal, ...), ...]`; None unless it is one list whose
+    every element is such a call (to a known tool, when the tools are known)."""
+    tree = _python_tree(text, "eval")
+    if not isinstance(tree, ast.Expression) or not isinstance(tree.body, ast.List):
+        return None
+    return _calls_of(list(tree.body.elts), names)
+
+
+def _python_tree(source: str, mode: str) -> ast.AST | None:
     try:
-        tree = ast.parse(inner.strip(), mode="exec")
+        return ast.parse(source, mode=mode)
     except (SyntaxError, ValueError, MemoryError, RecursionError):  # ValueError: a NUL byte
         return None
+
+
+def _calls_of(nodes: list[ast.expr | None], names: frozenset[str]) -> list[ToolCall] | None:
     calls: list[ToolCall] = []
-    for statement in tree.body:
-        call = statement.value if isinstance(statement, ast.Expr) else None
-        if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name) or call.args:
+    for node in nodes:
+        call = _literal_call(node, names)
+        if call is None:
             return None
-        name = call.func.id
-        if names and name not in names:
-            return None
-        arguments: dict[str, Any] = {}
-        for keyword in call.keywords:
-            if keyword.arg is None:  # **kwargs
-                return None
-            try:
-                arguments[keyword.arg] = ast.literal_eval(keyword.value)
-            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-                return None
-        try:
-            text = json.dumps(arguments, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-        except (TypeError, ValueError):  # a literal JSON cannot carry (bytes, sets, nan)
-            return None
-        calls.append(ToolCall(new_call_id(), name, text))
+        calls.append(call)
     return calls or None
+
+
+def _literal_call(node: ast.expr | None, names: frozenset[str]) -> ToolCall | None:
+    """`name(key=literal, ...)` as a call; None for anything else (positional or `**` arguments,
+    an attribute or computed callee, a value that is not a literal JSON can carry)."""
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
+        return None
+    name = node.func.id
+    if names and name not in names:
+        return None
+    arguments: dict[str, Any] = {}
+    for keyword in node.keywords:
+        if keyword.arg is None:  # **kwargs
+            return None
+        try:
+            arguments[keyword.arg] = ast.literal_eval(keyword.value)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return None
+    try:
+        text = json.dumps(arguments, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError):  # a literal JSON cannot carry (bytes, sets, nan)
+        return None
+    return ToolCall(new_call_id(), name, text)
