@@ -298,23 +298,43 @@ void q_blocks(const RoundedRows& x, int64_t row0, const QLinear& w, int64_t b, f
                                                 acc[0][r]);
                 }
             } else {
-                static_assert(!T::halves, "two blocks at a time take 32-input sub-blocks only");
-                // Each block's products in two chains (high, low): the same integers as
-                // half_dot's four partial sums, added in another order (exact in int32).
-                __m512i hs[NB], ls[NB];
-                for (int n = 0; n < NB; ++n) hs[n] = ls[n] = _mm512_setzero_si512();
+                // Each block's products in chains of high and low halves (and, for 16-input
+                // sub-blocks, of each half group): the same integers as half_dot's partial
+                // sums, added in another order (exact in int32).
+                constexpr int H = T::halves ? 2 : 1;
+                __m512i hs[NB][H], ls[NB][H];
+                for (int n = 0; n < NB; ++n)
+                    for (int h = 0; h < H; ++h) hs[n][h] = ls[n][h] = _mm512_setzero_si512();
                 for (int q = 0; q < 8; ++q) {
                     const __m512i xh = _mm512_set1_epi32(high[q]), xl = _mm512_set1_epi32(low[q]);
+                    const int h = H == 2 ? q / 4 : 0;
                     for (int n = 0; n < NB; ++n) {
-                        hs[n] = _mm512_dpbusd_epi32(hs[n], levels[n][q], xh);
-                        ls[n] = _mm512_dpbusd_epi32(ls[n], levels[n][q], xl);
+                        hs[n][h] = _mm512_dpbusd_epi32(hs[n][h], levels[n][q], xh);
+                        ls[n][h] = _mm512_dpbusd_epi32(ls[n][h], levels[n][q], xl);
                     }
                 }
-                const __m512 sum = _mm512_set1_ps(sums[0] + sums[1]);
                 for (int n = 0; n < NB; ++n) {
-                    const __m512i dot = _mm512_add_epi32(_mm512_slli_epi32(hs[n], 8), ls[n]);
-                    acc[n][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale[n][0], acc[n][r]);
-                    acc[n][r] = _mm512_fmadd_ps(min[n][0], sum, acc[n][r]);
+                    if constexpr (T::halves) {
+                        const __m512i d0 =
+                            _mm512_add_epi32(_mm512_slli_epi32(hs[n][0], 8), ls[n][0]);
+                        const __m512i d1 =
+                            _mm512_add_epi32(_mm512_slli_epi32(hs[n][1], 8), ls[n][1]);
+                        acc[n][r] =
+                            _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), scale[n][0], acc[n][r]);
+                        acc[n][r] =
+                            _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), scale[n][1], acc[n][r]);
+                        acc[n][r] =
+                            _mm512_fmadd_ps(min[n][0], _mm512_set1_ps(sums[0]), acc[n][r]);
+                        acc[n][r] =
+                            _mm512_fmadd_ps(min[n][1], _mm512_set1_ps(sums[1]), acc[n][r]);
+                    } else {
+                        const __m512i dot =
+                            _mm512_add_epi32(_mm512_slli_epi32(hs[n][0], 8), ls[n][0]);
+                        acc[n][r] =
+                            _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale[n][0], acc[n][r]);
+                        acc[n][r] = _mm512_fmadd_ps(min[n][0], _mm512_set1_ps(sums[0] + sums[1]),
+                                                    acc[n][r]);
+                    }
                 }
             }
         }
@@ -328,13 +348,13 @@ void q_blocks(const RoundedRows& x, int64_t row0, const QLinear& w, int64_t b, f
 }
 
 // Blocks taken two at a time where that pays: 8-bit levels take 16 registers a block
-// alone, 16-input sub-blocks twice the accumulators, and AVX2 has 16 registers in all.
+// alone, and AVX2 has 16 registers in all.
 template <int F>
 constexpr int kPairedBlocks =
 #ifdef MH_AVX2
     1;
 #else
-    (Format<F>::halves || Format<F>::bits == 8) ? 1 : 2;
+    Format<F>::bits == 8 ? 1 : 2;
 #endif
 
 // R rows times the blocks of outputs begin .. end (block-aligned begin) of this linear.
