@@ -209,83 +209,163 @@ inline __m512 fp16_to_ps(const void* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(static_cast<const __m256i*>(p)));
 }
 
-// R rows times a block of outputs' quantized weights (see the storage above), outputs in the
-// lanes. y is [rows, ldy]; outputs begin .. end of this linear go to its columns 0 .. out.
-template <int R, int F>
-void q_tile(const RoundedRows& x, int64_t row0, const QLinear& w, int64_t begin, int64_t end,
-            float* y, int64_t ldy) {
+// A tile's scales and minimums per half group (both halves the same where the type's
+// sub-blocks are 32 inputs): d and dmin are the block's super-block factors (K types).
+template <int F>
+inline void tile_params(const uint8_t* p, __m512 d, __m512 dmin, __m512* scale, __m512* min) {
+    using T = Format<F>;
+    if constexpr (T::params == kDirect) {
+        scale[0] = scale[1] = fp16_to_ps(p);
+        min[0] = min[1] = fp16_to_ps(p + 32);
+    } else if constexpr (T::params == kDirectSymmetric) {
+        scale[0] = scale[1] = fp16_to_ps(p);
+        min[0] = min[1] = _mm512_mul_ps(scale[0], _mm512_set1_ps(T::min_factor));
+    } else {
+        constexpr int stride = T::sym ? 16 : 32;  // bytes a sub-block
+        for (int h = 0; h < (T::halves ? 2 : 1); ++h) {
+            const __m512 sc = int8_to_ps(p + stride * h);
+            scale[h] = _mm512_mul_ps(d, sc);
+            min[h] = _mm512_mul_ps(dmin, T::sym ? sc : int8_to_ps(p + stride * h + 16));
+        }
+        if constexpr (!T::halves) {
+            scale[1] = scale[0];
+            min[1] = min[0];
+        }
+    }
+}
+
+// R rows times NB consecutive blocks of outputs' quantized weights (see the storage above),
+// outputs in the lanes, from block b on. y is [rows, ldy]; outputs go to their own columns.
+// With NB = 2 each of a row's broadcast inputs feeds both blocks' levels (16 registers): half
+// the broadcasts and row bookkeeping per product, for the same sums in the same order (a
+// block's outputs do not depend on NB, nor on R).
+template <int R, int F, int NB>
+void q_blocks(const RoundedRows& x, int64_t row0, const QLinear& w, int64_t b, float* y,
+              int64_t ldy) {
     using T = Format<F>;
     constexpr int64_t tile = tile_bytes(T::bits), pbytes = param_bytes<F>();
     const int64_t groups = x.groups, sixteens = x.padded / 16;
-    for (int64_t b = begin / 16; b < (end + 15) / 16; ++b) {
-        __m512 acc[R];
-        for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-        __m512 d = _mm512_setzero_ps(), dmin = _mm512_setzero_ps();
-        for (int64_t g = 0; g < groups; ++g) {
-            const int64_t at = b * groups + g;
+    __m512 acc[NB][R];
+    for (int n = 0; n < NB; ++n)
+        for (int r = 0; r < R; ++r) acc[n][r] = _mm512_setzero_ps();
+    __m512 d[NB], dmin[NB];
+    for (int n = 0; n < NB; ++n) d[n] = dmin[n] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {
+        __m512i levels[NB][kRegisters<T::bits>];
+        __m512 scale[NB][2], min[NB][2];
+        for (int n = 0; n < NB; ++n) {
+            const int64_t at = (b + n) * groups + g;
             const uint8_t* t = w.data + at * tile;
             for (int64_t line = 0; line < tile; line += 64)
                 _mm_prefetch(reinterpret_cast<const char*>(t + kAhead * tile + line),
                              _MM_HINT_T0);
             const uint8_t* p = w.params + at * pbytes;
             _mm_prefetch(reinterpret_cast<const char*>(p + kAhead * pbytes), _MM_HINT_T0);
-            __m512i levels[kRegisters<T::bits>];
-            unpack<T::bits>(t, levels);
-            __m512 scale[2], min[2];
-            if constexpr (T::params == kDirect) {
-                scale[0] = scale[1] = fp16_to_ps(p);
-                min[0] = min[1] = fp16_to_ps(p + 32);
-            } else if constexpr (T::params == kDirectSymmetric) {
-                scale[0] = scale[1] = fp16_to_ps(p);
-                min[0] = min[1] = _mm512_mul_ps(scale[0], _mm512_set1_ps(T::min_factor));
-            } else {
+            unpack<T::bits>(t, levels[n]);
+            if constexpr (T::params == kSuper) {
                 if (g % 8 == 0) {
-                    const uint16_t* s = w.supers + (b * (groups / 8) + g / 8) * 32;
-                    d = fp16_to_ps(s);
-                    dmin = fp16_to_ps(s + 16);
-                }
-                constexpr int stride = T::sym ? 16 : 32;  // bytes a sub-block
-                for (int h = 0; h < (T::halves ? 2 : 1); ++h) {
-                    const __m512 sc = int8_to_ps(p + stride * h);
-                    scale[h] = _mm512_mul_ps(d, sc);
-                    min[h] = _mm512_mul_ps(dmin, T::sym ? sc : int8_to_ps(p + stride * h + 16));
-                }
-                if constexpr (!T::halves) {
-                    scale[1] = scale[0];
-                    min[1] = min[0];
+                    const uint16_t* s = w.supers + ((b + n) * (groups / 8) + g / 8) * 32;
+                    d[n] = fp16_to_ps(s);
+                    dmin[n] = fp16_to_ps(s + 16);
                 }
             }
-            for (int r = 0; r < R; ++r) {
-                const int64_t row = row0 + r;
-                const int32_t* high =
-                    reinterpret_cast<const int32_t*>(x.high + row * x.padded + 32 * g);
-                const int32_t* low =
-                    reinterpret_cast<const int32_t*>(x.low + row * x.padded + 32 * g);
-                const __m512i h0 = half_dot<T::bits>(levels, high, 0);
-                const __m512i h1 = half_dot<T::bits>(levels, high, 1);
-                const __m512i l0 = half_dot<T::bits>(levels, low, 0);
-                const __m512i l1 = half_dot<T::bits>(levels, low, 1);
-                const float* sums = x.sums + row * sixteens + 2 * g;
+            tile_params<F>(p, d[n], dmin[n], scale[n], min[n]);
+        }
+        for (int r = 0; r < R; ++r) {
+            const int64_t row = row0 + r;
+            const int32_t* high =
+                reinterpret_cast<const int32_t*>(x.high + row * x.padded + 32 * g);
+            const int32_t* low = reinterpret_cast<const int32_t*>(x.low + row * x.padded + 32 * g);
+            const float* sums = x.sums + row * sixteens + 2 * g;
+            if constexpr (NB == 1) {
+                const __m512i* lv = levels[0];
+                const __m512i h0 = half_dot<T::bits>(lv, high, 0);
+                const __m512i h1 = half_dot<T::bits>(lv, high, 1);
+                const __m512i l0 = half_dot<T::bits>(lv, low, 0);
+                const __m512i l1 = half_dot<T::bits>(lv, low, 1);
                 if constexpr (T::halves) {
                     const __m512i d0 = _mm512_add_epi32(_mm512_slli_epi32(h0, 8), l0);
                     const __m512i d1 = _mm512_add_epi32(_mm512_slli_epi32(h1, 8), l1);
-                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), scale[0], acc[r]);
-                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), scale[1], acc[r]);
-                    acc[r] = _mm512_fmadd_ps(min[0], _mm512_set1_ps(sums[0]), acc[r]);
-                    acc[r] = _mm512_fmadd_ps(min[1], _mm512_set1_ps(sums[1]), acc[r]);
+                    acc[0][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), scale[0][0], acc[0][r]);
+                    acc[0][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), scale[0][1], acc[0][r]);
+                    acc[0][r] = _mm512_fmadd_ps(min[0][0], _mm512_set1_ps(sums[0]), acc[0][r]);
+                    acc[0][r] = _mm512_fmadd_ps(min[0][1], _mm512_set1_ps(sums[1]), acc[0][r]);
                 } else {
                     const __m512i dot = _mm512_add_epi32(
                         _mm512_slli_epi32(_mm512_add_epi32(h0, h1), 8), _mm512_add_epi32(l0, l1));
-                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale[0], acc[r]);
-                    acc[r] = _mm512_fmadd_ps(min[0], _mm512_set1_ps(sums[0] + sums[1]), acc[r]);
+                    acc[0][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale[0][0], acc[0][r]);
+                    acc[0][r] = _mm512_fmadd_ps(min[0][0], _mm512_set1_ps(sums[0] + sums[1]),
+                                                acc[0][r]);
+                }
+            } else {
+                // Each block's products in chains of high and low halves (and, for 16-input
+                // sub-blocks, of each half group): the same integers as half_dot's partial
+                // sums, added in another order (exact in int32).
+                constexpr int H = T::halves ? 2 : 1;
+                __m512i hs[NB][H], ls[NB][H];
+                for (int n = 0; n < NB; ++n)
+                    for (int h = 0; h < H; ++h) hs[n][h] = ls[n][h] = _mm512_setzero_si512();
+                for (int q = 0; q < 8; ++q) {
+                    const __m512i xh = _mm512_set1_epi32(high[q]), xl = _mm512_set1_epi32(low[q]);
+                    const int h = H == 2 ? q / 4 : 0;
+                    for (int n = 0; n < NB; ++n) {
+                        hs[n][h] = _mm512_dpbusd_epi32(hs[n][h], levels[n][q], xh);
+                        ls[n][h] = _mm512_dpbusd_epi32(ls[n][h], levels[n][q], xl);
+                    }
+                }
+                for (int n = 0; n < NB; ++n) {
+                    if constexpr (T::halves) {
+                        const __m512i d0 =
+                            _mm512_add_epi32(_mm512_slli_epi32(hs[n][0], 8), ls[n][0]);
+                        const __m512i d1 =
+                            _mm512_add_epi32(_mm512_slli_epi32(hs[n][1], 8), ls[n][1]);
+                        acc[n][r] =
+                            _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), scale[n][0], acc[n][r]);
+                        acc[n][r] =
+                            _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), scale[n][1], acc[n][r]);
+                        acc[n][r] =
+                            _mm512_fmadd_ps(min[n][0], _mm512_set1_ps(sums[0]), acc[n][r]);
+                        acc[n][r] =
+                            _mm512_fmadd_ps(min[n][1], _mm512_set1_ps(sums[1]), acc[n][r]);
+                    } else {
+                        const __m512i dot =
+                            _mm512_add_epi32(_mm512_slli_epi32(hs[n][0], 8), ls[n][0]);
+                        acc[n][r] =
+                            _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale[n][0], acc[n][r]);
+                        acc[n][r] = _mm512_fmadd_ps(min[n][0], _mm512_set1_ps(sums[0] + sums[1]),
+                                                    acc[n][r]);
+                    }
                 }
             }
         }
-        const __mmask16 live = tail_mask(w.out - 16 * b);
-        for (int r = 0; r < R; ++r)
-            _mm512_mask_storeu_ps(y + (row0 + r) * ldy + 16 * b, live,
-                                  _mm512_mul_ps(acc[r], _mm512_set1_ps(x.scales[row0 + r])));
     }
+    for (int n = 0; n < NB; ++n) {
+        const __mmask16 live = tail_mask(w.out - 16 * (b + n));
+        for (int r = 0; r < R; ++r)
+            _mm512_mask_storeu_ps(y + (row0 + r) * ldy + 16 * (b + n), live,
+                                  _mm512_mul_ps(acc[n][r], _mm512_set1_ps(x.scales[row0 + r])));
+    }
+}
+
+// Blocks taken two at a time where that pays: 8-bit levels take 16 registers a block
+// alone, and AVX2 has 16 registers in all.
+template <int F>
+constexpr int kPairedBlocks =
+#ifdef MH_AVX2
+    1;
+#else
+    Format<F>::bits == 8 ? 1 : 2;
+#endif
+
+// R rows times the blocks of outputs begin .. end (block-aligned begin) of this linear.
+template <int R, int F>
+void q_tile(const RoundedRows& x, int64_t row0, const QLinear& w, int64_t begin, int64_t end,
+            float* y, int64_t ldy) {
+    constexpr int NB = kPairedBlocks<F>;
+    const int64_t last = (end + 15) / 16;
+    int64_t b = begin / 16;
+    for (; b + NB <= last; b += NB) q_blocks<R, F, NB>(x, row0, w, b, y, ldy);
+    for (; b < last; ++b) q_blocks<R, F, 1>(x, row0, w, b, y, ldy);
 }
 
 // R rows of fp32 x [rows, padded] times a block of outputs' 16-bit float weights: exact

@@ -150,13 +150,18 @@ class DecoderLM(nn.Module):
             ropes["global"] = self._longrope(ropes["global"], batch, hidden.dtype)
         fused = self.fused_decode()
         if fused is not None and fused.can_run(batch, kv):
-            hidden = fused.run(hidden, ropes, batch, kv, before_layers)
+            hidden = fused.run(hidden, ropes, batch, kv, before_layers)[batch.logits_index]
         else:
             if before_layers is not None:
                 before_layers()
-            for index, layer in enumerate(self.model.blocks()):
-                hidden = layer(hidden, ropes[self.config.rope_kind(index)], batch, kv)
-        hidden = self.model.norm(hidden[batch.logits_index])
+            blocks = self.model.blocks()
+            for index, layer in enumerate(blocks):
+                # The last layer stores every token's keys and values but goes on (output
+                # projection, MLP) only with the tokens whose logits are wanted: a prompt's
+                # other tokens would be dropped after it (1/layers of a prompt's work saved).
+                keep = batch.logits_index if index == len(blocks) - 1 else None
+                hidden = layer(hidden, ropes[self.config.rope_kind(index)], batch, kv, keep)
+        hidden = self.model.norm(hidden)
         logits = self.lm_head(hidden)
         if self.config.logits_scaling != 1.0:
             logits = logits / self.config.logits_scaling

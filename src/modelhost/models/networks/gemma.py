@@ -30,9 +30,10 @@ class GemmaBlock(DecoderBlock):
         rope: tuple[torch.Tensor, torch.Tensor],
         batch: ForwardBatch,
         kv: KVCache,
+        keep: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        attn = self.self_attn(self.input_layernorm(x), rope, batch, kv)
-        x = x + self.post_attention_layernorm(attn)
+        attn = self.self_attn(self.input_layernorm(x), rope, batch, kv, keep)
+        x = (x if keep is None else x[keep]) + self.post_attention_layernorm(attn)
         mlp = self.mlp(self.pre_feedforward_layernorm(x))
         return x + self.post_feedforward_layernorm(mlp)
 

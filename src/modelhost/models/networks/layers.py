@@ -205,7 +205,22 @@ class Attention(nn.Module):
         rope: tuple[torch.Tensor, torch.Tensor],
         batch: ForwardBatch,
         kv: KVCache,
+        keep: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """The attention's output for each token of x, or for the tokens `keep` lists (every
+        token's keys and values are stored either way): a prompt's last layer projects only
+        the tokens whose logits are wanted."""
+        out = self._attend(x, rope, batch, kv)
+        return self.o_proj(out if keep is None else out[keep])
+
+    def _attend(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        batch: ForwardBatch,
+        kv: KVCache,
+    ) -> torch.Tensor:
+        """Every token's attention output before the output projection: [tokens, heads D]."""
         num_tokens = x.shape[0]
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
         q_size = heads * head_dim
@@ -246,7 +261,7 @@ class Attention(nn.Module):
                 self.scale,
                 self.softcap or 0.0,
             )
-            return self.o_proj(out)
+            return out
         qk = qkv[:, : q_size + kv_heads * head_dim].view(num_tokens, -1, head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             weight = self.qk_norm_weight
@@ -265,7 +280,7 @@ class Attention(nn.Module):
 
         q = qkv[:, :q_size]
         if self.softcap is not None:
-            return self.o_proj(self._capped_attention(q, keys, values, mask, batch, num_tokens))
+            return self._capped_attention(q, keys, values, mask, batch, num_tokens)
         if batch.dense and max_q == 1:
             # One query per row: the query heads of a KV head share its keys, so grouped
             # attention is plain SDPA over [R, Hkv, group, D] (no repeated keys and values).
@@ -273,7 +288,7 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(
                 queries, keys, values, attn_mask=mask, scale=self.scale
             )
-            return self.o_proj(out.reshape(rows, q_size))
+            return out.reshape(rows, q_size)
         if batch.dense:
             queries = q.view(rows, max_q, heads, head_dim).transpose(1, 2)
         else:
@@ -282,7 +297,7 @@ class Attention(nn.Module):
             queries, keys, values, attn_mask=mask, scale=self.scale, enable_gqa=True
         )
         out = out.transpose(1, 2).reshape(rows * max_q, q_size)
-        return self.o_proj(out if batch.dense else out[batch.output_index])
+        return out if batch.dense else out[batch.output_index]
 
     def _capped_attention(
         self,

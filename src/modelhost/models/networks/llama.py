@@ -27,10 +27,11 @@ class LlamaBlock(DecoderBlock):
         rope: tuple[torch.Tensor, torch.Tensor],
         batch: ForwardBatch,
         kv: KVCache,
+        keep: torch.Tensor | None = None,
     ) -> torch.Tensor:
         scale = self.residual_multiplier
-        attn = self.self_attn(self.input_layernorm(x), rope, batch, kv)
-        x = x + (attn if scale == 1.0 else attn * scale)
+        attn = self.self_attn(self.input_layernorm(x), rope, batch, kv, keep)
+        x = (x if keep is None else x[keep]) + (attn if scale == 1.0 else attn * scale)
         mlp = self.mlp(self.post_attention_layernorm(x))
         return x + (mlp if scale == 1.0 else mlp * scale)
 
