@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
 
 import httpx
 import pytest
 from family_templates import template
 from scripted_engine import ScriptedEngine, scripted_model
+from sse_payloads import sse_data
 from starlette.applications import Starlette
 
 AppFactory = Callable[..., Starlette]
@@ -40,15 +40,6 @@ def app_for(make_app: AppFactory, family: str) -> Starlette:
     architecture, _, fixture = family.partition(":")
     model = scripted_model(family=architecture, template=template(fixture) if fixture else None)
     return make_app(ScriptedEngine(SCRIPTS[family]), model)
-
-
-def sse_data(text: str) -> list[Any]:
-    lines = [line for frame in text.split("\n\n") for line in frame.split("\n")]
-    return [
-        json.loads(line.removeprefix("data: "))
-        for line in lines
-        if line.startswith("data: ") and line != "data: [DONE]"
-    ]
 
 
 def clean(text: str | None) -> bool:

@@ -4,13 +4,12 @@ surface, streamed or not, and neither the think nor the response tags reach the 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from typing import Any
 
 import httpx
 from family_templates import template
 from scripted_engine import ScriptedEngine, scripted_model
+from sse_payloads import sse_data
 from starlette.applications import Starlette
 
 AppFactory = Callable[..., Starlette]
@@ -27,15 +26,6 @@ def granite_app(make_app: AppFactory) -> tuple[Starlette, ScriptedEngine]:
     engine = ScriptedEngine(SCRIPT)
     model = scripted_model(family="granite", template=template("granite3_3"))
     return make_app(engine, model), engine
-
-
-def sse_data(text: str) -> list[Any]:
-    lines = [line for frame in text.split("\n\n") for line in frame.split("\n")]
-    return [
-        json.loads(line.removeprefix("data: "))
-        for line in lines
-        if line.startswith("data: ") and line != "data: [DONE]"
-    ]
 
 
 def clean(text: str | None) -> bool:

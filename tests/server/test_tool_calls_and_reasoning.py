@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 from scripted_engine import ScriptedEngine, scripted_model
+from sse_payloads import sse_data
 from starlette.applications import Starlette
 
 AppFactory = Callable[..., Starlette]
@@ -44,16 +45,6 @@ USER = [{"role": "user", "content": "Weather in Paris?"}]
 def qwen_app(make_app: AppFactory, script: tuple[str, ...]) -> tuple[Starlette, ScriptedEngine]:
     engine = ScriptedEngine(script)
     return make_app(engine, scripted_model(family="qwen3")), engine
-
-
-def sse_data(text: str) -> list[Any]:
-    """The decoded `data:` payloads of an SSE body (without `[DONE]`)."""
-    payloads = []
-    for frame in text.split("\n\n"):
-        for line in frame.split("\n"):
-            if line.startswith("data: ") and line != "data: [DONE]":
-                payloads.append(json.loads(line.removeprefix("data: ")))
-    return payloads
 
 
 # ---- OpenAI chat ------------------------------------------------------------------------------
