@@ -62,6 +62,17 @@ class Usage:
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
+    def prediction_details(self) -> dict[str, int]:
+        """The guesses as OpenAI's predicted outputs name them (`accepted_prediction_tokens`,
+        `rejected_prediction_tokens`), as LM Studio reports its draft model's; empty when
+        nothing was guessed for this answer."""
+        if not self.draft_tokens:
+            return {}
+        return {
+            "accepted_prediction_tokens": self.accepted_draft_tokens,
+            "rejected_prediction_tokens": self.draft_tokens - self.accepted_draft_tokens,
+        }
+
 
 @dataclass(slots=True)
 class EngineEvent:

@@ -39,8 +39,11 @@ also cost its forwards (one per depth, measured): `auto` counts them. In `auto` 
 from its context where that finds a match (free), else from the draft model where one is
 configured. `ngram` verifies every row's context guesses whatever they cost, `draft` every
 row's draft-model guesses. Steps that prefill a prompt, or preempted a row, never guess:
-they are not decode steps. Rows with a grammar or a readout never guess (their per-token masks
-make extra positions costly and their answers are short).
+they are not decode steps. Rows with a readout never guess (their answers are one token).
+Rows with a grammar do (a schema's keys and a quoted value copy well): their positions are
+sampled one after the other under the grammar's mask, the state advanced by each kept token, so
+a guess the grammar forbids is never the sampled token and is rejected there; their draft-model
+guesses are the draft's best tokens (the draft knows no grammar).
 """
 
 from __future__ import annotations
@@ -155,7 +158,7 @@ class Speculator:
         if mode not in SPECULATE_MODES:
             raise ValueError(f"speculate must be one of {', '.join(SPECULATE_MODES)}")
         if mode == "draft" and draft is None:
-            raise ValueError("speculate=draft needs a draft model")
+            mode = "none"  # the draft model itself, served on its own: nothing guesses for it
         self.mode: SpeculateMode = mode if exact else "none"
         self.draft = draft if self.mode in ("auto", "draft") else None
         self.counts = SpeculationCounts()
@@ -260,7 +263,12 @@ class Speculator:
         for candidate, count in wanted:
             seq = candidate.row.seq
             sampling = sampling_of(seq) if sampling_of is not None else None
-            drawn = sampling is not None and not seq.params.greedy and seq.params.seed is None
+            drawn = (
+                sampling is not None
+                and sampling.grammar is None
+                and not seq.params.greedy
+                and seq.params.seed is None
+            )
             requests.append(DraftRequest(seq, count, sampling if drawn else None))
         before = self.draft.num_forwards
         guesses = self.draft.propose(requests)
@@ -367,4 +375,4 @@ def _generated(row: ScheduledRow) -> bool:
 
 def _may_guess(seq: Sequence) -> bool:
     params = seq.params
-    return params.speculate and params.grammar is None and not params.readout_token_ids
+    return params.speculate and not params.readout_token_ids
