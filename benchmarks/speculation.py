@@ -125,7 +125,13 @@ def server_command(config: str, model: str, file: Path, port: int, args: Any) ->
 
 def start_server(command: list[str], port: int) -> subprocess.Popen[bytes]:
     # Its own process group; no stdin (llama-server reads its EOF as an interrupt).
-    process = subprocess.Popen(command, start_new_session=True, stdin=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        command,
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,  # llama-server logs every slot's timings
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if process.poll() is not None:
