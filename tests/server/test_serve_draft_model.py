@@ -104,7 +104,7 @@ def test_responses_and_anthropic_usage_carry_the_guess_counts(server: Any) -> No
     assert details["accepted_prediction_tokens"] + details["rejected_prediction_tokens"] > 0
     claude = anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0)
     message = claude.messages.create(
-        model=MODEL, max_tokens=20, temperature=0,
+        model=MODEL, max_tokens=20,
         messages=[{"role": "user", "content": "Write two sentences about the sea."}],
     )  # fmt: skip
     extra = message.usage.model_dump()["output_tokens_details"]
