@@ -272,6 +272,10 @@ def main() -> None:
     if not args.llama_server.exists():
         args.configs = [c for c in args.configs if c not in LLAMA_CONFIGS]
 
+    out = (
+        args.out
+        or Path("benchmarks/results") / f"speculation-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    )
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as scratch:
         for model in args.models:
@@ -293,17 +297,20 @@ def main() -> None:
                                 runs.setdefault((config, name, streams), []).append(found)
                     finally:
                         stop_server(process)
+                    # After each configuration: a run cut short keeps what it measured.
+                    write(out, args, [*results, *summarise(model, runs)])
             args.draft_model = draft_given
             results += summarise(model, runs)
     print_table(results)
-    out = (
-        args.out
-        or Path("benchmarks/results") / f"speculation-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    body = {"tokens": args.tokens, "draft_model": args.draft_model or "self", "results": results}
-    out.write_text(json.dumps(body, indent=2))
+    write(out, args, results)
     print(f"wrote {out}")
+
+
+def write(out: Path, args: Any, results: list[dict[str, Any]]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    draft = args.draft_model if args.draft_model and "-draft.gguf" not in args.draft_model else None
+    body = {"tokens": args.tokens, "draft_model": draft or "self", "results": results}
+    out.write_text(json.dumps(body, indent=2))
 
 
 def summarise(
