@@ -85,12 +85,33 @@ def build_app(
     return create_app(stage, settings)
 
 
-def build_stage(
-    model: LoadedModel, settings: ServeSettings, *, batch: int = 8, max_queue: int = 64
-) -> InferenceStage:
-    """The engine over `model` (its KV pool sized by the memory budget) and its stage.
+def load_draft(
+    model: LoadedModel, settings: ServeSettings, quantize: str | None = None
+) -> LoadedModel | None:
+    """The --draft-model to load beside `model`: None without one, or when `model` is it."""
+    from modelhost.models.loading.loader import load_model
 
-    Raises BudgetTooSmall when --memory-budget cannot hold the weights and any context.
+    path = settings.draft_model_path
+    if path is None or Path(path).resolve() == Path(model.path).resolve():
+        return None
+    draft = load_model(path, quantize=quantize)
+    draft.id = settings.draft_model_id or draft.id
+    return draft
+
+
+def build_stage(
+    model: LoadedModel,
+    settings: ServeSettings,
+    *,
+    batch: int = 8,
+    max_queue: int = 64,
+    quantize: str | None = None,
+) -> InferenceStage:
+    """The engine over `model` (its KV pool sized by the memory budget), with the
+    --draft-model beside it (loaded with `quantize`), and its stage.
+
+    Raises BudgetTooSmall when --memory-budget cannot hold the weights and any context, and
+    DraftMismatch when the draft model's tokenizer is not `model`'s.
     """
     from modelhost.engine.engine import Engine, EngineConfig
     from modelhost.engine.speculation import speculate_mode
@@ -109,7 +130,9 @@ def build_stage(
         speculate=speculate_mode(settings.speculate),
     )
     prefix_store = prefix_store_opener(model, KVDiskStore(budget_bytes=settings.kv_disk_bytes))
-    engine = Engine(model, config, prefix_store=prefix_store)
+    engine = Engine(
+        model, config, prefix_store=prefix_store, draft=load_draft(model, settings, quantize)
+    )
     return InferenceStage(engine, model, policy=policy, defaults=settings.defaults)
 
 

@@ -124,7 +124,11 @@ def test_a_stop_string_ends_the_answer_where_it_does_without_guesses(smollm2):
     (guessed,), _ = run(smollm2, "ngram", jobs)
     assert text_of(guessed) == text_of(plain)
     assert guessed[-1].finish_reason == plain[-1].finish_reason == "stop"
-    assert guessed[-1].usage == plain[-1].usage
+    guessed_usage, plain_usage = guessed[-1].usage, plain[-1].usage
+    assert guessed_usage is not None and plain_usage is not None
+    assert guessed_usage.completion_tokens == plain_usage.completion_tokens
+    assert guessed_usage.prompt_tokens == plain_usage.prompt_tokens
+    assert guessed_usage.draft_tokens > 0 == plain_usage.draft_tokens  # and usage counts them
 
 
 @pytest.mark.parametrize("max_tokens", [1, 2, 37])

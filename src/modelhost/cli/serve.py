@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import functools
 import logging
 import sys
@@ -25,7 +26,7 @@ from modelhost.cli.progress import ProgressBar, load_reporter
 from modelhost.inference.admission import BYTES_PER_GB, BudgetTooSmall
 from modelhost.models.loading.embedded import DEFAULT_MODEL
 from modelhost.residency.host import ResidencyHost
-from modelhost.residency.registry import ModelEntry, ModelRegistry
+from modelhost.residency.registry import ModelEntry, ModelRegistry, with_draft
 from modelhost.residency.router import ModelRouter
 from modelhost.residency.unit import LoadProgress, ResidencyError
 from modelhost.serve_config import (
@@ -67,9 +68,15 @@ def run_serve(args: argparse.Namespace) -> int:
     if startup.refusal is not None:
         print(f"modelhost serve: {startup.id} cannot be served: {startup.refusal}", file=sys.stderr)
         return 2
+    try:
+        settings = with_draft_model(args, settings, registry)
+    except ValueError as exc:
+        print(f"modelhost serve: {exc}", file=sys.stderr)
+        return 2
     if getattr(args, "workers", False):
         return _run_workers(args, settings, registry, startup)
     # In-process: the engines run here (a worker-mode front never imports PyTorch).
+    from modelhost.engine.draft_model import DraftMismatch
     from modelhost.engine.engine import set_threads, share_the_gil_with_the_engine
     from modelhost.models.loading import loader
     from modelhost.residency.inprocess import InProcessUnit, in_process_loader
@@ -84,11 +91,13 @@ def run_serve(args: argparse.Namespace) -> int:
     share_the_gil_with_the_engine()  # engines run in this process
 
     def stage_for(loaded: LoadedModel) -> InferenceStage:
-        return build_stage(loaded, settings, batch=args.batch, max_queue=args.max_queue)
+        return build_stage(
+            loaded, settings, batch=args.batch, max_queue=args.max_queue, quantize=quantize
+        )
 
     try:
         unit = InProcessUnit(stage_for(model), model.load_seconds * 1000)
-    except BudgetTooSmall as exc:
+    except (BudgetTooSmall, DraftMismatch) as exc:
         print(f"modelhost serve: {exc}", file=sys.stderr)
         return 2
 
@@ -154,6 +163,30 @@ async def show_load(host: ResidencyHost[Any], model_id: str) -> None:
         models_log.removeFilter(_without_progress_lines)
 
 
+def with_draft_model(
+    args: argparse.Namespace, settings: ServeSettings, registry: ModelRegistry
+) -> ServeSettings:
+    """`settings` with --draft-model resolved to its id and path (ValueError: not found, or
+    --speculate draft without one)."""
+    name = getattr(args, "draft_model", None)
+    if name is None:
+        if settings.speculate == "draft":
+            raise ValueError("--speculate draft needs --draft-model ID")
+        return settings
+    entry = registry.resolve_argument(name)
+    if entry is None or "generate" not in entry.operations or entry.refusal is not None:
+        raise ValueError(f"draft model '{name}' not found among the local generative models")
+    return dataclasses.replace(settings, draft_model_id=entry.id, draft_model_path=str(entry.path))
+
+
+def paired(registry: ModelRegistry, draft: ModelEntry, model_id: str) -> ModelEntry | None:
+    """A model's entry as the host budgets it: with the draft model's memory beside it."""
+    entry = registry.get(model_id)
+    if entry is None or entry.id == draft.id or "generate" not in entry.operations:
+        return entry
+    return with_draft(entry, draft)
+
+
 def _without_progress_lines(record: logging.LogRecord) -> bool:
     return record.msg != LoadProgress.LOG_MESSAGE
 
@@ -172,9 +205,10 @@ def _serve_routed(
     """Host, router and app over `load`; `start` brings the startup model in before listening.
     A spare worker's memory counts against the budget beside the models'."""
     budget_gb = args.model_budget
+    draft = registry.get(settings.draft_model_id) if settings.draft_model_id else None
     host: ResidencyHost[Any] = ResidencyHost(
         budget_bytes=int(budget_gb * BYTES_PER_GB) if budget_gb else default_budget_bytes(),
-        source=registry.get,
+        source=registry.get if draft is None else functools.partial(paired, registry, draft),
         load=load,
         external=spares.held_bytes if spares is not None else lambda: 0,
         hold_s=args.hold,

@@ -115,10 +115,17 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     # Where a decode step has spare rows, guessed tokens ride in them for little more than the
     # weights' read (engine/speculation.py); exact either way.
     parser.add_argument(
-        "--speculate", choices=("auto", "ngram", "none"), default="auto",
-        help="guess tokens ahead from each answer's own context and verify them in one step: "
-        "auto (where a step has room for them), ngram (every decoding row), none "
-        "(default: auto; answers are the same either way)",
+        "--speculate", choices=("auto", "ngram", "draft", "none"), default="auto",
+        help="guess tokens ahead and verify them in one step: auto (from each answer's own "
+        "context, else from --draft-model, where a step's measured cost says they pay), ngram "
+        "(context guesses for every decoding row), draft (--draft-model's guesses for every "
+        "decoding row), none (default: auto; answers are the same either way)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--draft-model", default=None, metavar="ID",
+        help="a small local model with the served models' tokenizer that guesses tokens "
+        "ahead for them (loaded beside each one and counted in its memory; a model with "
+        "another tokenizer is refused when it loads)",
     )  # fmt: skip
     cluster = parser.add_argument_group("cluster (needs `pip install 'modelhost[cluster]'`)")
     cluster.add_argument(

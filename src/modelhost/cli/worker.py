@@ -155,7 +155,13 @@ def main(argv: list[str] | None = None) -> int:
         args.id,
         operations,
         load,
-        lambda model: build_stage(model, settings, batch=config.batch, max_queue=config.max_queue),
+        lambda model: build_stage(
+            model,
+            settings,
+            batch=config.batch,
+            max_queue=config.max_queue,
+            quantize=config.quantize,
+        ),  # fmt: skip
     )
     startup.mark("engine")
     app = create_app(stage, settings)

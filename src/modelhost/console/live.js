@@ -51,4 +51,29 @@ async function refreshMetrics() {
   ];
   replace($("#headline"), figures.map(([label, value]) =>
     el("div", { class: "figure" }, el("span", { class: "value" }, value), el("span", { class: "muted" }, label))));
+  replace($("#speculation"), speculationLines(metrics).map((line) => el("li", {}, line)));
+}
+
+// One line per model that guessed ahead: the share of its guesses kept, and its draft
+// model's share where one guessed (the /metrics counters of engine/speculation.py).
+export function speculationLines(metrics) {
+  const byModel = (name) => {
+    const out = {};
+    for (const s of metrics[name] || []) out[s.labels.model] = (out[s.labels.model] || 0) + s.value;
+    return out;
+  };
+  const drafted = byModel("modelhost_spec_draft_tokens_total");
+  const accepted = byModel("modelhost_spec_accepted_tokens_total");
+  const modelDrafted = byModel("modelhost_spec_draft_model_tokens_total");
+  const modelAccepted = byModel("modelhost_spec_draft_model_accepted_tokens_total");
+  const share = (kept, all) => `${num((100 * kept) / all, 0)}%`;
+  return Object.keys(drafted).filter((model) => drafted[model] > 0).sort().map((model) => {
+    let line = `${model}: speculation kept ${share(accepted[model] || 0, drafted[model])} ` +
+      `of ${drafted[model].toFixed(0)} guessed tokens`;
+    if (modelDrafted[model] > 0) {
+      line += ` (draft model: ${share(modelAccepted[model] || 0, modelDrafted[model])} ` +
+        `of ${modelDrafted[model].toFixed(0)})`;
+    }
+    return line;
+  });
 }

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from modelhost.engine.draft_model import DraftModel, check_same_tokenizer
 from modelhost.engine.events import (
     EngineClosed,
     EngineError,
@@ -42,8 +43,14 @@ from modelhost.engine.kv.prefix_store import PrefixStoreOpener
 from modelhost.engine.row_output import RowOutput
 from modelhost.engine.runner import ModelRunner
 from modelhost.engine.sampling.prompt_logprobs import PromptScores, prompt_spans
-from modelhost.engine.sampling.sampler import SampledToken, sample
+from modelhost.engine.sampling.sampler import (
+    SampledToken,
+    chosen_token,
+    probabilities,
+    sample,
+)
 from modelhost.engine.sampling.sampling_params import SamplingParams
+from modelhost.engine.sampling.speculative_sampling import accept_or_resample
 from modelhost.engine.scheduler import (
     ScheduledRow,
     Scheduler,
@@ -179,9 +186,12 @@ class Engine:
         model: LoadedModel,
         config: EngineConfig | None = None,
         prefix_store: PrefixStoreOpener | None = None,
+        draft: LoadedModel | None = None,
     ) -> None:
         """`prefix_store`: where full prefix blocks outlive this engine (a disk store), opened
-        with the KV layout's description; None keeps them in memory only."""
+        with the KV layout's description; None keeps them in memory only. `draft`: a small
+        model with `model`'s tokenizer that guesses ahead (engine/draft_model.py; DraftMismatch
+        when its tokenizer differs)."""
         self.model = model
         self.config = config = config or EngineConfig()
         self.context_length = min(
@@ -205,7 +215,17 @@ class Engine:
             prompt_threads=config.prompt_threads,
             grows=grows,
         )
-        self.speculator = Speculator(config.speculate, exact_for(model))
+        self.draft: DraftModel | None = None
+        if draft is not None:
+            check_same_tokenizer(model, draft)
+            self.draft = DraftModel(
+                draft,
+                target_vocab_size=model.config.vocab_size,
+                num_blocks=num_blocks,
+                block_size=config.block_size,
+                prompt_threads=config.prompt_threads,
+            )
+        self.speculator = Speculator(config.speculate, exact_for(model), self.draft)
         self._block_bytes = config.block_size * model.config.kv_bytes_per_token(
             model.cache_dtype.itemsize
         )
@@ -301,6 +321,10 @@ class Engine:
             spec_draft_tokens=self.speculator.counts.draft_tokens,
             spec_accepted_tokens=self.speculator.counts.accepted_tokens,
             spec_verify_steps=self.speculator.counts.verify_steps,
+            spec_draft_model=self.draft.model.id if self.draft is not None else None,
+            spec_model_draft_tokens=self.speculator.counts.model_draft_tokens,
+            spec_model_accepted_tokens=self.speculator.counts.model_accepted_tokens,
+            spec_draft_forwards=self.speculator.counts.draft_forwards,
         )
 
     def close(self, timeout_s: float = 10.0) -> None:
@@ -380,6 +404,8 @@ class Engine:
         first = self.block_manager.release_tail(self._idle_keep_blocks)
         if first is not None:
             self.runner.release_blocks_from(first)
+        if self.draft is not None:
+            self.draft.give_back(self._idle_keep_blocks)
 
     def _deliver(self) -> None:
         _deliver(self._outbox)
@@ -391,7 +417,10 @@ class Engine:
         if out.is_empty:
             return
         if self.speculator.plan(
-            out, self.block_manager, self.scheduler.config.max_num_batched_tokens
+            out,
+            self.block_manager,
+            self.scheduler.config.max_num_batched_tokens,
+            lambda seq: _output(seq).sampling,
         ):
             self._verify_step(out, before_layers)
             return
@@ -444,6 +473,9 @@ class Engine:
         """Sample the row's positions one after the other, as that many decode steps would,
         keeping each guess the sampled token agrees with; the first disagreement (or the row's
         end) is the last token of the step."""
+        if row.draft_probs is not None:
+            self._verify_drawn_row(row, logits)
+            return
         seq, draft = row.seq, row.draft
         sampling = _output(seq).sampling
         params = seq.params
@@ -461,13 +493,46 @@ class Engine:
         for i in range(logits.shape[0]):
             token = batch[i] if batch is not None else sample(logits[i : i + 1], [sampling])[0]
             appended += 1
-            self.scheduler.accept_token(seq, token.token_id)
-            self._emit(seq, token)
-            if seq.is_finished or i == len(draft) or token.token_id != draft[i]:
+            kept = i < len(draft) and token.token_id == draft[i]
+            accepted += kept
+            self._take(seq, token, len(draft) if i == 0 else 0, kept)
+            if seq.is_finished or not kept:
                 break
-            accepted += 1
         self.scheduler.settle_verified(row, appended)
         self.speculator.learn(seq, len(draft), accepted)
+
+    def _verify_drawn_row(self, row: ScheduledRow, logits: torch.Tensor) -> None:
+        """Speculative sampling over a row whose guesses the draft model drew from q: each is
+        kept with probability min(1, p/q), the first that is not is replaced by a draw from the
+        residual, and when all are kept the last position's token is sampled as usual."""
+        seq, draft = row.seq, row.draft
+        q = row.draft_probs
+        assert isinstance(q, torch.Tensor)
+        sampling = _output(seq).sampling
+        appended = accepted = 0
+        for i in range(len(draft) + 1):
+            raw = logits[i : i + 1]
+            if i == len(draft):
+                token, kept = sample(raw, [sampling])[0], False
+            else:
+                p = probabilities(raw.clone(), [sampling])[0]
+                token_id, kept = accept_or_resample(p, q[i], draft[i], sampling.generator)
+                token = chosen_token(raw, token_id, sampling)
+            appended += 1
+            accepted += kept
+            self._take(seq, token, len(draft) if i == 0 else 0, kept)
+            if seq.is_finished or not kept:
+                break
+        self.scheduler.settle_verified(row, appended)
+        self.speculator.learn(seq, len(draft), accepted)
+
+    def _take(self, seq: Sequence, token: SampledToken, drafted: int, kept: bool) -> None:
+        """Append and emit one token of a verified row, its guesses counted first: the
+        row's last event carries its counts in its usage."""
+        seq.num_draft_tokens += drafted
+        seq.num_accepted_tokens += kept
+        self.scheduler.accept_token(seq, token.token_id)
+        self._emit(seq, token)
 
     def _score_prompts(
         self, out: SchedulerOutput, logits: torch.Tensor, num_sampling: int

@@ -53,10 +53,25 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    # Speculation (engine/speculation.py): tokens guessed ahead for this answer and verified,
+    # and of those the ones kept. The answer's tokens are the same either way.
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+    def prediction_details(self) -> dict[str, int]:
+        """The guesses as OpenAI's predicted outputs name them (`accepted_prediction_tokens`,
+        `rejected_prediction_tokens`), as LM Studio reports its draft model's; empty when
+        nothing was guessed for this answer."""
+        if not self.draft_tokens:
+            return {}
+        return {
+            "accepted_prediction_tokens": self.accepted_draft_tokens,
+            "rejected_prediction_tokens": self.draft_tokens - self.accepted_draft_tokens,
+        }
 
 
 @dataclass(slots=True)
@@ -101,3 +116,7 @@ class EngineStats:
     spec_draft_tokens: int = 0  # tokens guessed ahead and verified
     spec_accepted_tokens: int = 0  # of those, tokens the model agreed with
     spec_verify_steps: int = 0  # steps that verified any guess
+    spec_draft_model: str | None = None  # the draft model's id, where one guesses ahead
+    spec_model_draft_tokens: int = 0  # of spec_draft_tokens, the draft model's
+    spec_model_accepted_tokens: int = 0  # of spec_accepted_tokens, the draft model's
+    spec_draft_forwards: int = 0  # the draft model's forward passes

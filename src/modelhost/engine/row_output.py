@@ -70,6 +70,8 @@ class RowOutput:
             prompt_tokens=seq.num_prompt_tokens,
             completion_tokens=seq.num_generated_tokens,
             cached_tokens=seq.num_cached_tokens,
+            draft_tokens=seq.num_draft_tokens,
+            accepted_draft_tokens=seq.num_accepted_tokens,
         )
         return event
 

@@ -44,6 +44,10 @@ class ScheduledRow:
     # Guessed tokens computed after the row's last one (engine/speculation.py): num_tokens is
     # 1 + len(draft), and `settle_verified` records the step instead of `update`.
     draft: list[int] = field(default_factory=list)
+    # With a draft model's drawn guesses: the distribution each was drawn from (a torch tensor,
+    # [len(draft), vocab]), for speculative sampling; None for guesses kept only where the
+    # sampled token is the guess.
+    draft_probs: object = None
 
 
 @dataclass(slots=True)

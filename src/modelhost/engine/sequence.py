@@ -37,6 +37,8 @@ class Sequence:
     finish_reason: FinishReason | None = None
     aborted: bool = False
     num_preemptions: int = 0
+    num_draft_tokens: int = 0  # tokens guessed ahead for this row and verified (speculation)
+    num_accepted_tokens: int = 0  # of those, the ones kept
     payload: object = field(default=None, repr=False)
 
     def __post_init__(self) -> None:

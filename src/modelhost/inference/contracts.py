@@ -194,10 +194,19 @@ class PromptCacheStats:
 
 @dataclass(frozen=True, slots=True)
 class SpeculationStats:
-    mode: str = "none"  # in effect: auto, ngram, or none (off, or not exact for this model)
+    mode: str = "none"  # in effect: auto, ngram, draft, or none (off, or not exact here)
     draft_tokens: int = 0  # tokens guessed ahead and verified
     accepted_tokens: int = 0  # of those, the ones the model agreed with
     verify_steps: int = 0  # steps that verified any guess
+    draft_model: str | None = None  # the draft model guessing ahead, where there is one
+    model_draft_tokens: int = 0  # of draft_tokens, the draft model's guesses
+    model_accepted_tokens: int = 0  # of accepted_tokens, the draft model's
+    draft_forwards: int = 0  # the draft model's forward passes
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """The share of guesses kept; None before any guess."""
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
 
 
 @dataclass(frozen=True, slots=True)

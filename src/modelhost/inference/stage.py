@@ -260,6 +260,10 @@ class InferenceStage:
                 draft_tokens=engine.spec_draft_tokens,
                 accepted_tokens=engine.spec_accepted_tokens,
                 verify_steps=engine.spec_verify_steps,
+                draft_model=engine.spec_draft_model,
+                model_draft_tokens=engine.spec_model_draft_tokens,
+                model_accepted_tokens=engine.spec_model_accepted_tokens,
+                draft_forwards=engine.spec_draft_forwards,
             ),
         )
 
@@ -454,5 +458,7 @@ class AdmittedRequest:
                 prompt_tokens=usage.prompt_tokens if usage else self.prompt_tokens,
                 completion_tokens=self.completion_tokens,
                 cached_tokens=self.cached_tokens,
+                draft_tokens=usage.draft_tokens if usage else 0,
+                accepted_draft_tokens=usage.accepted_draft_tokens if usage else 0,
             ),
         )

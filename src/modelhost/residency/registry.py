@@ -105,6 +105,18 @@ class ModelEntry:
     kv_pool_bytes: int = 0  # the most all leases together claim of KV
 
 
+def with_draft(entry: ModelEntry, draft: ModelEntry) -> ModelEntry:
+    """`entry` served with `draft` guessing ahead beside it (--draft-model): the draft's
+    weights, working memory and KV count in what the unit holds and claims."""
+    return replace(
+        entry,
+        estimate_bytes=entry.estimate_bytes + draft.estimate_bytes,
+        work_bytes=entry.work_bytes + draft.work_bytes,
+        kv_row_bytes=entry.kv_row_bytes + draft.kv_row_bytes,
+        kv_pool_bytes=entry.kv_pool_bytes + draft.kv_pool_bytes,
+    )
+
+
 def hf_hub_dir() -> Path:
     if os.environ.get("HF_HUB_CACHE"):
         return Path(os.environ["HF_HUB_CACHE"])

@@ -32,6 +32,9 @@ class ServeSettings:
     prompt_threads: int | None = None  # --prompt-threads: the engine's prompt-heavy steps
     kv_disk_bytes: int = 0  # --kv-disk: the prefix KV store's budget (0: off)
     speculate: str = "auto"  # --speculate: the engine's guessing ahead (engine/speculation.py)
+    # --draft-model, resolved: the draft's id and its path (a .gguf file or a model folder).
+    draft_model_id: str | None = None
+    draft_model_path: str | None = None
     owner: str = "serve"
     close_engine_on_shutdown: bool = True
     # The edge (server/edge/access.py): the bind address the Host guard accepts, the API key

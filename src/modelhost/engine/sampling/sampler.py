@@ -133,6 +133,33 @@ def sample(logits: torch.Tensor, rows: Sequence[RowSamplingState]) -> list[Sampl
     return results
 
 
+def probabilities(logits: torch.Tensor, rows: Sequence[RowSamplingState]) -> torch.Tensor:
+    """The distribution `sample` draws each sampling (non-greedy) row's token from: after
+    logit_bias, penalties, grammar masks, temperature, top_k, top_p and min_p. Speculative
+    sampling (speculative_sampling.py) weighs a draft's guesses against it. `logits` is
+    modified in place."""
+    if logits.dtype != torch.float32:
+        logits = logits.float()
+    _apply_logit_bias(logits, rows)
+    _apply_penalties(logits, rows)
+    if any(row.grammar is not None for row in rows):
+        apply_masks(logits, [row.grammar for row in rows])
+    logits.div_(_column([row.params.temperature or 1.0 for row in rows], logits.device))
+    _filter(logits, rows)
+    return torch.softmax(logits, dim=-1)
+
+
+def chosen_token(raw_logits: torch.Tensor, token_id: int, row: RowSamplingState) -> SampledToken:
+    """`token_id` as `sample` reports a token it chose for `row` from `raw_logits` ([1, V],
+    unprocessed): with the raw model's logprobs when the row asks for them."""
+    result = SampledToken(token_id)
+    if row.params.logprobs is not None or row.params.readout_token_ids:
+        raw_logprobs = torch.log_softmax(raw_logits.float(), dim=-1)
+        chosen = torch.tensor([token_id], dtype=torch.long, device=raw_logits.device)
+        _fill_logprobs([result], raw_logprobs, [0], chosen, [row])
+    return result
+
+
 def _steer(chosen: list[int], rows: Sequence[RowSamplingState]) -> bool:
     """Let each closing grammar row replace its drawn token (in place) when keeping it would
     leave the row's value unclosable within its budget; whether any row did."""

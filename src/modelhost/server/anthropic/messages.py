@@ -156,6 +156,9 @@ def usage_json(usage: Usage) -> dict[str, Any]:
     }
     if usage.cached_tokens > 0:
         out["cache_read_input_tokens"] = usage.cached_tokens
+    predictions = usage.prediction_details()
+    if predictions:  # speculation's guesses, named as OpenAI's usage names them (SDKs keep extras)
+        out["output_tokens_details"] = predictions
     return out
 
 

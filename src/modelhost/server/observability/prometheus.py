@@ -339,6 +339,21 @@ class ServingCollector:
                 "Guessed tokens the model agreed with (kept without a step of their own)",
                 labels=["model"],
             ),
+            "model_drafted": CounterMetricFamily(
+                "modelhost_spec_draft_model_tokens",
+                "Tokens guessed ahead by the draft model (--draft-model) and verified",
+                labels=["model"],
+            ),
+            "model_accepted": CounterMetricFamily(
+                "modelhost_spec_draft_model_accepted_tokens",
+                "The draft model's guesses the model agreed with",
+                labels=["model"],
+            ),
+            "draft_forwards": CounterMetricFamily(
+                "modelhost_spec_draft_model_forwards",
+                "Forward passes of the draft model",
+                labels=["model"],
+            ),
         }
         for model_id, stats in self._engine_stats():
             families["running"].add_metric([model_id], stats.active_rows)
@@ -351,6 +366,12 @@ class ServingCollector:
             families["hits"].add_metric([model_id], hits)
             families["drafted"].add_metric([model_id], getattr(stats, "spec_draft_tokens", 0))
             families["accepted"].add_metric([model_id], getattr(stats, "spec_accepted_tokens", 0))
+            for name, field in (
+                ("model_drafted", "spec_model_draft_tokens"),
+                ("model_accepted", "spec_model_accepted_tokens"),
+                ("draft_forwards", "spec_draft_forwards"),
+            ):
+                families[name].add_metric([model_id], getattr(stats, field, 0))
         for model_id, stats in self.worker_stats.items():
             batch, cache = stats.get("batch") or {}, stats.get("prompt_cache") or {}
             families["running"].add_metric([model_id], batch.get("active_rows", 0))
@@ -362,6 +383,12 @@ class ServingCollector:
             speculation = stats.get("speculation") or {}
             families["drafted"].add_metric([model_id], speculation.get("draft_tokens", 0))
             families["accepted"].add_metric([model_id], speculation.get("accepted_tokens", 0))
+            for name, key in (
+                ("model_drafted", "draft_model_tokens"),
+                ("model_accepted", "draft_model_accepted_tokens"),
+                ("draft_forwards", "draft_model_forwards"),
+            ):
+                families[name].add_metric([model_id], speculation.get(key, 0))
         yield from families.values()
         yield from self._residency()
         yield from self._jobs()

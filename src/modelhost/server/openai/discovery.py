@@ -188,6 +188,11 @@ def stats_json(stats: StageStats, owner: str) -> dict[str, Any]:
             "draft_tokens": stats.speculation.draft_tokens,
             "accepted_tokens": stats.speculation.accepted_tokens,
             "verify_steps": stats.speculation.verify_steps,
+            "acceptance_rate": stats.speculation.acceptance_rate,
+            "draft_model": stats.speculation.draft_model,
+            "draft_model_tokens": stats.speculation.model_draft_tokens,
+            "draft_model_accepted_tokens": stats.speculation.model_accepted_tokens,
+            "draft_model_forwards": stats.speculation.draft_forwards,
         },
         "batch": {
             "configured": batch.configured,

@@ -27,14 +27,19 @@ def sse(payload: Mapping[str, Any]) -> str:
 
 
 def usage_json(usage: Usage) -> dict[str, Any]:
-    """The terminal usage block: OpenAI's fields plus `lane` (one request is a batch of one)."""
-    return {
+    """The terminal usage block: OpenAI's fields plus `lane` (one request is a batch of one);
+    where speculation guessed for the answer, its counts in `completion_tokens_details`."""
+    out = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
         "lane": "batched",
     }
+    predictions = usage.prediction_details()
+    if predictions:
+        out["completion_tokens_details"] = predictions
+    return out
 
 
 def openai_error_json(status: int, body: Mapping[str, Any]) -> dict[str, Any]:

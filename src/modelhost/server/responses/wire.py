@@ -181,7 +181,10 @@ def usage_json(usage: Usage, reasoning: str = "") -> dict[str, Any]:
         "input_tokens": usage.prompt_tokens,
         "input_tokens_details": {"cached_tokens": usage.cached_tokens},
         "output_tokens": usage.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+        "output_tokens_details": {
+            "reasoning_tokens": reasoning_tokens,
+            **usage.prediction_details(),  # speculation's guesses, named as on chat
+        },
         "total_tokens": usage.total_tokens,
     }
 
