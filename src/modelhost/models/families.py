@@ -65,6 +65,24 @@ GRANITE_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|start_of_role|>assistant<|end_of_role|>' }}{% endif %}"
 )
 
+# SmolVLM / Idefics3's turns ("User: ...<end_of_utterance>\nAssistant:"); an image part is
+# "<image>", which the vision tower expands (models/vision/).
+SMOLVLM_TEMPLATE = (
+    "<|im_start|>"
+    "{% for message in messages %}"
+    "{{ message['role'] | capitalize }}"
+    "{% if message['content'] is string %}{{ ': ' + message['content'] }}"
+    "{% else %}"
+    "{{ ':' if message['content'] and message['content'][0]['type'] == 'image' else ': ' }}"
+    "{% for part in message['content'] %}"
+    "{% if part['type'] == 'text' %}{{ part['text'] }}"
+    "{% elif part['type'] == 'image' %}{{ '<image>' }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "<end_of_utterance>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+)
+
 
 @dataclass(frozen=True, slots=True)
 class ToolDialect:
@@ -106,6 +124,8 @@ class Family:
     eos_tokens: tuple[str, ...]  # end-of-turn tokens that end generation besides the model's EOS
     tool_dialect: ToolDialect = LLAMA3_JSON
     reasoning_markers: tuple[str, str] | None = None
+    # Reads images: a loaded model's record says True exactly when its vision tower was loaded
+    # (models/loading/loader.py); a family record says whether its folders carry one.
     vision: bool = False
     system_role: bool = True  # False: the template refuses system turns (Gemma 2's raises)
 
@@ -141,6 +161,8 @@ FAMILIES: dict[str, Family] = {
     "gemma3": Family("gemma3", GEMMA_TEMPLATE, ("<end_of_turn>",), GEMMA_TOOL_CODE),
     "smollm3": Family("smollm3", CHATML_TEMPLATE, _QWEN_EOS, HERMES, THINK),
     "granite": Family("granite", GRANITE_TEMPLATE, ("<|end_of_text|>",), PHI),
+    # Idefics3 / SmolVLM folders: SigLIP and a connector before a Llama decoder.
+    "smolvlm": Family("smolvlm", SMOLVLM_TEMPLATE, ("<end_of_utterance>",), vision=True),
 }
 
 # Hugging Face `model_type` and GGUF `general.architecture` spellings → canonical family name.
@@ -148,6 +170,7 @@ _ALIASES: dict[str, str] = {
     **{name: name for name in FAMILIES},
     "qwen3_moe": "qwen3moe",  # HF
     "gemma3_text": "gemma3",  # HF, Gemma 3 1B and the text tower of 4B+
+    "idefics3": "smolvlm",  # HF, SmolVLM's predecessor: the same architecture
 }
 
 

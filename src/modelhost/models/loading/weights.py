@@ -107,6 +107,15 @@ def fill_checkpoint_modules(
     network.eval()
 
 
+def linear_from(
+    sources: Mapping[str, TensorSource], stems: list[str], plan: WeightPlan
+) -> nn.Module:
+    """One linear made of the `stems` (`<stem>.weight`, and `<stem>.bias` where present) laid
+    side by side, in the plan's form: what a vision tower's layers are built from, on the same
+    kernels and quantization rules as the text model's."""
+    return _Filler(cast(DecoderLM, None), sources, plan, None).linear(stems)
+
+
 class _Filler:
     def __init__(
         self,

@@ -142,6 +142,9 @@ class DecoderLM(nn.Module):
         hidden = self.model.embed_tokens(batch.input_ids)
         if self.embed_scale != 1.0:
             hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
+        if batch.embed_override is not None:  # image rows, already in embedding space
+            at, rows = batch.embed_override
+            hidden = hidden.index_copy(0, at.to(hidden.device), rows.to(hidden))
         ropes = {
             kind: self.rotaries[kind].cos_sin(batch.positions, hidden.dtype)
             for kind in self.rope_kinds
