@@ -101,3 +101,7 @@ def reference_smolvlm(directory: Path) -> torch.nn.Module:
     return transformers.SmolVLMForConditionalGeneration.from_pretrained(
         directory, dtype=torch.float32, attn_implementation="eager"
     ).eval()
+
+
+def write_smolvlm_gguf(directory: Path, out: Path) -> Path:
+    raise NotImplementedError
