@@ -6,8 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import gguf
 import torch
 import transformers
+from gguf.quants import quantize
+from safetensors.torch import load_file, save_file
+from tiny_gguf import write_gguf_from_hf
 from tiny_models import SHAPE
 from tokenizers import Tokenizer as TokenizerBackend
 
@@ -103,5 +107,69 @@ def reference_smolvlm(directory: Path) -> torch.nn.Module:
     ).eval()
 
 
-def write_smolvlm_gguf(directory: Path, out: Path) -> Path:
-    raise NotImplementedError
+def write_smolvlm_gguf(directory: Path, out: Path, qtype: str = "F32") -> Path:
+    """The checkpoint as llama.cpp's converter writes it: the text model as a `llama` GGUF
+    (the image tokens in its vocabulary) and the vision tower as `mmproj-<name>.gguf` beside
+    it, in a folder `out`. Returns the text model's path."""
+    out.mkdir(parents=True, exist_ok=True)
+    raw = json.loads((directory / "config.json").read_text())
+    text_dir = out / "text-checkpoint"
+    text_dir.mkdir(exist_ok=True)
+    text_config = {**raw["text_config"], "model_type": "llama", "tie_word_embeddings": False}
+    (text_dir / "config.json").write_text(json.dumps(text_config))
+    tensors = load_file(str(directory / "model.safetensors"))
+    text = {
+        name.replace("model.text_model.", "model."): value
+        for name, value in tensors.items()
+        if name.startswith(("model.text_model.", "lm_head."))
+    }
+    save_file(text, str(text_dir / "model.safetensors"))
+    model_path = write_gguf_from_hf(text_dir, out / "tiny-smolvlm.gguf", qtype, IMAGE_TOKENS)
+    write_mmproj(directory, out / "mmproj-tiny-smolvlm.gguf", qtype)
+    return model_path
+
+
+def write_mmproj(directory: Path, path: Path, qtype: str = "F32") -> Path:
+    """The vision tower and connector as an `mmproj` GGUF, following llama.cpp's converter
+    (conversion/base.py MmprojModel, conversion/smolvlm.py): `clip` architecture, clip.vision.*
+    hyper-parameters, gguf's MMPROJ tensor names, embeddings kept in F32."""
+    raw = json.loads((directory / "config.json").read_text())
+    vision = raw["vision_config"]
+    processor = json.loads((directory / "preprocessor_config.json").read_text())
+    writer = gguf.GGUFWriter(path, "clip")
+    writer.add_type(gguf.GGUFType.MMPROJ)
+    writer.add_file_type(
+        gguf.LlamaFileType.ALL_F32 if qtype == "F32" else gguf.LlamaFileType.MOSTLY_Q8_0
+    )
+    writer.add_clip_has_vision_encoder(True)
+    writer.add_vision_projection_dim(raw["text_config"]["hidden_size"])
+    writer.add_vision_image_size(vision["image_size"])
+    writer.add_vision_patch_size(vision["patch_size"])
+    writer.add_vision_embedding_length(vision["hidden_size"])
+    writer.add_vision_feed_forward_length(vision["intermediate_size"])
+    writer.add_vision_block_count(vision["num_hidden_layers"])
+    writer.add_vision_head_count(vision["num_attention_heads"])
+    writer.add_vision_image_mean(processor["image_mean"])
+    writer.add_vision_image_std(processor["image_std"])
+    writer.add_clip_projector_type(gguf.VisionProjectorType.IDEFICS3)
+    writer.add_vision_attention_layernorm_eps(vision.get("layer_norm_eps", 1e-5))
+    writer.add_vision_projector_scale_factor(raw.get("scale_factor", 2))
+    writer.add_vision_use_gelu(True)
+    writer.add_vision_preproc_image_size(processor["size"]["longest_edge"])
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, vision["num_hidden_layers"])
+    for name, value in load_file(str(directory / "model.safetensors")).items():
+        if not name.startswith(("model.vision_model.", "model.connector.")):
+            continue
+        gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        assert gguf_name is not None, name
+        array = value.float().numpy()
+        if qtype == "F32" or array.ndim == 1 or ".embeddings." in name:
+            writer.add_tensor(gguf_name, array)
+        else:
+            kind = gguf.GGMLQuantizationType[qtype]
+            writer.add_tensor(gguf_name, quantize(array, kind), raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
