@@ -83,6 +83,23 @@ SMOLVLM_TEMPLATE = (
     "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
 )
 
+# Qwen2-VL / Qwen2.5-VL's ChatML turns, with Qwen's default system turn; an image part is
+# <|vision_start|><|image_pad|><|vision_end|>, whose <|image_pad|> the vision tower expands.
+QWEN_VL_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
 
 @dataclass(frozen=True, slots=True)
 class ToolDialect:
@@ -163,6 +180,8 @@ FAMILIES: dict[str, Family] = {
     "granite": Family("granite", GRANITE_TEMPLATE, ("<|end_of_text|>",), PHI),
     # Idefics3 / SmolVLM folders: SigLIP and a connector before a Llama decoder.
     "smolvlm": Family("smolvlm", SMOLVLM_TEMPLATE, ("<end_of_utterance>",), vision=True),
+    # Qwen2.5-VL: a windowed ViT and a patch merger before a Qwen2 decoder with M-RoPE.
+    "qwen2_5_vl": Family("qwen2_5_vl", QWEN_VL_TEMPLATE, _QWEN_EOS, HERMES, vision=True),
 }
 
 # Hugging Face `model_type` and GGUF `general.architecture` spellings → canonical family name.

@@ -149,6 +149,11 @@ class DecoderLM(nn.Module):
             kind: self.rotaries[kind].cos_sin(batch.positions, hidden.dtype)
             for kind in self.rope_kinds
         }
+        sections = self.config.mrope_section
+        if sections is not None and batch.mrope_positions is not None and "global" in ropes:
+            # An image's tokens (and the text after it) rotate by their M-RoPE positions.
+            rotary = self.rotaries["global"]
+            ropes["global"] = rotary.cos_sin_sections(batch.mrope_positions, sections, hidden.dtype)
         if self.rotary_long is not None and "global" in ropes:
             ropes["global"] = self._longrope(ropes["global"], batch, hidden.dtype)
         fused = self.fused_decode()

@@ -15,12 +15,13 @@ from modelhost.models.loading.weights import TensorSource, WeightPlan, linear_fr
 from modelhost.models.vision.checkpoints import gguf_vision_tensors, hf_vision_tensors
 from modelhost.models.vision.idefics3 import Idefics3Tower
 from modelhost.models.vision.idefics3_image import IMAGE_TOKEN, Idefics3ImageConfig
+from modelhost.models.vision.qwen2_5_vl_load import QWEN_VL_TYPES, hf_qwen_tower
 from modelhost.models.vision.siglip import SiglipEncoder, SiglipShape
 from modelhost.models.vision.tower import VisionTower
 
 # Hugging Face `model_type`s whose folders carry a vision tower we build.
 IDEFICS3_TYPES = ("idefics3", "smolvlm")
-VISION_MODEL_TYPES = IDEFICS3_TYPES
+VISION_MODEL_TYPES = IDEFICS3_TYPES + QWEN_VL_TYPES
 # llama.cpp's `clip.projector_type`s we read.
 MMPROJ_PROJECTORS = ("idefics3",)
 
@@ -60,6 +61,9 @@ def hf_tower(
     token_id: TokenId,
 ) -> VisionTower | None:
     """The folder's vision tower, None for a text-only model."""
+    if raw.get("model_type") in QWEN_VL_TYPES:
+        settings = processor_settings(directory)
+        return hf_qwen_tower(directory, raw, sources, plan, token_id, settings)
     if raw.get("model_type") not in IDEFICS3_TYPES:
         return None
     vision = raw["vision_config"]

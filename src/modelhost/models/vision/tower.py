@@ -25,6 +25,11 @@ class ImagePlan:
     text: str
     n_tokens: int
     pixels: Any  # the preprocessed tensors (opaque to callers)
+    # M-RoPE models (Qwen2.5-VL): [3, n_tokens] (temporal, height, width) position offsets of
+    # the placeholders from the image's first position. The row's positions then differ from
+    # its token indices: models/vision/mrope.py computes them (ForwardBatch.mrope_positions).
+    # None: the placeholders take their indices as positions, like text.
+    mrope: torch.Tensor | None = None
 
 
 class VisionTower(Protocol):
