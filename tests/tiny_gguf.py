@@ -33,6 +33,7 @@ GGUF_ARCHITECTURES = {
     "smollm3": "smollm3",
     "granite": "granite",
     "qwen3_moe": "qwen3moe",
+    "qwen2_5_vl_text": "qwen2vl",  # Qwen2.5-VL's text model (M-RoPE)
 }
 PERMUTED = ("llama", "smollm3", "granite")  # LlamaModel's subclasses in the converter
 GEMMA = ("gemma2", "gemma3")
@@ -112,6 +113,8 @@ def _metadata(
     partial = rope.get("partial_rotary_factor") or raw.get("partial_rotary_factor") or 1.0
     writer.add_rope_dimension_count(int(partial * raw["hidden_size"]) // heads)
     writer.add_vocab_size(raw["vocab_size"])
+    if rope.get("mrope_section"):  # llama.cpp pads the three sections to four
+        writer.add_rope_dimension_sections([*rope["mrope_section"], 0])
     if raw.get("sliding_window") and raw.get("use_sliding_window") is not False:
         writer.add_sliding_window(raw["sliding_window"])
     if arch == "gemma2":

@@ -7,9 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import gguf
 import torch
 import transformers
+from gguf.quants import quantize
 from PIL import Image
+from safetensors.torch import load_file, save_file
+from tiny_gguf import write_gguf_from_hf
 from tiny_models import SHAPE
 from tokenizers import Tokenizer as TokenizerBackend
 
@@ -109,3 +113,85 @@ def reference_qwen_vl(directory: Path) -> torch.nn.Module:
     return transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(
         directory, dtype=torch.float32, attn_implementation="eager"
     ).eval()
+
+
+def write_qwen_vl_gguf(directory: Path, out: Path, qtype: str = "F32") -> Path:
+    """The checkpoint as llama.cpp's converter writes it: the text model as a `qwen2vl` GGUF
+    (M-RoPE's sections padded to four, the vision tokens in its vocabulary) and the vision
+    tower as `mmproj-<name>.gguf` beside it, in a folder `out`. Returns the text model's path."""
+    out.mkdir(parents=True, exist_ok=True)
+    raw = json.loads((directory / "config.json").read_text())
+    text_dir = out / "text-checkpoint"
+    text_dir.mkdir(exist_ok=True)
+    text_config = {**raw["text_config"], "tie_word_embeddings": False}
+    (text_dir / "config.json").write_text(json.dumps(text_config))
+    tensors = load_file(str(directory / "model.safetensors"))
+    # transformers saves Qwen2.5-VL in its older layout: model.layers.*, visual.*, lm_head
+    text = {name: value for name, value in tensors.items() if not name.startswith("visual.")}
+    save_file(text, str(text_dir / "model.safetensors"))
+    model_path = write_gguf_from_hf(text_dir, out / "tiny-qwen-vl.gguf", qtype, VISION_TOKENS)
+    write_qwen_mmproj(directory, out / "mmproj-tiny-qwen-vl.gguf", qtype)
+    return model_path
+
+
+def write_qwen_mmproj(directory: Path, path: Path, qtype: str = "F32") -> Path:
+    """The vision tower and merger as a `qwen2.5vl_merger` mmproj, following llama.cpp's
+    converter (conversion/qwenvl.py Qwen2VLVisionModel): q, k and v split, the patch
+    convolution split into its two frames, the window pattern as n_wa_pattern. The
+    processor's pixel bounds are written too (clip.vision.image_min/max_pixels)."""
+    raw = json.loads((directory / "config.json").read_text())
+    vision = raw["vision_config"]
+    processor = image_processor()
+    writer = gguf.GGUFWriter(path, "clip")
+    writer.add_type(gguf.GGUFType.MMPROJ)
+    writer.add_file_type(
+        gguf.LlamaFileType.ALL_F32 if qtype == "F32" else gguf.LlamaFileType.MOSTLY_Q8_0
+    )
+    writer.add_clip_has_vision_encoder(True)
+    writer.add_vision_projection_dim(vision["out_hidden_size"])
+    writer.add_vision_image_size(560)
+    writer.add_vision_patch_size(vision["patch_size"])
+    writer.add_vision_embedding_length(vision["hidden_size"])
+    writer.add_vision_feed_forward_length(vision["intermediate_size"])
+    writer.add_vision_block_count(vision["depth"])
+    writer.add_vision_head_count(vision["num_heads"])
+    writer.add_vision_image_mean(list(processor.image_mean))
+    writer.add_vision_image_std(list(processor.image_std))
+    writer.add_clip_projector_type(gguf.VisionProjectorType.QWEN25VL)
+    writer.add_vision_use_silu(True)
+    writer.add_vision_n_wa_pattern(vision["fullatt_block_indexes"][0] + 1)
+    writer.add_vision_attention_layernorm_eps(1e-6)
+    writer.add_vision_min_pixels(MIN_PIXELS)
+    writer.add_vision_max_pixels(MAX_PIXELS)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, vision["depth"])
+
+    def add(name: str, value: torch.Tensor) -> None:
+        array = value.float().numpy()
+        if qtype == "F32" or array.ndim != 2:
+            writer.add_tensor(name, array)
+        else:
+            kind = gguf.GGMLQuantizationType[qtype]
+            writer.add_tensor(name, quantize(array, kind), raw_dtype=kind)
+
+    for name, value in load_file(str(directory / "model.safetensors")).items():
+        if not name.startswith("visual."):
+            continue
+        if "patch_embed.proj.weight" in name:  # [out, C, 2, p, p]: one Conv2D per frame
+            patch = gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.V_ENC_EMBD_PATCH]
+            writer.add_tensor(f"{patch}.weight", value[:, :, 0].float().numpy())
+            writer.add_tensor(f"{patch}.weight.1", value[:, :, 1].float().numpy())
+            continue
+        parts = [(name, value)]
+        if ".qkv." in name:
+            parts = [
+                (name.replace("qkv", p), v) for p, v in zip("qkv", value.chunk(3), strict=True)
+            ]
+        for part, tensor in parts:
+            gguf_name = names.get_name(part, try_suffixes=(".weight", ".bias"))
+            assert gguf_name is not None, part
+            add(gguf_name, tensor)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -11,7 +11,12 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from tiny_qwen_vl import make_tiny_qwen_vl, reference_inputs, reference_qwen_vl
+from tiny_qwen_vl import (
+    make_tiny_qwen_vl,
+    reference_inputs,
+    reference_qwen_vl,
+    write_qwen_vl_gguf,
+)
 
 from modelhost.engine.engine import Engine, EngineConfig
 from modelhost.engine.sampling.sampling_params import SamplingParams
@@ -58,8 +63,16 @@ def reference(folder):
 
 
 @pytest.fixture(scope="module")
-def ours(folder) -> LoadedModel:
+def from_folder(folder) -> LoadedModel:
     return load_model(str(folder), quantize="none")
+
+
+@pytest.fixture(scope="module", params=["hf", "gguf"])
+def ours(request, folder, from_folder) -> LoadedModel:
+    if request.param == "hf":
+        return from_folder
+    model_path = write_qwen_vl_gguf(folder, folder.parent / f"{folder.name}-gguf")
+    return load_model(str(model_path), quantize="none")
 
 
 def our_prompt(model: LoadedModel, prompt: str, image: Image.Image) -> tuple[list[int], Placed]:
@@ -92,7 +105,8 @@ def logits_with_image(model: LoadedModel, ids: list[int], image: Placed) -> torc
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_image_plan_gives_transformers_patches_grid_and_prompt(folder, ours, size):
+def test_image_plan_gives_transformers_patches_grid_and_prompt(folder, from_folder, size):
+    ours = from_folder
     image = random_image(*size)
     expected = reference_inputs(folder, PROMPT, image)
     assert ours.vision is not None
@@ -104,7 +118,8 @@ def test_image_plan_gives_transformers_patches_grid_and_prompt(folder, ours, siz
     assert sum(t == ours.vision.image_token_id for t in ids) == plan.n_tokens
 
 
-def test_transparent_image_is_laid_over_white_as_transformers_does(folder, ours):
+def test_transparent_image_is_laid_over_white_as_transformers_does(folder, from_folder):
+    ours = from_folder
     image = random_image(90, 150, "RGBA")
     expected = reference_inputs(folder, PROMPT, image)
     assert ours.vision is not None
@@ -182,7 +197,7 @@ def test_text_alone_needs_no_mrope_positions(folder, ours, reference):
     assert torch.allclose(got, expected, atol=LOGIT_TOLERANCE, rtol=0)
 
 
-def test_qwen_vl_folder_reads_images(ours):
+def test_qwen_vl_reads_images_from_the_folder_and_the_gguf_pair(ours):
     assert ours.vision is not None and ours.family.vision is True
     assert ours.family.name == "qwen2_5_vl"
     assert ours.vision.marker == "<|image_pad|>"

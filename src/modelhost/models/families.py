@@ -190,6 +190,7 @@ _ALIASES: dict[str, str] = {
     "qwen3_moe": "qwen3moe",  # HF
     "gemma3_text": "gemma3",  # HF, Gemma 3 1B and the text tower of 4B+
     "idefics3": "smolvlm",  # HF, SmolVLM's predecessor: the same architecture
+    "qwen2vl": "qwen2_5_vl",  # GGUF: llama.cpp's Qwen2-VL / Qwen2.5-VL text model
 }
 
 

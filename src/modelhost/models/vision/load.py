@@ -15,7 +15,12 @@ from modelhost.models.loading.weights import TensorSource, WeightPlan, linear_fr
 from modelhost.models.vision.checkpoints import gguf_vision_tensors, hf_vision_tensors
 from modelhost.models.vision.idefics3 import Idefics3Tower
 from modelhost.models.vision.idefics3_image import IMAGE_TOKEN, Idefics3ImageConfig
-from modelhost.models.vision.qwen2_5_vl_load import QWEN_VL_TYPES, hf_qwen_tower
+from modelhost.models.vision.qwen2_5_vl_load import (
+    MMPROJ_QWEN_VL,
+    QWEN_VL_TYPES,
+    gguf_qwen_tower,
+    hf_qwen_tower,
+)
 from modelhost.models.vision.siglip import SiglipEncoder, SiglipShape
 from modelhost.models.vision.tower import VisionTower
 
@@ -23,7 +28,7 @@ from modelhost.models.vision.tower import VisionTower
 IDEFICS3_TYPES = ("idefics3", "smolvlm")
 VISION_MODEL_TYPES = IDEFICS3_TYPES + QWEN_VL_TYPES
 # llama.cpp's `clip.projector_type`s we read.
-MMPROJ_PROJECTORS = ("idefics3",)
+MMPROJ_PROJECTORS = ("idefics3", *MMPROJ_QWEN_VL)
 
 TokenId = Callable[[str], int | None]
 
@@ -96,6 +101,14 @@ def mmproj_tower(path: Path, plan: WeightPlan, token_id: TokenId) -> VisionTower
     projector = header.field("clip.projector_type") or header.field("clip.vision.projector_type")
     if projector not in MMPROJ_PROJECTORS:
         raise UnsupportedProjector(f"{path.name}: vision projector {projector!r} is not supported")
+
+    if projector in MMPROJ_QWEN_VL:
+        reader = FileReader(path)
+        try:
+            raw = {t["name"]: GGUFTensor(reader, t["name"], t, None) for t in header.tensors}
+            return gguf_qwen_tower(header, raw, plan, token_id)
+        finally:
+            reader.release()
 
     def number(key: str, default: Any = None) -> Any:
         value = header.field(f"clip.vision.{key}", default)
