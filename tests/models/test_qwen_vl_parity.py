@@ -202,3 +202,18 @@ def test_qwen_vl_reads_images_from_the_folder_and_the_gguf_pair(ours):
     assert ours.family.name == "qwen2_5_vl"
     assert ours.vision.marker == "<|image_pad|>"
     assert ours.config.mrope_section == (2, 3, 3)
+
+
+def test_template_shows_an_image_part_as_qwens_vision_placeholder(from_folder):
+    """The family's template (the folder carries none; the tiny GGUF carries its donor's)."""
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "Look: "},
+                {"type": "image"},
+                {"type": "text", "text": " What is in the picture?"},
+            ],
+        }
+    ]
+    assert from_folder.tokenizer.render_chat(messages, add_generation_prompt=True) == PROMPT
