@@ -217,3 +217,41 @@ def test_template_shows_an_image_part_as_qwens_vision_placeholder(from_folder):
         }
     ]
     assert from_folder.tokenizer.render_chat(messages, add_generation_prompt=True) == PROMPT
+
+
+def test_decoding_step_by_step_over_the_kv_cache_matches_transformers(
+    folder, from_folder, reference
+):
+    """As the engine will run it: one prefill with the image, then one token a step, each
+    step's M-RoPE positions from step_mrope_positions (the text after the image continues
+    from the image's largest position, not from its index)."""
+    model = from_folder
+    assert model.vision is not None
+    image = random_image(600, 400)
+    inputs = reference_inputs(folder, PROMPT, image)
+    with torch.no_grad():
+        out = reference.generate(**inputs, max_new_tokens=24, min_new_tokens=24, do_sample=False)
+    expected = out[0, inputs["input_ids"].shape[1] :].tolist()
+    ids, placed = our_prompt(model, PROMPT, image)
+    engine = Engine(model, EngineConfig(batch=1))
+    try:
+        seq = Sequence.from_prompt(0, ids, SamplingParams())
+        got: list[int] = []
+        start, count = 0, len(ids)
+        for _ in range(24):
+            engine.block_manager.append_slots(seq, count)
+            batch = engine.runner.build_batch(
+                SchedulerOutput(rows=[ScheduledRow(seq, start, count, True)])
+            )
+            if start == 0:
+                at = torch.arange(placed.start, placed.start + placed.plan.n_tokens)
+                batch.embed_override = (at, model.vision.encode(placed.plan))
+            batch.mrope_positions = step_mrope_positions(batch.positions, [count], [[placed]])
+            token = int(model.network(batch, engine.runner.kv)[-1].argmax())
+            got.append(token)
+            seq.num_computed_tokens = start + count
+            seq.append_token(token)
+            start, count = seq.num_computed_tokens, 1
+    finally:
+        engine.close()
+    assert got == expected

@@ -136,6 +136,7 @@ class QwenVisionEncoder(nn.Module):
         super().__init__()
         self.shape = shape
         self.dtype = plan.dtype
+        self.device = plan.device
         self.patch_embedding = linear_from(sources, ["patch"], plan)
         self.layers = nn.ModuleList(
             _Block(sources, f"layers.{i}.", shape, plan) for i in range(shape.layers)
@@ -190,7 +191,7 @@ class QwenVisionEncoder(nn.Module):
         # Patches regrouped window by window (each merge unit's patches stay together), and
         # their rotary alike; the merged rows are put back in image order at the end.
         patch_order = (units[:, None] * per_unit + torch.arange(per_unit)[None]).reshape(-1)
-        x = self.patch_embedding(pixels.to(self.dtype)[patch_order])
+        x = self.patch_embedding(pixels[patch_order].to(self.device, self.dtype))
         cos, sin = self.rotary(grid)
         rope = (cos[patch_order].to(x.device), sin[patch_order].to(x.device))
         windowed = [index.to(x.device) for index in _segments(lengths)]
