@@ -255,3 +255,16 @@ def test_decoding_step_by_step_over_the_kv_cache_matches_transformers(
     finally:
         engine.close()
     assert got == expected
+
+
+def test_int8_keeps_the_patch_embedding_whose_width_is_not_whole_blocks_in_float(
+    folder, from_folder
+):
+    """3 x 2 x 14 x 14 = 1176 inputs are not whole 32-weight blocks: that linear stays F32,
+    the others become Q8_0, and the tower still answers close to fp32."""
+    model = load_model(str(folder), quantize="int8")
+    assert model.vision is not None and from_folder.vision is not None
+    image = random_image(120, 200)
+    expected = from_folder.vision.encode(from_folder.vision.plan(image))
+    rows = model.vision.encode(model.vision.plan(image))
+    assert (rows - expected).abs().max() < 0.05 * expected.abs().max()

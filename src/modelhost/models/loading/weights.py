@@ -220,7 +220,7 @@ class _Filler:
         if len(sources) == 1 or any(
             s.type != first.type
             or s.shape[1] != first.shape[1]
-            or target_type(s.type, self.plan.mode) != s.type
+            or target_type(s.type, self.plan.mode, s.shape[1]) != s.type
             or s.type not in footprint.PACKED_TYPES
             for s in sources
         ):
@@ -237,7 +237,7 @@ class _Filler:
 
     def packed(self, source: TensorSource) -> PackedWeight:
         assert self.kernels is not None
-        target = target_type(source.type, self.plan.mode)
+        target = target_type(source.type, self.plan.mode, source.shape[1])
         if target != source.type:
             return pack_float(source.dense(), target)
         out, width = source.shape
