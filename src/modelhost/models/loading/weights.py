@@ -107,6 +107,15 @@ def fill_checkpoint_modules(
     network.eval()
 
 
+def linear_from(
+    sources: Mapping[str, TensorSource], stems: list[str], plan: WeightPlan
+) -> nn.Module:
+    """One linear made of the `stems` (`<stem>.weight`, and `<stem>.bias` where present) laid
+    side by side, in the plan's form: what a vision tower's layers are built from, on the same
+    kernels and quantization rules as the text model's."""
+    return _Filler(cast(DecoderLM, None), sources, plan, None).linear(stems)
+
+
 class _Filler:
     def __init__(
         self,
@@ -211,7 +220,7 @@ class _Filler:
         if len(sources) == 1 or any(
             s.type != first.type
             or s.shape[1] != first.shape[1]
-            or target_type(s.type, self.plan.mode) != s.type
+            or target_type(s.type, self.plan.mode, s.shape[1]) != s.type
             or s.type not in footprint.PACKED_TYPES
             for s in sources
         ):
@@ -228,7 +237,7 @@ class _Filler:
 
     def packed(self, source: TensorSource) -> PackedWeight:
         assert self.kernels is not None
-        target = target_type(source.type, self.plan.mode)
+        target = target_type(source.type, self.plan.mode, source.shape[1])
         if target != source.type:
             return pack_float(source.dense(), target)
         out, width = source.shape
