@@ -30,6 +30,10 @@ class ForwardBatch:
     # The T tokens already form the [R, max_q] grid (one row, or one query per row): attention
     # views them in place and skips `query_index` / `output_index`.
     dense: bool = False
+    # Input embeddings that replace the token embeddings of some of the T tokens (an image's
+    # placeholders): (indices into the T tokens [n], rows [n, hidden]); the network applies them
+    # right after embedding. None: every token embeds its id.
+    embed_override: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclass(slots=True)

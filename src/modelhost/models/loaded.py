@@ -13,6 +13,8 @@ from modelhost.text.tokenizer import Tokenizer
 if TYPE_CHECKING:
     import torch  # annotations only: the front process never imports PyTorch
 
+    from modelhost.models.vision.tower import VisionTower
+
 
 @dataclass(slots=True)
 class LoadedModel:
@@ -29,6 +31,8 @@ class LoadedModel:
     gen_defaults: dict[str, float] = field(default_factory=dict)
     load_seconds: float = 0.0
     kv_dtype: torch.dtype | None = None  # the KV cache's, where it is not `dtype`
+    # The image encoder of a vision-language model (its family's `vision` is True); None: text.
+    vision: VisionTower | None = None
 
     @property
     def cache_dtype(self) -> torch.dtype:

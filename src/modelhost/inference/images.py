@@ -1,0 +1,134 @@
+"""Images a request carries: where each part was, its bytes checked and decoded with Pillow.
+
+A surface records each image part it reads as an `ImagePart` (where it is, for the 400 that
+names it, and its source as the client sent it: a data URL or bare base64). The stage turns
+them into `ImageInput`s once it knows the model has a vision tower (a text-only model answers
+with the typed refusal of `media.py`, whatever the bytes), so a corrupt image is refused only
+where it would have been read.
+
+Accepted: PNG, JPEG, WebP and GIF (its first frame), what OpenAI and Anthropic accept. Refused
+with a 400 naming the part: bytes that are not base64, an image Pillow cannot read or that is
+cut short, any other format, more than `max_bytes` (the same cap `media.check_media_sizes`
+applies at the edge) or more than `max_pixels` pixels (a small file that decompresses into
+gigabytes). A remote http(s) URL is never fetched: the server would make requests on a
+client's behalf (server-side request forgery).
+
+Protocol-neutral and tensor-free: Pillow only.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from PIL import Image, UnidentifiedImageError
+
+from modelhost.inference.contracts import ImagePart, InvalidRequest
+from modelhost.inference.media import DEFAULT_MAX_IMAGE_BYTES, MiB
+
+__all__ = ["ImageInput", "ImagePart", "decode_image", "decode_images"]
+
+FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
+DEFAULT_MAX_IMAGE_PIXELS = 8192 * 8192  # 64 MP: past any camera; a bomb's decoded size is capped
+
+
+@dataclass(frozen=True, slots=True)
+class ImageInput:
+    """A decoded, checked image: its bytes and what they hold."""
+
+    data: bytes = field(repr=False)
+    digest: bytes  # sha256 of `data`: the image's identity (prefix cache, encoder cache)
+    format: str  # one of FORMATS
+    width: int
+    height: int
+
+    def rgb(self) -> Image.Image:
+        """The image (a GIF's first frame) in RGB; transparency composited onto white, as
+        transformers' processors convert it."""
+        image = Image.open(io.BytesIO(self.data))
+        image.seek(0)
+        if image.mode == "RGB":
+            return image.convert("RGB")  # loaded: the file object is not kept open
+        rgba = image.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+
+
+def image_refused(part: ImagePart, reason: str, code: str = "invalid_image") -> InvalidRequest:
+    return InvalidRequest(f"{part.where}: {reason}", param=part.param, code=code)
+
+
+def decode_image(
+    part: ImagePart,
+    *,
+    max_bytes: int = DEFAULT_MAX_IMAGE_BYTES,
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+) -> ImageInput:
+    """The part's image, checked; a 400 naming the part for anything this server cannot read."""
+    data = image_bytes(part)
+    if len(data) > max_bytes:
+        raise _too_large(
+            part, f"is {len(data) / MiB:.1f} MiB; the limit is {max_bytes / MiB:.1f} MiB"
+        )
+    try:
+        with warnings.catch_warnings():
+            # Pillow warns (then fails) past its own pixel limit: here that is our refusal.
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data))
+            size = image.size
+            kind = image.format or "unknown"
+            if kind not in FORMATS:
+                accepted = "PNG, JPEG, WebP and GIF"
+                reason = f"is a {kind} image; {accepted} images are accepted"
+                raise image_refused(part, reason, "unsupported_image_format")
+            if size[0] * size[1] > max_pixels:
+                raise _too_large(part, _pixels(size, max_pixels))
+            image.seek(0)
+            image.load()  # the whole first frame: a truncated or corrupt file fails here
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError):
+        raise _too_large(part, f"is over {max_pixels} pixels") from None
+    except UnidentifiedImageError:
+        raise image_refused(part, "is not an image (PNG, JPEG, WebP or GIF)") from None
+    except (OSError, SyntaxError, ValueError, EOFError) as exc:
+        raise image_refused(part, f"could not be decoded ({exc})") from None
+    return ImageInput(data, hashlib.sha256(data).digest(), kind, size[0], size[1])
+
+
+def decode_images(parts: Iterable[ImagePart]) -> tuple[ImageInput, ...]:
+    return tuple(decode_image(part) for part in parts)
+
+
+def image_bytes(part: ImagePart) -> bytes:
+    """The bytes a data URL or bare base64 string carries; a 400 for a URL to fetch."""
+    source = part.source.strip()
+    if source.lower().startswith(("http://", "https://")):
+        reason = (
+            "remote image URLs are not fetched by this server; "
+            "send the image inline as a data URL (data:image/png;base64,...)"
+        )
+        raise image_refused(part, reason, "image_url_not_allowed")
+    payload = source
+    if source.startswith("data:"):
+        header, _, payload = source.partition(",")
+        if not header.endswith(";base64"):
+            raise image_refused(part, "a data URL must be base64 (data:image/png;base64,...)")
+    elif ":" in source[:12]:
+        scheme = source.split(":", 1)[0]
+        raise image_refused(part, f"{scheme}: URLs are not accepted; send a data URL")
+    try:
+        return base64.b64decode("".join(payload.split()), validate=True)
+    except (binascii.Error, ValueError):
+        raise image_refused(part, "is not valid base64") from None
+
+
+def _too_large(part: ImagePart, reason: str) -> InvalidRequest:
+    return image_refused(part, f"image {reason}", "image_too_large")
+
+
+def _pixels(size: tuple[int, int], max_pixels: int) -> str:
+    return f"is {size[0]}x{size[1]} pixels; the limit is {max_pixels} pixels"
