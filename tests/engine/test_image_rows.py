@@ -4,6 +4,7 @@ memory and through the disk store)."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -156,3 +157,34 @@ def test_blocks_with_the_same_tokens_and_another_image_have_other_keys() -> None
     manager.free(first)
     assert manager.allocate_prompt(seq(2, b"a" * 32)) == 8  # both full blocks
     assert manager.allocate_prompt(seq(3, b"b" * 32)) == 4  # the text block before the image
+
+
+async def test_image_and_text_rows_batched_and_preempted_give_the_tokens_of_each_alone(
+    vlm: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token_bytes = vlm.config.kv_bytes_per_token(vlm.cache_dtype.itemsize)
+    config = EngineConfig(batch=4, kv_cache_bytes=7 * 8 * token_bytes)  # 7 blocks of 8
+    engine = Engine(vlm, config)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    text = BuiltPrompt(vlm.tokenizer.encode("Name three colours of the rainbow:"))
+    rows = [prompt(vlm, "red"), text, prompt(vlm, "blue")]
+    preempted: list[Sequence] = []
+    preempt = engine.scheduler._preempt
+    monkeypatch.setattr(
+        engine.scheduler, "_preempt", lambda seq: (preempted.append(seq), preempt(seq))
+    )
+
+    async def tokens(built: BuiltPrompt) -> list[int]:
+        stream = engine.submit(built.ids, params, built.images)
+        return [token async for event in stream for token in event.token_ids]
+
+    try:
+        alone = [await tokens(built) for built in rows]
+        assert not preempted
+        together = await asyncio.gather(*(tokens(built) for built in rows))
+        engine.block_manager.check_invariants()
+        assert engine.block_manager.num_used_blocks == 0
+    finally:
+        engine.close()
+    assert preempted  # the pool could not hold all three: a row was recomputed
+    assert list(together) == alone
