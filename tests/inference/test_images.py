@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import hashlib
+import http.server
 import io
+import threading
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from PIL import Image
 from vision_fake import base64_of, data_url, image_bytes
 
 from modelhost.inference.contracts import InvalidRequest
-from modelhost.inference.images import ImagePart, decode_image
+from modelhost.inference.images import ImageLimits, ImagePart, decode_image
 
 WHERE = "messages[0].content[1]"
 
@@ -51,9 +55,9 @@ def test_transparency_is_composited_onto_white() -> None:
     assert decode_image(part(data_url(out.getvalue()))).rgb().getpixel((0, 0)) == (255, 255, 255)
 
 
-def refusal(source: str, **caps: int) -> InvalidRequest:
+def refusal(source: str, **caps: Any) -> InvalidRequest:
     with pytest.raises(InvalidRequest) as caught:
-        decode_image(part(source), **caps)
+        decode_image(part(source), ImageLimits(**caps))
     assert caught.value.status == 400
     assert caught.value.message.startswith(f"{WHERE}: ")
     assert caught.value.body["param"] == "messages"
@@ -98,3 +102,60 @@ def test_a_remote_url_is_never_fetched(url: str) -> None:
 
 def test_text_that_is_not_base64_is_refused() -> None:
     assert "not valid base64" in refusal("data:image/png;base64,@@@@").message
+
+
+# ---------------------------------------------------------------------------------------------
+# Fetching, where the operator allows it (--image-urls)
+
+
+class _Images(http.server.BaseHTTPRequestHandler):
+    files = {"/red.png": image_bytes("red"), "/big.png": image_bytes("red", "BMP", (100, 100))}
+
+    def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
+        body = self.files.get(self.path)
+        if body is None:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "image/png")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def image_host() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Images)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+FETCH = ImageLimits(fetch_urls=True, fetch_timeout_s=10.0)
+
+
+def test_an_allowed_url_is_fetched_and_decoded(image_host: str) -> None:
+    image = decode_image(part(f"{image_host}/red.png"), FETCH)
+    assert (image.format, image.width) == ("PNG", 32)
+
+
+def test_a_url_that_answers_an_error_is_a_400_naming_the_part(image_host: str) -> None:
+    error = refusal(f"{image_host}/missing.png", fetch_urls=True)
+    assert error.body["code"] == "image_url_failed"
+    assert "HTTP 404" in error.message
+
+
+def test_a_fetched_image_over_the_cap_is_refused_without_reading_it_all(image_host: str) -> None:
+    error = refusal(f"{image_host}/big.png", fetch_urls=True, max_bytes=1000)
+    assert error.body["code"] == "image_too_large"
+
+
+def test_a_host_that_does_not_answer_is_a_400(image_host: str) -> None:
+    error = refusal("http://127.0.0.1:9/red.png", fetch_urls=True, fetch_timeout_s=5.0)
+    assert error.body["code"] == "image_url_failed"

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from modelhost.engine.sequence import ImageSpan
 from modelhost.inference.contracts import ChatPrompt, InferenceRequest, InvalidRequest
-from modelhost.inference.images import ImageInput, decode_images
+from modelhost.inference.images import NO_FETCH, ImageInput, ImageLimits, decode_images
 from modelhost.inference.prompt import chat_text, prompt_ids_for
 from modelhost.models.loaded import LoadedModel
 from modelhost.models.vision.tower import ImagePlan, VisionTower
@@ -30,7 +30,10 @@ class BuiltPrompt:
 
 
 def build_prompt(
-    model: LoadedModel, request: InferenceRequest, instruction: str | None = None
+    model: LoadedModel,
+    request: InferenceRequest,
+    instruction: str | None = None,
+    limits: ImageLimits = NO_FETCH,
 ) -> BuiltPrompt:
     """The ids to prefill and, for a request with images, where they are (400s for images
     that cannot be read or placed). Blocking: call it off the event loop."""
@@ -42,7 +45,7 @@ def build_prompt(
     prompt = request.prompt
     if not isinstance(prompt, ChatPrompt):
         raise InvalidRequest("images need a chat prompt (the model's template places them)")
-    images = decode_images(request.images)
+    images = decode_images(request.images, limits)
     plans = [_plan(tower, image, request.images[i].where) for i, image in enumerate(images)]
     text = place_images(chat_text(model, request, prompt, instruction), tower.marker, plans)
     ids = model.tokenizer.encode(text, add_special_tokens=False)

@@ -10,8 +10,10 @@ Accepted: PNG, JPEG, WebP and GIF (its first frame), what OpenAI and Anthropic a
 with a 400 naming the part: bytes that are not base64, an image Pillow cannot read or that is
 cut short, any other format, more than `max_bytes` (the same cap `media.check_media_sizes`
 applies at the edge) or more than `max_pixels` pixels (a small file that decompresses into
-gigabytes). A remote http(s) URL is never fetched: the server would make requests on a
-client's behalf (server-side request forgery).
+gigabytes). A remote http(s) URL is refused by default: fetching it, the server would make
+requests on a client's behalf, to whatever its network reaches (server-side request forgery).
+An operator who wants it says so (`--image-urls`, `ImageLimits.fetch_urls`): then the image is
+fetched with a time limit and read no further than the byte cap.
 
 Protocol-neutral and tensor-free: Pillow only.
 """
@@ -31,10 +33,25 @@ from PIL import Image, UnidentifiedImageError
 from modelhost.inference.contracts import ImagePart, InvalidRequest
 from modelhost.inference.media import DEFAULT_MAX_IMAGE_BYTES, MiB
 
-__all__ = ["ImageInput", "ImagePart", "decode_image", "decode_images"]
+__all__ = ["NO_FETCH", "ImageInput", "ImageLimits", "ImagePart", "decode_image", "decode_images"]
 
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
 DEFAULT_MAX_IMAGE_PIXELS = 8192 * 8192  # 64 MP: past any camera; a bomb's decoded size is capped
+FETCH_TIMEOUT_S = 10.0
+FETCH_REDIRECTS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class ImageLimits:
+    """What the server takes in an image, and whether it fetches image URLs at all."""
+
+    max_bytes: int = DEFAULT_MAX_IMAGE_BYTES
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    fetch_urls: bool = False  # --image-urls: the operator allows fetching http(s) URLs
+    fetch_timeout_s: float = FETCH_TIMEOUT_S
+
+
+NO_FETCH = ImageLimits()  # the defaults: inline images only
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,18 +80,14 @@ def image_refused(part: ImagePart, reason: str, code: str = "invalid_image") -> 
     return InvalidRequest(f"{part.where}: {reason}", param=part.param, code=code)
 
 
-def decode_image(
-    part: ImagePart,
-    *,
-    max_bytes: int = DEFAULT_MAX_IMAGE_BYTES,
-    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
-) -> ImageInput:
-    """The part's image, checked; a 400 naming the part for anything this server cannot read."""
-    data = image_bytes(part)
+def decode_image(part: ImagePart, limits: ImageLimits = NO_FETCH) -> ImageInput:
+    """The part's image, checked; a 400 naming the part for anything this server cannot read.
+    Blocking (it may fetch a URL): call it off the event loop."""
+    max_bytes, max_pixels = limits.max_bytes, limits.max_pixels
+    data = image_bytes(part, limits)
     if len(data) > max_bytes:
-        raise _too_large(
-            part, f"is {len(data) / MiB:.1f} MiB; the limit is {max_bytes / MiB:.1f} MiB"
-        )
+        over = f"is {len(data) / MiB:.1f} MiB; the limit is {max_bytes / MiB:.1f} MiB"
+        raise _too_large(part, over)
     try:
         with warnings.catch_warnings():
             # Pillow warns (then fails) past its own pixel limit: here that is our refusal.
@@ -99,14 +112,19 @@ def decode_image(
     return ImageInput(data, hashlib.sha256(data).digest(), kind, size[0], size[1])
 
 
-def decode_images(parts: Iterable[ImagePart]) -> tuple[ImageInput, ...]:
-    return tuple(decode_image(part) for part in parts)
+def decode_images(
+    parts: Iterable[ImagePart], limits: ImageLimits = NO_FETCH
+) -> tuple[ImageInput, ...]:
+    return tuple(decode_image(part, limits) for part in parts)
 
 
-def image_bytes(part: ImagePart) -> bytes:
-    """The bytes a data URL or bare base64 string carries; a 400 for a URL to fetch."""
+def image_bytes(part: ImagePart, limits: ImageLimits = NO_FETCH) -> bytes:
+    """The bytes a data URL or bare base64 string carries, or a URL where fetching is allowed
+    (else a 400)."""
     source = part.source.strip()
     if source.lower().startswith(("http://", "https://")):
+        if limits.fetch_urls:
+            return fetch_image(part, source, limits)
         reason = (
             "remote image URLs are not fetched by this server; "
             "send the image inline as a data URL (data:image/png;base64,...)"
@@ -124,6 +142,34 @@ def image_bytes(part: ImagePart) -> bytes:
         return base64.b64decode("".join(payload.split()), validate=True)
     except (binascii.Error, ValueError):
         raise image_refused(part, "is not valid base64") from None
+
+
+def fetch_image(part: ImagePart, url: str, limits: ImageLimits) -> bytes:
+    """GET `url` within the time limit, reading at most one byte past the cap (a larger
+    image is refused without downloading the rest); a 400 naming the part when it fails."""
+    import httpx  # only where an operator allowed fetching
+
+    timeout = httpx.Timeout(limits.fetch_timeout_s)
+    try:
+        with (
+            httpx.Client(
+                timeout=timeout, follow_redirects=True, max_redirects=FETCH_REDIRECTS
+            ) as client,
+            client.stream("GET", url, headers={"Accept": "image/*"}) as response,
+        ):
+            if response.status_code != 200:
+                reason = f"fetching the image URL answered HTTP {response.status_code}"
+                raise image_refused(part, reason, "image_url_failed")
+            data = bytearray()
+            for chunk in response.iter_bytes():
+                data += chunk
+                if len(data) > limits.max_bytes:
+                    limit = f"{limits.max_bytes / MiB:.1f} MiB"
+                    raise _too_large(part, f"at the URL is over the limit of {limit}")
+            return bytes(data)
+    except httpx.HTTPError as exc:
+        reason = f"the image URL could not be fetched ({type(exc).__name__}: {exc})"
+        raise image_refused(part, reason, "image_url_failed") from None
 
 
 def _too_large(part: ImagePart, reason: str) -> InvalidRequest:

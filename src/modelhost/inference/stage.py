@@ -57,6 +57,7 @@ from modelhost.inference.grammar_compile import (
     budget_refusal,
 )
 from modelhost.inference.image_prompt import build_prompt
+from modelhost.inference.images import NO_FETCH, ImageLimits
 from modelhost.inference.media import check_media
 from modelhost.models.loaded import LoadedModel
 
@@ -95,9 +96,11 @@ class InferenceStage:
         *,
         policy: AdmissionPolicy | None = None,
         defaults: ServingDefaults | None = None,
+        images: ImageLimits | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.engine = engine
+        self.image_limits = images or NO_FETCH  # what an image may be, and URLs or not
         self.model = model
         self.policy = policy or AdmissionPolicy(context_window=model.config.context_length)
         self.defaults = defaults or ServingDefaults()
@@ -169,7 +172,9 @@ class InferenceStage:
                 warnings.append(grammar_warning(str(exc), chat=chat))
         elif instruction is not None:
             warnings.append(GRAMMAR_WARNING if chat else TEXT_GRAMMAR_WARNING)
-        built = await asyncio.to_thread(build_prompt, self.model, request, instruction)
+        built = await asyncio.to_thread(
+            build_prompt, self.model, request, instruction, self.image_limits
+        )
         prompt_ids = built.ids
         tokenizer = self.model.tokenizer
         output = OutputChannels.for_request(

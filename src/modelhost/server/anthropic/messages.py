@@ -85,7 +85,8 @@ async def count_tokens(request: Request) -> Response:
 def _prompt_tokens(stage: InferenceStage, inference: InferenceRequest) -> int:
     model = stage.model
     check_media(inference.media, model.id, vision=model.vision is not None)
-    return len(build_prompt(model, inference).ids)  # an image counts its placeholder tokens
+    built = build_prompt(model, inference, limits=stage.image_limits)
+    return len(built.ids)  # an image counts its placeholder tokens
 
 
 # ---------------------------------------------------------------------------------------------
