@@ -27,11 +27,13 @@ import io
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-
-from PIL import Image, UnidentifiedImageError
+from typing import TYPE_CHECKING
 
 from modelhost.inference.contracts import ImagePart, InvalidRequest
 from modelhost.inference.media import DEFAULT_MAX_IMAGE_BYTES, MiB
+
+if TYPE_CHECKING:  # Pillow loads where an image is read: the front process never needs it
+    from PIL import Image
 
 __all__ = ["NO_FETCH", "ImageInput", "ImageLimits", "ImagePart", "decode_image", "decode_images"]
 
@@ -67,6 +69,8 @@ class ImageInput:
     def rgb(self) -> Image.Image:
         """The image (a GIF's first frame) in RGB; transparency composited onto white, as
         transformers' processors convert it."""
+        from PIL import Image
+
         image = Image.open(io.BytesIO(self.data))
         image.seek(0)
         if image.mode == "RGB":
@@ -83,6 +87,8 @@ def image_refused(part: ImagePart, reason: str, code: str = "invalid_image") -> 
 def decode_image(part: ImagePart, limits: ImageLimits = NO_FETCH) -> ImageInput:
     """The part's image, checked; a 400 naming the part for anything this server cannot read.
     Blocking (it may fetch a URL): call it off the event loop."""
+    from PIL import Image, UnidentifiedImageError
+
     max_bytes, max_pixels = limits.max_bytes, limits.max_pixels
     data = image_bytes(part, limits)
     if len(data) > max_bytes:
