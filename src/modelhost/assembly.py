@@ -81,7 +81,9 @@ def build_app(
 
     settings = settings or ServeSettings()
     policy = admission_policy(model, settings, rows=engine.stats().batch)
-    stage = InferenceStage(engine, model, policy=policy, defaults=settings.defaults)
+    stage = InferenceStage(
+        engine, model, policy=policy, defaults=settings.defaults, images=settings.images
+    )
     return create_app(stage, settings)
 
 
@@ -110,7 +112,9 @@ def build_stage(
     )
     prefix_store = prefix_store_opener(model, KVDiskStore(budget_bytes=settings.kv_disk_bytes))
     engine = Engine(model, config, prefix_store=prefix_store)
-    return InferenceStage(engine, model, policy=policy, defaults=settings.defaults)
+    return InferenceStage(
+        engine, model, policy=policy, defaults=settings.defaults, images=settings.images
+    )
 
 
 def build_serving(

@@ -98,6 +98,11 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         help="a browser origin allowed to call the API (repeatable; e.g. http://localhost:3000)",
     )  # fmt: skip
     parser.add_argument(
+        "--image-urls", action="store_true",
+        help="fetch http(s) image URLs in requests (10 s and 20 MB at most); off by "
+        "default: the server would request whatever a client names (SSRF)",
+    )  # fmt: skip
+    parser.add_argument(
         "--no-console", action="store_true",
         help="no web console at / (browsers get the same JSON as other clients)",
     )  # fmt: skip

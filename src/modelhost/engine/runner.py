@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import torch
 
+from modelhost.engine.image_rows import ImageRows
 from modelhost.engine.kv.block_manager import cdiv
 from modelhost.engine.kv.kv_memory import ReservedPools
 from modelhost.engine.sampling.prompt_logprobs import prompt_logits_index
@@ -65,6 +66,8 @@ class ModelRunner:
                 block_size=block_size,
             )
         self.sliding_window = config.sliding_window
+        # A vision model's image placeholders take the tower's rows (engine/image_rows.py).
+        self.images = ImageRows(model.vision, model.device) if model.vision is not None else None
 
     def release_blocks_from(self, block_id: int) -> None:
         """Give back the memory of block `block_id` and every block above it (a growing pool;
@@ -218,4 +221,5 @@ class ModelRunner:
             sliding_mask=None if sliding_mask is None else sliding_mask.to(device),
             logits_index=torch.tensor(sample_last, dtype=torch.long, device=device),
             dense=len(rows) == 1 or max_q == 1,
+            embed_override=self.images.override(rows) if self.images is not None else None,
         )
