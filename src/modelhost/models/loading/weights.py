@@ -9,6 +9,7 @@ tensor, never the whole model in fp32.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -112,7 +113,10 @@ def linear_from(
 ) -> nn.Module:
     """One linear made of the `stems` (`<stem>.weight`, and `<stem>.bias` where present) laid
     side by side, in the plan's form: what a vision tower's layers are built from, on the same
-    kernels and quantization rules as the text model's."""
+    kernels and quantization rules as the text model's. A weight whose rows blocks of 32 do not
+    tile (SigLIP-so400m's 4304-wide MLP) keeps its float type where the mode would quantize it."""
+    if plan.mode in ("int8", "int4") and any(sources[f"{s}.weight"].shape[1] % 32 for s in stems):
+        plan = dataclasses.replace(plan, mode="auto")
     return _Filler(cast(DecoderLM, None), sources, plan, None).linear(stems)
 
 

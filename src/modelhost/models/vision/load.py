@@ -1,6 +1,6 @@
 """Which vision tower a model has, and building it: from a Hugging Face folder's multimodal
-checkpoint, or from a llama.cpp `mmproj` GGUF beside a text GGUF (as llama-server pairs them:
-`--mmproj`, or an `mmproj*.gguf` in the same folder)."""
+checkpoint, or from a llama.cpp `mmproj` GGUF beside a text GGUF (models/vision/pairing.py says
+which)."""
 
 from __future__ import annotations
 
@@ -15,34 +15,18 @@ from modelhost.models.loading.weights import TensorSource, WeightPlan, linear_fr
 from modelhost.models.vision.checkpoints import gguf_vision_tensors, hf_vision_tensors
 from modelhost.models.vision.idefics3 import Idefics3Tower
 from modelhost.models.vision.idefics3_image import IMAGE_TOKEN, Idefics3ImageConfig
+from modelhost.models.vision.pairing import MMPROJ_PROJECTORS
 from modelhost.models.vision.siglip import SiglipEncoder, SiglipShape
 from modelhost.models.vision.tower import VisionTower
 
 # Hugging Face `model_type`s whose folders carry a vision tower we build.
 IDEFICS3_TYPES = ("idefics3", "smolvlm")
 VISION_MODEL_TYPES = IDEFICS3_TYPES
-# llama.cpp's `clip.projector_type`s we read.
-MMPROJ_PROJECTORS = ("idefics3",)
-
 TokenId = Callable[[str], int | None]
 
 
 class UnsupportedProjector(ValueError):
     """An mmproj file whose projector this server does not compute."""
-
-
-def mmproj_beside(model: Path) -> Path | None:
-    """The mmproj file paired with a text GGUF: `mmproj*.gguf` in its folder (llama-server's and
-    LM Studio's layout; the first by name where there are several)."""
-    if model.suffix != ".gguf" or model.name.startswith("mmproj"):
-        return None
-    found = sorted(model.parent.glob("mmproj*.gguf"))
-    return found[0] if found else None
-
-
-def is_mmproj(path: Path) -> bool:
-    """Whether a .gguf is a vision projector (never a model of its own)."""
-    return path.name.startswith("mmproj") and path.suffix == ".gguf"
 
 
 def processor_settings(directory: Path) -> dict[str, Any]:
