@@ -1,10 +1,12 @@
 """Gemma 3's vision tower against transformers on a tiny random Gemma3ForConditionalGeneration:
 the image processor's pixels, the prompt text that stands for an image, and the soft tokens
-(SigLIP, average pooling, RMSNorm, projection). The decoder side waits on a bidirectional image
-block in the attention (models/vision/gemma3.py), so a Gemma 3 folder still loads text-only."""
+(SigLIP, average pooling, RMSNorm, projection); and the decoder's logits and greedy tokens with
+the soft tokens in place, attending to each other both ways as the engine is to arrange
+(ForwardBatch.bidirectional). Until the engine does, a Gemma 3 folder loads text-only."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -13,9 +15,14 @@ import torch
 import transformers
 from PIL import Image
 
+from modelhost.engine.engine import Engine, EngineConfig
+from modelhost.engine.sampling.sampling_params import SamplingParams
+from modelhost.engine.scheduler import ScheduledRow, SchedulerOutput
+from modelhost.engine.sequence import Sequence
 from modelhost.models.loading.hf_config import config_from_hf
 from modelhost.models.loading.load_safetensors import safetensors_tensors
-from modelhost.models.loading.weights import WeightPlan
+from modelhost.models.loading.loader import build_network
+from modelhost.models.loading.weights import WeightPlan, fill_network
 from modelhost.models.vision.load import gemma3_hf_tower
 
 IMAGE = 64
@@ -99,3 +106,90 @@ def test_gemma3_soft_tokens_match_transformers(tower, checkpoint):
     got = tower.encode(tower.plan(picture))
     assert got.shape == expected.shape == (4, 64)
     assert torch.allclose(got, expected, atol=1e-4, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def text_model(checkpoint, gemma3):
+    """The checkpoint's decoder as our network (fp32), carried by a LoadedModel whose
+    tokenizer is the embedded Gemma 3's (the test feeds ids directly)."""
+    directory, _ = checkpoint
+    raw = json.loads((directory / "config.json").read_text())
+    config = config_from_hf(raw)
+    with torch.device("meta"):
+        network = build_network(config)
+    plan = WeightPlan("none", torch.device("cpu"), torch.float32)
+    fill_network(network, safetensors_tensors(directory, config), plan)
+    return dataclasses.replace(
+        gemma3, config=config, network=network, dtype=torch.float32, kv_dtype=None, vision=None
+    )
+
+
+BOI, SOFT, EOI = 297, 299, 298
+TEXT_IDS = [2, 17, 45, 101, 7, 64, 200, 33]
+
+
+def merged_logits(model, tower, ids: list[int], rows: torch.Tensor) -> torch.Tensor:
+    """One prefill of `ids`, the soft tokens' rows in place and attending to each other both
+    ways (the block ORed into the masks, as the engine is to do for a bidirectional tower)."""
+    engine = Engine(model, EngineConfig(batch=1))
+    try:
+        seq = Sequence.from_prompt(0, ids, SamplingParams())
+        engine.block_manager.append_slots(seq, len(ids))
+        batch = engine.runner.build_batch(
+            SchedulerOutput(rows=[ScheduledRow(seq, 0, len(ids), True)])
+        )
+        batch.logits_index = torch.arange(len(ids))
+        at = torch.tensor([i for i, t in enumerate(ids) if t == tower.image_token_id])
+        batch.embed_override = (at, rows)
+        block = torch.zeros_like(batch.attn_mask)
+        block[0, 0, at[:, None], at[None, :]] = True
+        batch.attn_mask = batch.attn_mask | block
+        if batch.sliding_mask is not None:
+            batch.sliding_mask = batch.sliding_mask | block
+        batch.bidirectional = tower.bidirectional
+        return model.network(batch, engine.runner.kv)
+    finally:
+        engine.close()
+
+
+def test_gemma3_merged_sequence_logits_match_transformers(tower, checkpoint, text_model):
+    _, model = checkpoint
+    picture = image(120, 200)
+    pixels = transformers.Gemma3ImageProcessorPil(**PROCESSOR)(
+        images=[picture], return_tensors="pt"
+    )["pixel_values"]
+    ids = TEXT_IDS[:5] + [BOI] + [SOFT] * 4 + [EOI] + TEXT_IDS[5:]
+    input_ids = torch.tensor([ids])
+    with torch.no_grad():
+        expected = model(
+            input_ids=input_ids, pixel_values=pixels, token_type_ids=(input_ids == SOFT).long()
+        ).logits[0]
+    got = merged_logits(text_model, tower, ids, tower.encode(tower.plan(picture)))
+    assert torch.allclose(got, expected, atol=1e-3, rtol=0)
+
+
+def test_gemma3_greedy_continuation_about_an_image_matches_transformers(
+    tower, checkpoint, text_model
+):
+    _, model = checkpoint
+    picture = image(300, 90)
+    pixels = transformers.Gemma3ImageProcessorPil(**PROCESSOR)(
+        images=[picture], return_tensors="pt"
+    )["pixel_values"]
+    ids = TEXT_IDS[:3] + [BOI] + [SOFT] * 4 + [EOI] + TEXT_IDS[3:]
+    input_ids = torch.tensor([ids])
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=input_ids,
+            pixel_values=pixels,
+            token_type_ids=(input_ids == SOFT).long(),
+            max_new_tokens=24,
+            min_new_tokens=24,
+            do_sample=False,
+        )
+    expected = out[0, len(ids) :].tolist()
+    rows = tower.encode(tower.plan(picture))
+    got: list[int] = []
+    for _ in range(24):
+        got.append(int(merged_logits(text_model, tower, ids + got, rows)[-1].argmax()))
+    assert got == expected

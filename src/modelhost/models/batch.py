@@ -34,6 +34,10 @@ class ForwardBatch:
     # (indices into the T tokens, [n, hidden] rows). Images enter this way: a vision tower's
     # output takes the place of its placeholder tokens' embeddings (models/vision/tower.py).
     embed_override: tuple[torch.Tensor, torch.Tensor] | None = None
+    # The masks let some tokens see later ones of the same step (Gemma 3: one image's soft
+    # tokens attend to each other both ways). The native kernels attend causally by position,
+    # so such a step takes the masked path.
+    bidirectional: bool = False
 
 
 @dataclass(slots=True)

@@ -97,6 +97,7 @@ class Gemma3Tower(nn.Module):
     """A VisionTower (models/vision/tower.py) for Gemma 3 4B and up."""
 
     marker = BOI_TOKEN
+    bidirectional = True
 
     def __init__(
         self,
