@@ -9,11 +9,13 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import gguf
 import numpy as np
 import pytest
 import torch
 import transformers
 from PIL import Image
+from safetensors.torch import load_file
 
 from modelhost.engine.engine import Engine, EngineConfig
 from modelhost.engine.sampling.sampling_params import SamplingParams
@@ -23,7 +25,7 @@ from modelhost.models.loading.hf_config import config_from_hf
 from modelhost.models.loading.load_safetensors import safetensors_tensors
 from modelhost.models.loading.loader import build_network
 from modelhost.models.loading.weights import WeightPlan, fill_network
-from modelhost.models.vision.load import gemma3_hf_tower
+from modelhost.models.vision.load import gemma3_hf_tower, gemma3_mmproj_tower
 
 IMAGE = 64
 PROCESSOR = dict(size={"height": IMAGE, "width": IMAGE}, image_mean=[0.5, 0.4, 0.3])
@@ -193,3 +195,67 @@ def test_gemma3_greedy_continuation_about_an_image_matches_transformers(
     for _ in range(24):
         got.append(int(merged_logits(text_model, tower, ids + got, rows)[-1].argmax()))
     assert got == expected
+
+
+def write_gemma3_mmproj(directory, path):
+    """The tiny checkpoint's tower as llama.cpp's converter writes a Gemma 3 mmproj
+    (conversion/gemma.py Gemma3VisionModel): projector `gemma3`, gguf's MMPROJ names, the
+    projection as stored (F16), the soft-token norm as 1 + w, embeddings in F32."""
+    raw = json.loads((directory / "config.json").read_text())
+    vision = raw["vision_config"]
+    processor = json.loads((directory / "preprocessor_config.json").read_text())
+    writer = gguf.GGUFWriter(path, "clip")
+    writer.add_type(gguf.GGUFType.MMPROJ)
+    writer.add_clip_has_vision_encoder(True)
+    writer.add_vision_projection_dim(raw["text_config"]["hidden_size"])
+    writer.add_vision_image_size(vision["image_size"])
+    writer.add_vision_patch_size(vision["patch_size"])
+    writer.add_vision_embedding_length(vision["hidden_size"])
+    writer.add_vision_feed_forward_length(vision["intermediate_size"])
+    writer.add_vision_block_count(vision["num_hidden_layers"])
+    writer.add_vision_head_count(vision["num_attention_heads"])
+    writer.add_vision_image_mean(processor["image_mean"])
+    writer.add_vision_image_std(processor["image_std"])
+    writer.add_clip_projector_type(gguf.VisionProjectorType.GEMMA3)
+    writer.add_vision_attention_layernorm_eps(vision.get("layer_norm_eps", 1e-6))
+    writer.add_vision_use_gelu(True)
+    side = vision["image_size"] // vision["patch_size"]
+    writer.add_vision_projector_scale_factor(side // int(raw["mm_tokens_per_image"] ** 0.5))
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, vision["num_hidden_layers"])
+    for file in sorted(directory.glob("*.safetensors")):
+        for name, value in load_file(str(file)).items():
+            if not name.startswith(("vision_tower.", "multi_modal_projector.")) or ".head." in name:
+                continue
+            if name.startswith("vision_tower.") and not name.startswith("vision_tower.vision_"):
+                name = name.replace("vision_tower.", "vision_tower.vision_model.", 1)
+            name = name.replace("_weight", ".weight")
+            array = value.float().numpy()
+            if "soft_emb_norm" in name:
+                array = array + 1
+            gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+            assert gguf_name is not None, name
+            if "input_projection" in name:
+                array = array.astype(np.float16)
+            writer.add_tensor(gguf_name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_gemma3_mmproj_tower_matches_transformers(checkpoint, tmp_path):
+    directory, model = checkpoint
+    mmproj = write_gemma3_mmproj(directory, tmp_path / "mmproj-tiny-gemma3.gguf")
+    plan = WeightPlan("none", torch.device("cpu"), torch.float32)
+    tower = gemma3_mmproj_tower(mmproj, plan, {"<image_soft_token>": SOFT}.get)
+    picture = image(120, 200)
+    pixels = transformers.Gemma3ImageProcessorPil(**PROCESSOR)(
+        images=[picture], return_tensors="pt"
+    )["pixel_values"]
+    our_plan = tower.plan(picture)
+    assert torch.equal(our_plan.pixels, pixels) and our_plan.n_tokens == 4
+    with torch.no_grad():
+        expected = model.model.get_image_features(pixels).pooler_output[0]
+    # The projection in F16, as the converter stores it.
+    assert torch.allclose(tower.encode(our_plan), expected, atol=2e-3, rtol=0)

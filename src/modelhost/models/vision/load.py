@@ -20,7 +20,8 @@ from modelhost.models.vision.pairing import MMPROJ_PROJECTORS
 from modelhost.models.vision.siglip import SiglipEncoder, SiglipShape
 from modelhost.models.vision.tower import VisionTower
 
-# Hugging Face `model_type`s whose folders carry a vision tower we build.
+# Hugging Face `model_type`s whose folders carry a vision tower we build and serve. "gemma3"
+# (gemma3_hf_tower) joins once the engine honours VisionTower.bidirectional.
 IDEFICS3_TYPES = ("idefics3", "smolvlm")
 VISION_MODEL_TYPES = IDEFICS3_TYPES
 TokenId = Callable[[str], int | None]
@@ -161,4 +162,54 @@ def gemma3_hf_tower(
         tokens_per_image=int(raw.get("mm_tokens_per_image", 256)),
         image_token_id=int(image_token_id),
         image_config=Gemma3ImageConfig.from_processor(processor_settings(directory)),
+    )
+
+
+def gemma3_mmproj_tower(path: Path, plan: WeightPlan, token_id: TokenId) -> Gemma3Tower:
+    """A Gemma 3 mmproj's tower (llama.cpp's converter: projector `gemma3`, the projection
+    kept as transformers stores it, the soft-token norm stored as 1 + w). Not reached by
+    `mmproj_tower` yet, for the reason models/vision/gemma3.py gives."""
+    header = GGUFFile(path)
+
+    def field(key: str, default: Any) -> Any:
+        return header.field(f"clip.vision.{key}", default)
+
+    shape = SiglipShape(
+        hidden=int(field("embedding_length", 1152)),
+        intermediate=int(field("feed_forward_length", 4304)),
+        layers=int(field("block_count", 27)),
+        heads=int(field("attention.head_count", 16)),
+        image_size=int(field("image_size", 896)),
+        patch=int(field("patch_size", 14)),
+        eps=float(field("attention.layer_norm_epsilon", 1e-6)),
+        bucketed_positions=False,
+    )
+    per_side = shape.patches_per_side // int(field("projector.scale_factor", 4))
+    image_token_id = token_id(SOFT_TOKEN)
+    if image_token_id is None:
+        raise ValueError(f"the model paired with {path.name} has no {SOFT_TOKEN} token")
+    size = shape.image_size
+    image_config = Gemma3ImageConfig(
+        height=size,
+        width=size,
+        mean=tuple(float(v) for v in field("image_mean", (0.5, 0.5, 0.5))),
+        std=tuple(float(v) for v in field("image_std", (0.5, 0.5, 0.5))),
+    )
+    reader = FileReader(path)
+    try:
+        raw = {t["name"]: GGUFTensor(reader, t["name"], t, None) for t in header.tensors}
+        tensors = gguf_vision_tensors(raw)
+        tensors["projector.weight"] = Transposed(tensors["projector.weight"], "projector.weight")
+        encoder = SiglipEncoder(tensors, shape, plan)
+        norm = tensors["projector_norm.weight"].dense() - 1.0  # the file holds 1 + w
+        projection = linear_from(tensors, ["projector"], plan)
+    finally:
+        reader.release()
+    return Gemma3Tower(
+        encoder,
+        norm.to(plan.device),
+        projection,
+        tokens_per_image=per_side * per_side,
+        image_token_id=image_token_id,
+        image_config=image_config,
     )
