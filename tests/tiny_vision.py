@@ -134,15 +134,15 @@ def write_smolvlm_gguf(directory: Path, out: Path, qtype: str = "F32") -> Path:
 def write_mmproj(directory: Path, path: Path, qtype: str = "F32") -> Path:
     """The vision tower and connector as an `mmproj` GGUF, following llama.cpp's converter
     (conversion/base.py MmprojModel, conversion/smolvlm.py): `clip` architecture, clip.vision.*
-    hyper-parameters, gguf's MMPROJ tensor names, embeddings kept in F32."""
+    hyper-parameters, gguf's MMPROJ tensor names, embeddings kept in F32; `qtype` F32, F16 or
+    Q8_0 for the other weights."""
     raw = json.loads((directory / "config.json").read_text())
     vision = raw["vision_config"]
     processor = json.loads((directory / "preprocessor_config.json").read_text())
     writer = gguf.GGUFWriter(path, "clip")
     writer.add_type(gguf.GGUFType.MMPROJ)
-    writer.add_file_type(
-        gguf.LlamaFileType.ALL_F32 if qtype == "F32" else gguf.LlamaFileType.MOSTLY_Q8_0
-    )
+    file_types = {"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16}
+    writer.add_file_type(file_types.get(qtype, gguf.LlamaFileType.MOSTLY_Q8_0))
     writer.add_clip_has_vision_encoder(True)
     writer.add_vision_projection_dim(raw["text_config"]["hidden_size"])
     writer.add_vision_image_size(vision["image_size"])
@@ -167,7 +167,8 @@ def write_mmproj(directory: Path, path: Path, qtype: str = "F32") -> Path:
         array = value.float().numpy()
         if qtype == "F32" or array.ndim == 1 or ".embeddings." in name:
             writer.add_tensor(gguf_name, array)
-        elif array.shape[-1] % 32:  # the converter's fallback for rows blocks do not tile
+        elif qtype == "F16" or array.shape[-1] % 32:  # F16, or Q8_0's fallback where blocks
+            # of 32 do not tile a row
             writer.add_tensor(gguf_name, array.astype(np.float16))
         else:
             kind = gguf.GGMLQuantizationType[qtype]
