@@ -22,12 +22,21 @@ Prints a table and writes JSON (default benchmarks/results/vision-<time>.json). 
 from __future__ import annotations
 
 import argparse
+import base64
+import contextlib
+import io
 import json
+import os
+import platform
+import re
 import statistics
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import torch
 from PIL import Image
@@ -38,6 +47,17 @@ from modelhost.engine.scheduler import ScheduledRow, SchedulerOutput
 from modelhost.engine.sequence import Sequence
 from modelhost.models.loaded import LoadedModel
 from modelhost.models.loading.loader import load_model
+from modelhost.models.loading.weights import WeightPlan
+from modelhost.models.vision.load import gemma3_mmproj_tower
+
+sys.path.append(str(Path(__file__).resolve().parent))  # its sibling modules, shadowing nothing
+from server_tree import ServerTree, install_cleanup  # noqa: E402
+from user_sized import free_port, git_commit  # noqa: E402
+from vision_pair import write_gemma3_mmproj, write_smolvlm_pair  # noqa: E402
+
+LLAMA_SERVER = Path(
+    "/work/llamacpp/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin/llama-server"
+)
 
 IMAGE_TOKENS = [
     "<fake_token_around_image>",
@@ -136,65 +156,222 @@ def prefill_s(model: LoadedModel, ids: list[int], rows: torch.Tensor) -> float:
         engine.close()
 
 
-def measure(directory: Path, mode: str, image: Image.Image, repeats: int) -> dict[str, Any]:
+def random_image(edge: int, seed: int) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (edge, edge, 3), dtype=np.uint8))
+
+
+def measure_modelhost(
+    path: Path, mode: str, edges: list[int], repeats: int, **load: Any
+) -> list[dict[str, Any]]:
+    """In process: the load, then per image edge and repeat the plan, the encode and the
+    prefill (a fresh image each repeat, as llama-server gets)."""
     started = time.perf_counter()
-    model = load_model(str(directory), quantize=mode)
+    model = load_model(str(path), quantize=mode, **load)
     load_s = time.perf_counter() - started
     tower = model.vision
-    assert tower is not None
-    plans, encodes, prefills = [], [], []
-    tokens = image_tokens = 0
-    for _ in range(repeats):
+    assert tower is not None, f"{path.name} reads no images"
+    results = []
+    for edge in edges:
+        plans, encodes, encode_cpu, prefills = [], [], [], []
+        tokens = image_tokens = 0
+        for repeat in range(repeats):
+            image = random_image(edge, repeat)
+            started = time.perf_counter()
+            plan = tower.plan(image)
+            plans.append(time.perf_counter() - started)
+            started, cpu = time.perf_counter(), time.process_time()
+            rows = tower.encode(plan)
+            encodes.append(time.perf_counter() - started)
+            encode_cpu.append(time.process_time() - cpu)
+            before, after = PROMPT.split(tower.marker)
+            ids = model.tokenizer.encode(before + plan.text + after)
+            tokens, image_tokens = len(ids), plan.n_tokens
+            prefills.append(prefill_s(model, ids, rows))
+        plan_ms = statistics.median(plans) * 1000
+        encode_ms = statistics.median(encodes) * 1000
+        prefill_ms = statistics.median(prefills) * 1000
+        results.append(
+            {
+                "server": "modelhost (in process)",
+                "file": path.name,
+                "mode": mode,
+                "image": edge,
+                "load_s": round(load_s, 2),
+                "weights_mb": round(model.weights_bytes / 1e6, 1),
+                "prompt_tokens": tokens,
+                "image_tokens": image_tokens,
+                "plan_ms": round(plan_ms, 1),
+                "encode_ms": round(encode_ms, 1),
+                "encode_cpu_s": round(statistics.median(encode_cpu), 2),
+                "prefill_ms": round(prefill_ms, 1),
+                "ttft_ms": round(plan_ms + encode_ms + prefill_ms, 1),
+                "threads": torch.get_num_threads(),
+            }
+        )
+        print(json.dumps(results[-1]), flush=True)
+    return results
+
+
+ENCODED = re.compile(r"image slice encoded in (\d+) ms")
+DECODED = re.compile(r"image decoded \(batch \d+/\d+\) in (\d+) ms")
+
+
+def measure_llama_server(
+    binary: Path, model: Path, mmproj: Path, edges: list[int], repeats: int, threads: int
+) -> list[dict[str, Any]]:
+    """Over HTTP: one OpenAI chat request a repeat (a fresh PNG as a data URL, max_tokens 1, no
+    prompt cache), TTFT its wall time; the image encode and decode times from the server's log,
+    the prompt from its `timings`."""
+    port = free_port()
+    argv = [str(binary), "-m", str(model), "--mmproj", str(mmproj), "--host", "127.0.0.1"]
+    argv += ["--port", str(port), "-t", str(threads), "-c", "8192", "-np", "1", "--no-ui"]
+    log = Path(tempfile.mkdtemp()) / "llama-server.log"
+    url = f"http://127.0.0.1:{port}"
+    results = []
+    with ServerTree(argv, dict(os.environ), log) as tree:
         started = time.perf_counter()
-        plan = tower.plan(image)
+        while True:
+            if not tree.alive():
+                raise RuntimeError(f"llama-server ended: {tree.log_tail()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            if time.perf_counter() - started > 600:
+                raise RuntimeError(f"llama-server did not start: {tree.log_tail()}")
+            time.sleep(0.5)
+        load_s = time.perf_counter() - started
+        for edge in edges:
+            runs = []
+            for repeat in range(repeats):
+                buffer = io.BytesIO()
+                random_image(edge, repeat).save(buffer, format="PNG")
+                data = base64.b64encode(buffer.getvalue()).decode()
+                content = [
+                    {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}},
+                    {"type": "text", "text": "Describe this image."},
+                ]
+                body = {
+                    "messages": [{"role": "user", "content": content}],
+                    "max_tokens": 1,
+                    "temperature": 0,
+                    "cache_prompt": False,
+                }
+                offset = log.stat().st_size
+                started = time.perf_counter()
+                reply = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=1800)
+                wall = time.perf_counter() - started
+                reply.raise_for_status()
+                answer = reply.json()
+                with open(log, "rb") as handle:
+                    handle.seek(offset)
+                    text = handle.read().decode(errors="replace")
+                timings = answer.get("timings", {})
+                runs.append(
+                    {
+                        "ttft_ms": wall * 1000,
+                        "encode_ms": sum(int(m) for m in ENCODED.findall(text)),
+                        "image_decode_ms": sum(int(m) for m in DECODED.findall(text)),
+                        "slices": len(ENCODED.findall(text)),
+                        "prompt_tokens": answer.get("usage", {}).get("prompt_tokens"),
+                        "prompt_ms": timings.get("prompt_ms"),
+                    }
+                )
+            results.append(
+                {
+                    "server": "llama-server (HTTP)",
+                    "file": model.name,
+                    "image": edge,
+                    "load_s": round(load_s, 2),
+                    "peak_rss_mb": round(tree.peak_rss / 1e6, 1),
+                    "slices": runs[-1]["slices"],
+                    "prompt_tokens": runs[-1]["prompt_tokens"],
+                    **{
+                        key: round(statistics.median(r[key] for r in runs), 1)
+                        for key in ("encode_ms", "image_decode_ms", "prompt_ms", "ttft_ms")
+                        if all(r[key] is not None for r in runs)
+                    },
+                    "threads": threads,
+                }
+            )
+            print(json.dumps(results[-1]), flush=True)
+    return results
+
+
+def measure_gemma3_tower(mmproj: Path, mode: str, repeats: int) -> dict[str, Any]:
+    """Gemma 3 4B's tower alone (its text model is not written: see benchmarks/README.md)."""
+    plan = WeightPlan(mode, torch.device("cpu"), torch.float32)
+    started = time.perf_counter()
+    tower = gemma3_mmproj_tower(mmproj, plan, lambda token: 0)
+    load_s = time.perf_counter() - started
+    plans, encodes, encode_cpu = [], [], []
+    for repeat in range(repeats):
+        image = random_image(896, repeat)
+        started = time.perf_counter()
+        planned = tower.plan(image)
         plans.append(time.perf_counter() - started)
-        started = time.perf_counter()
-        rows = tower.encode(plan)
+        started, cpu = time.perf_counter(), time.process_time()
+        tower.encode(planned)
         encodes.append(time.perf_counter() - started)
-        before, after = PROMPT.split(tower.marker)
-        ids = model.tokenizer.encode(before + plan.text + after)
-        tokens, image_tokens = len(ids), plan.n_tokens
-        prefills.append(prefill_s(model, ids, rows))
-    plan_ms = statistics.median(plans) * 1000
-    encode_ms = statistics.median(encodes) * 1000
-    prefill_ms = statistics.median(prefills) * 1000
-    return {
+        encode_cpu.append(time.process_time() - cpu)
+    result = {
+        "server": "modelhost (in process, tower alone)",
+        "file": mmproj.name,
         "mode": mode,
+        "image": 896,
         "load_s": round(load_s, 2),
-        "weights_mb": round(model.weights_bytes / 1e6, 1),
-        "prompt_tokens": tokens,
-        "image_tokens": image_tokens,
-        "plan_ms": round(plan_ms, 1),
-        "encode_ms": round(encode_ms, 1),
-        "prefill_ms": round(prefill_ms, 1),
-        "ttft_ms": round(plan_ms + encode_ms + prefill_ms, 1),
-        "threads": torch.get_num_threads(),
+        "image_tokens": tower.tokens_per_image,
+        "plan_ms": round(statistics.median(plans) * 1000, 1),
+        "encode_ms": round(statistics.median(encodes) * 1000, 1),
+        "encode_cpu_s": round(statistics.median(encode_cpu), 2),
     }
+    print(json.dumps(result), flush=True)
+    return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=sorted(TEXT), default="256m")
-    parser.add_argument("--image", type=int, default=896, help="the square image's edge")
-    parser.add_argument("--modes", nargs="+", default=["auto"])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--dir", type=Path)
+    parser.add_argument("--images", nargs="+", type=int, default=[896])
+    parser.add_argument("--mode", default="auto")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--dir", type=Path, default=Path("/tmp/vision-pairs"))
+    parser.add_argument("--folder", action="store_true", help="also the transformers folder")
+    parser.add_argument("--llama-server", type=Path, default=LLAMA_SERVER)
+    parser.add_argument("--no-gemma3", action="store_true")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    directory = make_checkpoint(args.dir or Path(f"/tmp/smolvlm-{args.shape}-random"), args.shape)
-    rng = np.random.default_rng(0)
-    image = Image.fromarray(rng.integers(0, 256, (args.image, args.image, 3), dtype=np.uint8))
-    results = [measure(directory, mode, image, args.repeats) for mode in args.modes]
-    header = f"{'mode':6} {'tokens':>7} {'image':>6} {'plan ms':>8} {'encode ms':>10} "
-    print(header + f"{'prefill ms':>11} {'TTFT ms':>8}")
+    install_cleanup()
+    threads = torch.get_num_threads()
+    pair = write_smolvlm_pair(args.dir, args.shape)
+    mmproj = pair.with_name(f"mmproj-{pair.name}")
+    results = measure_modelhost(pair, args.mode, args.images, args.repeats)
+    if args.folder:
+        folder = make_checkpoint(args.dir / f"smolvlm-{args.shape}-folder", args.shape)
+        results += measure_modelhost(folder, args.mode, args.images, args.repeats)
+    if args.llama_server.exists():
+        results += measure_llama_server(
+            args.llama_server, pair, mmproj, args.images, args.repeats, threads
+        )
+    if not args.no_gemma3:
+        gemma = write_gemma3_mmproj(args.dir / "mmproj-gemma3-4b.gguf")
+        results.append(measure_gemma3_tower(gemma, args.mode, args.repeats))
+    header = f"{'server':36} {'image':>5} {'tokens':>6} {'encode ms':>10} {'prefill ms':>10}"
+    print(header + f" {'TTFT ms':>9}")
     for r in results:
+        prefill = r.get("prefill_ms", r.get("prompt_ms", "-"))
         print(
-            f"{r['mode']:6} {r['prompt_tokens']:7} {r['image_tokens']:6} {r['plan_ms']:8} "
-            f"{r['encode_ms']:10} {r['prefill_ms']:11} {r['ttft_ms']:8}"
+            f"{r['server']:36} {r['image']:5} {r.get('prompt_tokens') or r['image_tokens']:6} "
+            f"{r['encode_ms']:10} {prefill:>10} {r.get('ttft_ms', '-'):>9}"
         )
     out = args.out or Path("benchmarks/results") / f"vision-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    summary = {"shape": args.shape, "image": args.image, "results": results}
+    summary = {
+        "shape": args.shape,
+        "commit": git_commit(),
+        "cpu": platform.processor() or platform.machine(),
+        "results": results,
+    }
     out.write_text(json.dumps(summary, indent=2))
     print(f"wrote {out}")
 
