@@ -1,20 +1,27 @@
-"""Image encode time and time to first token for one image on a SmolVLM-shaped model with
-random weights (issue 40).
+"""Image encode time and time to first token for one 896x896 image, modelhost beside
+llama-server on the same random-weight files (issue 40).
 
-    python benchmarks/vision.py [--shape 256m|500m] [--image 896] [--modes auto none]
-        [--repeats 3] [--dir /tmp/smolvlm-256m-random] [--out FILE]
+    python benchmarks/vision.py [--shape 256m|500m] [--images 896] [--mode auto] [--repeats 1]
+        [--dir /tmp/vision-pairs] [--folder] [--llama-server PATH] [--no-gemma3] [--out FILE]
 
-The checkpoint is made once with transformers' own classes at the real architecture's sizes
-(HuggingFaceTB/SmolVLM-256M-Instruct's and -500M's config.json: SigLIP-base 768 wide, 12
-layers, 512-pixel tiles of 16-pixel patches, pixel shuffle by 4 to 64 tokens a tile; SmolLM2's
-decoder shapes), saved as bf16 safetensors with SmolLM2's tokenizer and the image tokens added,
-and the processor config (longest edge 2048, tiles of 512). One random `--image`² RGB image:
-resized to 2048², 16 tiles and the global image, 17 x 64 = 1,088 image tokens.
+The files (benchmarks/vision_pair.py, written once into --dir): a SmolVLM-256M/500M-shaped text
+GGUF (Q8_0) with its idefics3 mmproj (F16) beside it, as llama.cpp's converter writes them, and
+Gemma 3 4B's gemma3 mmproj (SigLIP-so400m at 896², 256 soft tokens). One random image per
+repeat, the same for both servers:
 
-For each CPU linear mode: the load, then per repeat the plan (Pillow preprocessing), the encode
-(SigLIP over every tile and the connector), and the prefill of the whole prompt with the image
-rows in place (one step through the engine's paged KV cache, as the first step of a request
-that fits one chunk); TTFT is their sum (the first token's sampling is negligible). Medians.
+- modelhost, in process (its HTTP side for images lives on another branch): the load, then
+  the plan (Pillow: resized to 2048², 16 tiles of 512 and the global one, 17 x 64 = 1,088
+  image tokens), the encode (SigLIP over every tile and the connector; wall and CPU seconds),
+  the prefill of the whole prompt with the image rows in place (one step through the engine's
+  paged KV cache); TTFT their sum. `--folder` also measures a transformers-made bf16 folder of
+  the same shapes.
+- llama-server (`-m MODEL --mmproj MMPROJ -t <torch's threads>`), over HTTP: one OpenAI chat
+  request with the image as a PNG data URL, max_tokens 1, no prompt cache; TTFT its wall
+  time, `prompt_ms` its own timing of the prompt, image slices included (it encodes and
+  decodes slice by slice: 17 slices for this image, as modelhost's tiles).
+- Gemma 3 4B's tower alone, in modelhost (its 4B text model is not written: llama-server
+  needs one, so it is not measured there).
+
 Prints a table and writes JSON (default benchmarks/results/vision-<time>.json). Run it under
 `flock /tmp/bench.lock` on a shared machine.
 """
