@@ -274,12 +274,14 @@ def measure_llama_server(
                     handle.seek(offset)
                     text = handle.read().decode(errors="replace")
                 timings = answer.get("timings", {})
+                encoded, decoded = ENCODED.findall(text), DECODED.findall(text)
                 runs.append(
                     {
                         "ttft_ms": wall * 1000,
-                        "encode_ms": sum(int(m) for m in ENCODED.findall(text)),
-                        "image_decode_ms": sum(int(m) for m in DECODED.findall(text)),
-                        "slices": len(ENCODED.findall(text)),
+                        # mtmd logs these at its info level; absent, they are not reported
+                        "encode_ms": sum(int(m) for m in encoded) if encoded else None,
+                        "image_decode_ms": sum(int(m) for m in decoded) if decoded else None,
+                        "slices": len(encoded),
                         "prompt_tokens": answer.get("usage", {}).get("prompt_tokens"),
                         "prompt_ms": timings.get("prompt_ms"),
                     }
@@ -291,7 +293,7 @@ def measure_llama_server(
                     "image": edge,
                     "load_s": round(load_s, 2),
                     "peak_rss_mb": round(tree.peak_rss / 1e6, 1),
-                    "slices": runs[-1]["slices"],
+                    "slices": runs[-1]["slices"] or None,
                     "prompt_tokens": runs[-1]["prompt_tokens"],
                     **{
                         key: round(statistics.median(r[key] for r in runs), 1)
@@ -369,7 +371,7 @@ def main() -> None:
         prefill = r.get("prefill_ms", r.get("prompt_ms", "-"))
         print(
             f"{r['server']:36} {r['image']:5} {r.get('prompt_tokens') or r['image_tokens']:6} "
-            f"{r['encode_ms']:10} {prefill:>10} {r.get('ttft_ms', '-'):>9}"
+            f"{r.get('encode_ms', '-'):>10} {prefill:>10} {r.get('ttft_ms', '-'):>9}"
         )
     out = args.out or Path("benchmarks/results") / f"vision-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
