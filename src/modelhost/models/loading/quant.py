@@ -54,7 +54,9 @@ class Bf16Linear(nn.Module):
     that see thousands of rows at once (a vision tower's patches): there oneDNN's blocked
     AVX-512 BF16 GEMM runs about twice as fast as the native kernels, which read each weight
     once for up to 8 rows. Activations and outputs are rounded to bf16, as the native kernels
-    round activations to 16 bits; accumulation is fp32. Returns fp32, as QuantLinear does."""
+    round activations to 16 bits; accumulation is fp32. Returns bf16: attention, GELU and the
+    next linear take it as it is (no fp32 round trip), an fp32 residual add promotes it, and
+    the decoder casts image rows to its own dtype (models/networks/decoder.py)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
