@@ -352,9 +352,10 @@ def main() -> None:
     args = parser.parse_args()
     install_cleanup()
     threads = torch.get_num_threads()
-    pair = write_smolvlm_pair(args.dir, args.shape)
+    # each pair in a folder of its own: modelhost pairs a GGUF with the first mmproj beside it
+    pair = write_smolvlm_pair(args.dir / f"smolvlm-{args.shape}", args.shape)
     mmproj = pair.with_name(f"mmproj-{pair.name}")
-    results = measure_modelhost(pair, args.mode, args.images, args.repeats)
+    results = measure_modelhost(pair, args.mode, args.images, args.repeats, mmproj=mmproj)
     if args.folder:
         folder = make_checkpoint(args.dir / f"smolvlm-{args.shape}-folder", args.shape)
         results += measure_modelhost(folder, args.mode, args.images, args.repeats)
@@ -363,7 +364,7 @@ def main() -> None:
             args.llama_server, pair, mmproj, args.images, args.repeats, threads
         )
     if not args.no_gemma3:
-        gemma = write_gemma3_mmproj(args.dir / "mmproj-gemma3-4b.gguf")
+        gemma = write_gemma3_mmproj(args.dir / "gemma3-4b" / "mmproj-gemma3-4b.gguf")
         results.append(measure_gemma3_tower(gemma, args.mode, args.repeats))
     header = f"{'server':36} {'image':>5} {'tokens':>6} {'encode ms':>10} {'prefill ms':>10}"
     print(header + f" {'TTFT ms':>9}")
