@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import gguf
+import numpy as np
 import torch
 import transformers
 from gguf.quants import quantize
@@ -25,8 +26,8 @@ IMAGE_TOKENS = [
     *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)),
 ]
 VISION = dict(
-    hidden_size=48,
-    intermediate_size=96,
+    hidden_size=64,
+    intermediate_size=128,
     num_hidden_layers=2,
     num_attention_heads=4,
     image_size=64,
@@ -52,6 +53,7 @@ def image_processor_settings() -> dict[str, object]:
 
 def make_tiny_smolvlm(directory: Path, donor: LoadedModel) -> Path:
     """config.json, model.safetensors, tokenizer files and the processor's configs."""
+    directory.mkdir(parents=True, exist_ok=True)
     backend = TokenizerBackend.from_str(donor.tokenizer.backend.to_str())
     backend.add_special_tokens(IMAGE_TOKENS)
     backend.save(str(directory / "tokenizer.json"))
@@ -113,7 +115,7 @@ def write_smolvlm_gguf(directory: Path, out: Path, qtype: str = "F32") -> Path:
     it, in a folder `out`. Returns the text model's path."""
     out.mkdir(parents=True, exist_ok=True)
     raw = json.loads((directory / "config.json").read_text())
-    text_dir = out / "text-checkpoint"
+    text_dir = out.parent / f"{out.name}-text-checkpoint"  # not in `out`: no model of its own
     text_dir.mkdir(exist_ok=True)
     text_config = {**raw["text_config"], "model_type": "llama", "tie_word_embeddings": False}
     (text_dir / "config.json").write_text(json.dumps(text_config))
@@ -132,15 +134,15 @@ def write_smolvlm_gguf(directory: Path, out: Path, qtype: str = "F32") -> Path:
 def write_mmproj(directory: Path, path: Path, qtype: str = "F32") -> Path:
     """The vision tower and connector as an `mmproj` GGUF, following llama.cpp's converter
     (conversion/base.py MmprojModel, conversion/smolvlm.py): `clip` architecture, clip.vision.*
-    hyper-parameters, gguf's MMPROJ tensor names, embeddings kept in F32."""
+    hyper-parameters, gguf's MMPROJ tensor names, embeddings kept in F32; `qtype` F32, F16 or
+    Q8_0 for the other weights."""
     raw = json.loads((directory / "config.json").read_text())
     vision = raw["vision_config"]
     processor = json.loads((directory / "preprocessor_config.json").read_text())
     writer = gguf.GGUFWriter(path, "clip")
     writer.add_type(gguf.GGUFType.MMPROJ)
-    writer.add_file_type(
-        gguf.LlamaFileType.ALL_F32 if qtype == "F32" else gguf.LlamaFileType.MOSTLY_Q8_0
-    )
+    file_types = {"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16}
+    writer.add_file_type(file_types.get(qtype, gguf.LlamaFileType.MOSTLY_Q8_0))
     writer.add_clip_has_vision_encoder(True)
     writer.add_vision_projection_dim(raw["text_config"]["hidden_size"])
     writer.add_vision_image_size(vision["image_size"])
@@ -165,6 +167,9 @@ def write_mmproj(directory: Path, path: Path, qtype: str = "F32") -> Path:
         array = value.float().numpy()
         if qtype == "F32" or array.ndim == 1 or ".embeddings." in name:
             writer.add_tensor(gguf_name, array)
+        elif qtype == "F16" or array.shape[-1] % 32:  # F16, or Q8_0's fallback where blocks
+            # of 32 do not tile a row
+            writer.add_tensor(gguf_name, array.astype(np.float16))
         else:
             kind = gguf.GGMLQuantizationType[qtype]
             writer.add_tensor(gguf_name, quantize(array, kind), raw_dtype=kind)

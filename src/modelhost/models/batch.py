@@ -38,6 +38,10 @@ class ForwardBatch:
     # row holds an image (models/vision/mrope.py); None: every axis takes `positions`.
     # `positions` stays each token's index in its row (KV slots, causal masks).
     mrope_positions: torch.Tensor | None = None
+    # The masks let some tokens see later ones of the same step (Gemma 3: one image's soft
+    # tokens attend to each other both ways). The native kernels attend causally by position,
+    # so such a step takes the masked path.
+    bidirectional: bool = False
 
 
 @dataclass(slots=True)

@@ -7,6 +7,7 @@ modification time), so a client listing models again reads nothing twice.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections import Counter
@@ -18,6 +19,7 @@ from modelhost.models.families import family_for_model
 from modelhost.models.loading.footprint import TYPE_NAMES
 from modelhost.models.loading.gguf_header import GGUFFile
 from modelhost.models.loading.hf_config import read_json
+from modelhost.models.vision.pairing import reads_images
 from modelhost.residency.registry import ModelEntry, _safetensors_tensors
 
 # llama.cpp's `general.file_type` (LLAMA_FTYPE): what a GGUF says its quantization is.
@@ -81,7 +83,7 @@ def _gguf_facts(path: Path) -> ModelFacts:
     metadata.setdefault("general.parameter_count", parameters)
     context = header.arch_field("context_length")
     embedding = header.arch_field("embedding_length")
-    return _with_family(
+    facts = _with_family(
         arch,
         template if isinstance(template, str) else None,
         parameter_count=parameters,
@@ -90,6 +92,8 @@ def _gguf_facts(path: Path) -> ModelFacts:
         embedding_length=int(embedding) if embedding is not None else None,
         metadata=metadata,
     )
+    # A GGUF reads images when an mmproj we compute sits beside it (models/vision/pairing.py).
+    return dataclasses.replace(facts, vision=True) if reads_images(path) else facts
 
 
 def _folder_facts(path: Path, architecture: str | None) -> ModelFacts:

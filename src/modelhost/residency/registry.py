@@ -52,6 +52,7 @@ from modelhost.models.loading.embedded import EMBEDDED, EMBEDDED_ENCODERS
 from modelhost.models.loading.footprint import held_bytes, unsupported_tensor
 from modelhost.models.loading.gguf_header import GGUFFile
 from modelhost.models.loading.hf_config import config_from_hf, read_json
+from modelhost.models.vision.pairing import is_mmproj, mmproj_beside, reads_images
 from modelhost.paths import file_cache_key, modelhost_home
 from modelhost.residency.pull.marker import files_being_pulled
 from modelhost.residency.pull.plan import quant_files
@@ -271,11 +272,22 @@ class ModelRegistry:
             yield _with(entry, id=model_id)
 
     def _read_model(self, model_id: str, path: Path, root: Path) -> ModelEntry | None:
+        if is_mmproj(path):  # a vision projector: part of the model beside it, not a model
+            return None
         if path.suffix == ".gguf":
             try:
                 config, architecture, tensors, size = _read_gguf(path)
             except UnservableArchitecture as exc:
                 return _refused(model_id, path, "gguf", exc, path.stat().st_size)
+            if reads_images(path):  # its tower loads with it, and costs its file
+                mmproj = mmproj_beside(path)
+                assert mmproj is not None
+                projector = GGUFFile(mmproj).tensors
+                tensors = [
+                    *tensors,
+                    *((t["name"], t["type"], tuple(reversed(t["shape"]))) for t in projector),
+                ]
+                size += mmproj.stat().st_size
             fmt = "gguf"
         elif _is_whisper_dir(path):
             return self._transcriber(model_id, path)

@@ -64,7 +64,11 @@ def safetensors_tensors(directory: Path, config: ModelConfig) -> dict[str, Safet
                 name = name.removeprefix("model.text_model.")
                 if not name.startswith(("model.", "lm_head.")):
                     name = "model." + name
-                gemma_norm = config.architecture == "gemma" and name.endswith("norm.weight")
+                gemma_norm = (
+                    config.architecture == "gemma"
+                    and name.startswith(("model.layers.", "model.norm."))  # not a vision tower's
+                    and name.endswith("norm.weight")
+                )
                 tensor_slice = handle.get_slice(key)
                 shape, dtype = tuple(tensor_slice.get_shape()), tensor_slice.get_dtype()
                 found[name] = SafetensorsTensor(file, key, name, shape, dtype, gemma_norm)

@@ -45,7 +45,8 @@ from modelhost.models.networks.decoder import DecoderLM
 from modelhost.models.networks.gemma import build_gemma
 from modelhost.models.networks.layers import partial_rotary_rows
 from modelhost.models.networks.llama import build_llama
-from modelhost.models.vision.load import UnsupportedProjector, hf_tower, mmproj_beside, mmproj_tower
+from modelhost.models.vision.load import UnsupportedProjector, hf_tower, mmproj_tower
+from modelhost.models.vision.pairing import mmproj_beside
 from modelhost.models.vision.tower import VisionTower
 from modelhost.paths import file_cache_key, modelhost_home
 from modelhost.text.tokenizer import Tokenizer

@@ -246,6 +246,7 @@ class Attention(nn.Module):
             and self.native_ready()
             and native.cache_readable(pool)
             and (max_q == 1 or context <= NATIVE_PROMPT_CONTEXT)
+            and not batch.bidirectional
         ):
             # Every token, a decode row's or a prompt's, attends over its own row's paged keys
             # up to its position, read in place: no gathered context, no mask, and (unlike SDPA

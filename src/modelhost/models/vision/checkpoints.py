@@ -80,18 +80,20 @@ def _renamed(source: TensorSource, name: str) -> TensorSource:
 
 
 def hf_vision_tensors(
-    sources: Mapping[str, TensorSource], vision_prefix: str, projector: dict[str, str]
+    sources: Mapping[str, TensorSource], vision_prefixes: tuple[str, ...], projector: dict[str, str]
 ) -> dict[str, TensorSource]:
-    """The tensors under `vision_prefix` (say `model.vision_model.`) and the `projector`
-    tensors (checkpoint name -> ours), under our names."""
+    """The tensors under the first of `vision_prefixes` a tensor has (say
+    `model.vision_model.`), and the `projector` tensors (checkpoint name -> ours), under our
+    names."""
     found: dict[str, TensorSource] = {}
     for key, source in sources.items():
         if key in projector:
             found[projector[key]] = _renamed(source, projector[key])
             continue
-        if not key.startswith(vision_prefix):
+        prefix = next((p for p in vision_prefixes if key.startswith(p)), None)
+        if prefix is None:
             continue
-        rest = key.removeprefix(vision_prefix)
+        rest = key.removeprefix(prefix)
         match = _HF_LAYER_NAME.match(rest)
         name = None
         if match:

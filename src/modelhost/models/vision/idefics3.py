@@ -41,6 +41,7 @@ class Idefics3Tower(nn.Module):
     """A VisionTower (models/vision/tower.py) for Idefics3 and SmolVLM."""
 
     marker = IMAGE_TOKEN
+    bidirectional = False
 
     def __init__(
         self,

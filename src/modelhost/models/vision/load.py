@@ -1,6 +1,6 @@
 """Which vision tower a model has, and building it: from a Hugging Face folder's multimodal
-checkpoint, or from a llama.cpp `mmproj` GGUF beside a text GGUF (as llama-server pairs them:
-`--mmproj`, or an `mmproj*.gguf` in the same folder)."""
+checkpoint, or from a llama.cpp `mmproj` GGUF beside a text GGUF (models/vision/pairing.py says
+which)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ from modelhost.models.loading.hf_config import read_json
 from modelhost.models.loading.load_gguf import FileReader, GGUFTensor
 from modelhost.models.loading.weights import TensorSource, WeightPlan, linear_from
 from modelhost.models.vision.checkpoints import gguf_vision_tensors, hf_vision_tensors
+from modelhost.models.vision.gemma3 import SOFT_TOKEN, Gemma3ImageConfig, Gemma3Tower, Transposed
 from modelhost.models.vision.idefics3 import Idefics3Tower
 from modelhost.models.vision.idefics3_image import IMAGE_TOKEN, Idefics3ImageConfig
+from modelhost.models.vision.pairing import MMPROJ_PROJECTORS
 from modelhost.models.vision.qwen2_5_vl_load import (
     MMPROJ_QWEN_VL,
     QWEN_VL_TYPES,
@@ -24,31 +26,15 @@ from modelhost.models.vision.qwen2_5_vl_load import (
 from modelhost.models.vision.siglip import SiglipEncoder, SiglipShape
 from modelhost.models.vision.tower import VisionTower
 
-# Hugging Face `model_type`s whose folders carry a vision tower we build.
+# Hugging Face `model_type`s whose folders carry a vision tower we build and serve. "gemma3"
+# (gemma3_hf_tower) joins once the engine honours VisionTower.bidirectional.
 IDEFICS3_TYPES = ("idefics3", "smolvlm")
 VISION_MODEL_TYPES = IDEFICS3_TYPES + QWEN_VL_TYPES
-# llama.cpp's `clip.projector_type`s we read.
-MMPROJ_PROJECTORS = ("idefics3", *MMPROJ_QWEN_VL)
-
 TokenId = Callable[[str], int | None]
 
 
 class UnsupportedProjector(ValueError):
     """An mmproj file whose projector this server does not compute."""
-
-
-def mmproj_beside(model: Path) -> Path | None:
-    """The mmproj file paired with a text GGUF: `mmproj*.gguf` in its folder (llama-server's and
-    LM Studio's layout; the first by name where there are several)."""
-    if model.suffix != ".gguf" or model.name.startswith("mmproj"):
-        return None
-    found = sorted(model.parent.glob("mmproj*.gguf"))
-    return found[0] if found else None
-
-
-def is_mmproj(path: Path) -> bool:
-    """Whether a .gguf is a vision projector (never a model of its own)."""
-    return path.name.startswith("mmproj") and path.suffix == ".gguf"
 
 
 def processor_settings(directory: Path) -> dict[str, Any]:
@@ -82,7 +68,7 @@ def hf_tower(
         eps=float(vision.get("layer_norm_eps", 1e-6)),
     )
     projector = {"model.connector.modality_projection.proj.weight": "projector.weight"}
-    tensors = hf_vision_tensors(sources, "model.vision_model.", projector)
+    tensors = hf_vision_tensors(sources, ("model.vision_model.",), projector)
     image_token_id = raw.get("image_token_id", token_id(IMAGE_TOKEN))
     if image_token_id is None:
         raise ValueError(f"{directory.name}: its vocabulary has no {IMAGE_TOKEN} token")
@@ -147,6 +133,100 @@ def mmproj_tower(path: Path, plan: WeightPlan, token_id: TokenId) -> VisionTower
         encoder,
         connector,
         scale_factor=int(number("projector.scale_factor", 2)),
+        image_token_id=image_token_id,
+        image_config=image_config,
+    )
+
+
+def gemma3_hf_tower(
+    directory: Path,
+    raw: dict[str, Any],
+    sources: Mapping[str, TensorSource],
+    plan: WeightPlan,
+    token_id: TokenId,
+) -> Gemma3Tower:
+    """A Gemma 3 folder's tower. Not reached by `hf_tower` yet (models/vision/gemma3.py says
+    why): its parity is tested at the tower's output."""
+    vision = raw["vision_config"]
+    shape = SiglipShape(
+        hidden=int(vision.get("hidden_size", 1152)),
+        intermediate=int(vision.get("intermediate_size", 4304)),
+        layers=int(vision.get("num_hidden_layers", 27)),
+        heads=int(vision.get("num_attention_heads", 16)),
+        image_size=int(vision.get("image_size", 896)),
+        patch=int(vision.get("patch_size", 14)),
+        eps=float(vision.get("layer_norm_eps", 1e-6)),
+        bucketed_positions=False,
+    )
+    # The hub's files say vision_tower.vision_model.*, transformers 5 writes vision_tower.*;
+    # both arrive here under model. (models/loading/load_safetensors.py).
+    prefix = "model.multi_modal_projector."
+    projector = {f"{prefix}mm_soft_emb_norm.weight": "projector_norm.weight"}
+    towers = ("model.vision_tower.vision_model.", "model.vision_tower.")
+    tensors = hf_vision_tensors(sources, towers, projector)
+    weight = sources[f"{prefix}mm_input_projection_weight"]
+    tensors["projector.weight"] = Transposed(weight, "projector.weight")
+    # Gemma 3's config.json says image_token_index (transformers' attribute is image_token_id)
+    image_token_id = raw.get("image_token_index", raw.get("image_token_id"))
+    if image_token_id is None:
+        image_token_id = token_id(SOFT_TOKEN)
+    if image_token_id is None:
+        raise ValueError(f"{directory.name}: its vocabulary has no {SOFT_TOKEN} token")
+    return Gemma3Tower(
+        SiglipEncoder(tensors, shape, plan),
+        tensors["projector_norm.weight"].dense().to(plan.device),
+        linear_from(tensors, ["projector"], plan),
+        tokens_per_image=int(raw.get("mm_tokens_per_image", 256)),
+        image_token_id=int(image_token_id),
+        image_config=Gemma3ImageConfig.from_processor(processor_settings(directory)),
+    )
+
+
+def gemma3_mmproj_tower(path: Path, plan: WeightPlan, token_id: TokenId) -> Gemma3Tower:
+    """A Gemma 3 mmproj's tower (llama.cpp's converter: projector `gemma3`, the projection
+    kept as transformers stores it, the soft-token norm stored as 1 + w). Not reached by
+    `mmproj_tower` yet, for the reason models/vision/gemma3.py gives."""
+    header = GGUFFile(path)
+
+    def field(key: str, default: Any) -> Any:
+        return header.field(f"clip.vision.{key}", default)
+
+    shape = SiglipShape(
+        hidden=int(field("embedding_length", 1152)),
+        intermediate=int(field("feed_forward_length", 4304)),
+        layers=int(field("block_count", 27)),
+        heads=int(field("attention.head_count", 16)),
+        image_size=int(field("image_size", 896)),
+        patch=int(field("patch_size", 14)),
+        eps=float(field("attention.layer_norm_epsilon", 1e-6)),
+        bucketed_positions=False,
+    )
+    per_side = shape.patches_per_side // int(field("projector.scale_factor", 4))
+    image_token_id = token_id(SOFT_TOKEN)
+    if image_token_id is None:
+        raise ValueError(f"the model paired with {path.name} has no {SOFT_TOKEN} token")
+    size = shape.image_size
+    image_config = Gemma3ImageConfig(
+        height=size,
+        width=size,
+        mean=tuple(float(v) for v in field("image_mean", (0.5, 0.5, 0.5))),
+        std=tuple(float(v) for v in field("image_std", (0.5, 0.5, 0.5))),
+    )
+    reader = FileReader(path)
+    try:
+        raw = {t["name"]: GGUFTensor(reader, t["name"], t, None) for t in header.tensors}
+        tensors = gguf_vision_tensors(raw)
+        tensors["projector.weight"] = Transposed(tensors["projector.weight"], "projector.weight")
+        encoder = SiglipEncoder(tensors, shape, plan)
+        norm = tensors["projector_norm.weight"].dense() - 1.0  # the file holds 1 + w
+        projection = linear_from(tensors, ["projector"], plan)
+    finally:
+        reader.release()
+    return Gemma3Tower(
+        encoder,
+        norm.to(plan.device),
+        projection,
+        tokens_per_image=per_side * per_side,
         image_token_id=image_token_id,
         image_config=image_config,
     )

@@ -30,6 +30,9 @@ class SiglipShape:
     image_size: int  # the square the position embeddings were learned for
     patch: int
     eps: float
+    # Idefics3's SigLIP takes any grid of patches, its positions bucketed onto the learned grid;
+    # plain SigLIP (Gemma 3's) takes exactly the learned square, positions in order.
+    bucketed_positions: bool = True
 
     @property
     def patches_per_side(self) -> int:
@@ -114,11 +117,18 @@ class SiglipEncoder(nn.Module):
         tiles, channels, height, width = pixels.shape
         p = self.shape.patch
         rows, cols = height // p, width // p
+        if self.shape.bucketed_positions:
+            position_ids = self.position_ids(rows, cols)
+        else:
+            side = self.shape.patches_per_side
+            if (rows, cols) != (side, side):
+                raise ValueError(f"expected {side} x {side} patches, got {rows} x {cols}")
+            position_ids = torch.arange(side * side)
         # The convolution with kernel = stride = p is a linear over each patch's pixels,
         # flattened in the kernel's (channel, y, x) order.
         patches = pixels.to(self.position).reshape(tiles, channels, rows, p, cols, p)
         patches = patches.permute(0, 2, 4, 1, 3, 5).reshape(tiles * rows * cols, -1)
-        positions = self.position[self.position_ids(rows, cols)].repeat(tiles, 1)
+        positions = self.position[position_ids].repeat(tiles, 1)
         x = self.patch_embedding(patches) + positions
         for layer in self.layers:
             x = layer(x, tiles)

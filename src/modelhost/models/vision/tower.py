@@ -37,6 +37,10 @@ class VisionTower(Protocol):
     # message's content list): Idefics3/SmolVLM "<image>", Gemma 3 "<start_of_image>".
     marker: str
     image_token_id: int  # the placeholder token whose input embeddings are replaced
+    # One image's placeholders attend to each other both ways (Gemma 3), not only causally:
+    # the step that prefills them must hold the whole image, OR that block into its masks and
+    # set ForwardBatch.bidirectional.
+    bidirectional: bool
 
     def plan(self, image: Image.Image) -> ImagePlan:
         """An RGB image, resized, split and normalised exactly as the model's processor
