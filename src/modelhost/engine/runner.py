@@ -14,6 +14,7 @@ from modelhost.engine.scheduler import ScheduledRow, SchedulerOutput
 from modelhost.models.batch import ForwardBatch, KVCache
 from modelhost.models.kernels import native
 from modelhost.models.loaded import LoadedModel
+from modelhost.models.vision.mrope import step_mrope_positions
 
 PROMPT_THREADS_MIN_TOKENS = 64
 
@@ -148,6 +149,8 @@ class ModelRunner:
         device = self.model.device
         index = torch.arange(len(positions), device=device)
         tables = torch.tensor(padded, dtype=torch.long, device=device)
+        # Each token is a row of its own here, so each takes its own row's images.
+        mrope = self._mrope_positions(position_t, [1] * len(tokens_rows), tokens_rows)
         return ForwardBatch(
             input_ids=torch.tensor(token_ids, dtype=torch.long, device=device),
             positions=position_t.to(device),
@@ -164,6 +167,7 @@ class ModelRunner:
                 device=device,
             ),
             dense=True,
+            mrope_positions=mrope,
         )
 
     def _mixed_batch(self, rows: list[ScheduledRow]) -> ForwardBatch:
@@ -222,4 +226,16 @@ class ModelRunner:
             logits_index=torch.tensor(sample_last, dtype=torch.long, device=device),
             dense=len(rows) == 1 or max_q == 1,
             embed_override=self.images.override(rows) if self.images is not None else None,
+            mrope_positions=self._mrope_positions(positions, counts, rows),
         )
+
+    def _mrope_positions(
+        self, positions: torch.Tensor, counts: list[int], rows: list[ScheduledRow]
+    ) -> torch.Tensor | None:
+        """[3, T] M-RoPE positions where a row holds an M-RoPE image (Qwen2.5-VL), else None:
+        decode steps after an image keep its shift too (models/vision/mrope.py)."""
+        if self.images is None or not any(row.seq.images for row in rows):
+            return None
+        images = [row.seq.images for row in rows]
+        mrope = step_mrope_positions(positions, counts, images)
+        return None if mrope is None else mrope.to(self.model.device)
