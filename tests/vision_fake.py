@@ -57,6 +57,7 @@ TEMPLATE = (
 
 class FakeTower:
     marker = MARKER
+    bidirectional = False
 
     def __init__(self, model: LoadedModel) -> None:
         tokenizer = model.tokenizer

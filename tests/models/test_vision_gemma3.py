@@ -2,7 +2,8 @@
 the image processor's pixels, the prompt text that stands for an image, and the soft tokens
 (SigLIP, average pooling, RMSNorm, projection); and the decoder's logits and greedy tokens with
 the soft tokens in place, attending to each other both ways as the engine is to arrange
-(ForwardBatch.bidirectional). Until the engine does, a Gemma 3 folder loads text-only."""
+(ForwardBatch.bidirectional), by hand and through the engine, whose chunks never split an
+image."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from safetensors.torch import load_file
 from modelhost.engine.engine import Engine, EngineConfig
 from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.engine.scheduler import ScheduledRow, SchedulerOutput
-from modelhost.engine.sequence import Sequence
+from modelhost.engine.sequence import ImageSpan, Sequence
 from modelhost.models.loading.hf_config import config_from_hf
 from modelhost.models.loading.load_safetensors import safetensors_tensors
 from modelhost.models.loading.loader import build_network
@@ -195,6 +196,42 @@ def test_gemma3_greedy_continuation_about_an_image_matches_transformers(
     for _ in range(24):
         got.append(int(merged_logits(text_model, tower, ids + got, rows)[-1].argmax()))
     assert got == expected
+
+
+@pytest.mark.parametrize("chunk", [512, 6, 2])
+async def test_gemma3_through_the_engine_gives_transformers_greedy_tokens(
+    tower, checkpoint, text_model, chunk
+):
+    """The engine keeps the image's soft tokens in one step however small its chunks (6 ends
+    the first before the image, 2 runs on to the image's end) and lets them see each other."""
+    _, model = checkpoint
+    picture = image(300, 90)
+    pixels = transformers.Gemma3ImageProcessorPil(**PROCESSOR)(
+        images=[picture], return_tensors="pt"
+    )["pixel_values"]
+    ids = TEXT_IDS[:3] + [BOI] + [SOFT] * 4 + [EOI] + TEXT_IDS[3:]
+    input_ids = torch.tensor([ids])
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=input_ids,
+            pixel_values=pixels,
+            token_type_ids=(input_ids == SOFT).long(),
+            max_new_tokens=24,
+            min_new_tokens=24,
+            do_sample=False,
+        )
+    expected = out[0, len(ids) :].tolist()
+    positions = tuple(i for i, t in enumerate(ids) if t == SOFT)
+    span = ImageSpan(positions[0], len(positions), b"picture", tower.plan(picture), positions)
+    vlm = dataclasses.replace(text_model, vision=tower)
+    config = EngineConfig(batch=1, kv_cache_bytes=4 << 20, max_num_batched_tokens=chunk)
+    engine = Engine(vlm, config)
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    try:
+        events = [event async for event in engine.submit(ids, greedy, (span,))]
+    finally:
+        engine.close()
+    assert [token for event in events for token in event.token_ids] == expected
 
 
 def write_gemma3_mmproj(directory, path):

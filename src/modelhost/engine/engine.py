@@ -195,6 +195,7 @@ class Engine:
                 batch=config.batch,
                 max_queue=config.max_queue,
                 max_num_batched_tokens=max(config.max_num_batched_tokens, config.batch),
+                whole_images=model.vision is not None and model.vision.bidirectional,
             ),
             self.block_manager,
         )

@@ -205,6 +205,15 @@ class ModelRunner:
         if self.sliding_window is not None:
             sliding_mask = ((distance >= 0) & (distance < self.sliding_window))[:, None]
 
+        bidirectional = False
+        if self.images is not None and self.images.tower.bidirectional:
+            block = self._image_blocks(rows, max_q, max_blocks * block_size)
+            if block is not None:  # the step's images attend to their own tokens both ways
+                bidirectional = True
+                attn_mask = attn_mask | block
+                if sliding_mask is not None:
+                    sliding_mask = sliding_mask | block
+
         sample_last = [
             offset + count - 1
             for offset, count, row in zip(offsets.tolist(), counts, rows, strict=True)
@@ -227,7 +236,27 @@ class ModelRunner:
             dense=len(rows) == 1 or max_q == 1,
             embed_override=self.images.override(rows) if self.images is not None else None,
             mrope_positions=self._mrope_positions(positions, counts, rows),
+            bidirectional=bidirectional,
         )
+
+    @staticmethod
+    def _image_blocks(rows: list[ScheduledRow], max_q: int, max_kv: int) -> torch.Tensor | None:
+        """[R, 1, max_q, max_kv] True where a query of an image this step computes meets any
+        token of the same image (Gemma 3); None when the step computes no image token. The
+        scheduler keeps an image's tokens in one step (SchedulerConfig.whole_images), so each
+        sees all of its image's, earlier ones from the cache included."""
+        block: torch.Tensor | None = None
+        for r, row in enumerate(rows):
+            start, end = row.start, row.start + row.num_tokens
+            for span in row.seq.images:
+                if not span.overlaps(start, end):
+                    continue
+                queries = [p - start for p in span.positions if start <= p < end]
+                if block is None:
+                    block = torch.zeros(len(rows), 1, max_q, max_kv, dtype=torch.bool)
+                keys = torch.tensor(span.positions)
+                block[r, 0, torch.tensor(queries)[:, None], keys[None, :]] = True
+        return block
 
     def _mrope_positions(
         self, positions: torch.Tensor, counts: list[int], rows: list[ScheduledRow]

@@ -3,9 +3,10 @@ splitting), SigLIP over it, its patches average-pooled to `mm_tokens_per_image` 
 normalised (RMSNorm, (1 + w)) and projected into the text model's width, as transformers'
 Gemma3MultiModalProjector does.
 
-Not loaded by models/vision/load.py yet: transformers lets one image's soft tokens attend to
-each other both ways (a bidirectional block inside the causal mask, as llama.cpp does too), and
-the decoder's attention here is causal only, so serving it would answer subtly wrong.
+One image's soft tokens attend to each other both ways (a bidirectional block inside the
+causal mask, as transformers and llama.cpp do): `bidirectional` tells the engine, which keeps an
+image's tokens in one step (engine/scheduler.py) and ORs the block into the masks
+(engine/runner.py).
 """
 
 from __future__ import annotations

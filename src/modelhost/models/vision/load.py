@@ -26,8 +26,8 @@ from modelhost.models.vision.qwen2_5_vl_load import (
 from modelhost.models.vision.siglip import SiglipEncoder, SiglipShape
 from modelhost.models.vision.tower import VisionTower
 
-# Hugging Face `model_type`s whose folders carry a vision tower we build and serve. "gemma3"
-# (gemma3_hf_tower) joins once the engine honours VisionTower.bidirectional.
+# Hugging Face `model_type`s whose folders carry a vision tower we build and serve; a "gemma3"
+# folder with a vision_config too (Gemma 3 4B and up: gemma3_hf_tower).
 IDEFICS3_TYPES = ("idefics3", "smolvlm")
 VISION_MODEL_TYPES = IDEFICS3_TYPES + QWEN_VL_TYPES
 TokenId = Callable[[str], int | None]
@@ -55,6 +55,8 @@ def hf_tower(
     if raw.get("model_type") in QWEN_VL_TYPES:
         settings = processor_settings(directory)
         return hf_qwen_tower(directory, raw, sources, plan, token_id, settings)
+    if raw.get("model_type") == "gemma3" and "vision_config" in raw:
+        return gemma3_hf_tower(directory, raw, sources, plan, token_id)
     if raw.get("model_type") not in IDEFICS3_TYPES:
         return None
     vision = raw["vision_config"]
@@ -95,6 +97,8 @@ def mmproj_tower(path: Path, plan: WeightPlan, token_id: TokenId) -> VisionTower
             return gguf_qwen_tower(header, raw, plan, token_id)
         finally:
             reader.release()
+    if projector == "gemma3":
+        return gemma3_mmproj_tower(path, plan, token_id)
 
     def number(key: str, default: Any = None) -> Any:
         value = header.field(f"clip.vision.{key}", default)
@@ -145,8 +149,8 @@ def gemma3_hf_tower(
     plan: WeightPlan,
     token_id: TokenId,
 ) -> Gemma3Tower:
-    """A Gemma 3 folder's tower. Not reached by `hf_tower` yet (models/vision/gemma3.py says
-    why): its parity is tested at the tower's output."""
+    """A Gemma 3 folder's tower (its soft tokens attend to each other both ways: the engine
+    keeps an image in one step and ORs its block into the masks)."""
     vision = raw["vision_config"]
     shape = SiglipShape(
         hidden=int(vision.get("hidden_size", 1152)),
@@ -184,8 +188,7 @@ def gemma3_hf_tower(
 
 def gemma3_mmproj_tower(path: Path, plan: WeightPlan, token_id: TokenId) -> Gemma3Tower:
     """A Gemma 3 mmproj's tower (llama.cpp's converter: projector `gemma3`, the projection
-    kept as transformers stores it, the soft-token norm stored as 1 + w). Not reached by
-    `mmproj_tower` yet, for the reason models/vision/gemma3.py gives."""
+    kept as transformers stores it, the soft-token norm stored as 1 + w)."""
     header = GGUFFile(path)
 
     def field(key: str, default: Any) -> Any:

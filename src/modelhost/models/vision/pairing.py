@@ -9,10 +9,8 @@ from pathlib import Path
 
 from modelhost.models.loading.gguf_header import GGUFFile
 
-# llama.cpp's `clip.projector_type`s whose towers models/vision/ builds and serves. "gemma3"
-# (models/vision/load.py gemma3_mmproj_tower) joins once the engine honours
-# VisionTower.bidirectional.
-MMPROJ_PROJECTORS = ("idefics3", "qwen2.5vl_merger")
+# llama.cpp's `clip.projector_type`s whose towers models/vision/ builds and serves.
+MMPROJ_PROJECTORS = ("idefics3", "qwen2.5vl_merger", "gemma3")
 
 
 def is_mmproj(path: Path) -> bool:

@@ -207,6 +207,7 @@ class QwenVLTower(nn.Module):
     """A VisionTower (models/vision/tower.py) for Qwen2.5-VL."""
 
     marker = IMAGE_TOKEN
+    bidirectional = False  # causal like text; its images move positions instead (M-RoPE)
 
     def __init__(
         self, encoder: QwenVisionEncoder, *, image_token_id: int, image_config: QwenImageConfig
