@@ -40,15 +40,20 @@ GEMMA = ("gemma2", "gemma3")
 
 
 def write_gguf_from_hf(
-    directory: Path, path: Path, qtype: str = "F32", added_tokens: Sequence[str] = ()
+    directory: Path,
+    path: Path,
+    qtype: str = "F32",
+    added_tokens: Sequence[str] = (),
+    chat_template: str | None = None,
 ) -> Path:
     """`directory`'s checkpoint as a GGUF at `path`, 2-D weights in `qtype` (F32 or Q8_0);
     `added_tokens` follow the donor's vocabulary as control tokens (a checkpoint whose
-    tokenizer added them, as SmolVLM's image tokens)."""
+    tokenizer added them, as SmolVLM's image tokens); `chat_template` in place of the
+    donor's."""
     raw = json.loads((directory / "config.json").read_text())
     arch = GGUF_ARCHITECTURES[raw["model_type"]]
     writer = gguf.GGUFWriter(path, arch)
-    _metadata(writer, raw, arch, added_tokens)
+    _metadata(writer, raw, arch, added_tokens, chat_template)
     names = gguf.get_tensor_name_map(_arch_enum(arch), raw["num_hidden_layers"])
     # llama.cpp's qwen3moe has no dense layers; a checkpoint's (mlp_only_layers) keep qwen3's
     dense_names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3, raw["num_hidden_layers"])
@@ -95,7 +100,11 @@ def _arch_enum(arch: str) -> gguf.MODEL_ARCH:
 
 
 def _metadata(
-    writer: gguf.GGUFWriter, raw: dict[str, Any], arch: str, added_tokens: Sequence[str] = ()
+    writer: gguf.GGUFWriter,
+    raw: dict[str, Any],
+    arch: str,
+    added_tokens: Sequence[str] = (),
+    chat_template: str | None = None,
 ) -> None:
     heads = raw["num_attention_heads"]
     head_dim = raw.get("head_dim") or raw["hidden_size"] // heads
@@ -142,6 +151,8 @@ def _metadata(
             value = [*value, *added_tokens]
         elif field.key == "tokenizer.ggml.token_type":
             value = [*value, *[gguf.TokenType.CONTROL] * len(added_tokens)]
+        elif field.key == "tokenizer.chat_template" and chat_template is not None:
+            value = chat_template
         writer.add_key_value(field.key, value, field.types[0], sub_type=sub_type)
 
 

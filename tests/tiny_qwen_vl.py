@@ -115,7 +115,9 @@ def reference_qwen_vl(directory: Path) -> torch.nn.Module:
     ).eval()
 
 
-def write_qwen_vl_gguf(directory: Path, out: Path, qtype: str = "F32") -> Path:
+def write_qwen_vl_gguf(
+    directory: Path, out: Path, qtype: str = "F32", chat_template: str | None = None
+) -> Path:
     """The checkpoint as llama.cpp's converter writes it: the text model as a `qwen2vl` GGUF
     (M-RoPE's sections padded to four, the vision tokens in its vocabulary) and the vision
     tower as `mmproj-<name>.gguf` beside it, in a folder `out`. Returns the text model's path."""
@@ -129,7 +131,9 @@ def write_qwen_vl_gguf(directory: Path, out: Path, qtype: str = "F32") -> Path:
     # transformers saves Qwen2.5-VL in its older layout: model.layers.*, visual.*, lm_head
     text = {name: value for name, value in tensors.items() if not name.startswith("visual.")}
     save_file(text, str(text_dir / "model.safetensors"))
-    model_path = write_gguf_from_hf(text_dir, out / "tiny-qwen-vl.gguf", qtype, VISION_TOKENS)
+    model_path = write_gguf_from_hf(
+        text_dir, out / "tiny-qwen-vl.gguf", qtype, VISION_TOKENS, chat_template
+    )
     write_qwen_mmproj(directory, out / "mmproj-tiny-qwen-vl.gguf", qtype)
     return model_path
 
