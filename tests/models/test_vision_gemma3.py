@@ -27,6 +27,8 @@ from modelhost.models.loading.load_safetensors import safetensors_tensors
 from modelhost.models.loading.loader import build_network
 from modelhost.models.loading.weights import WeightPlan, fill_network
 from modelhost.models.vision.load import gemma3_hf_tower, gemma3_mmproj_tower
+from modelhost.residency.model_facts import model_facts
+from modelhost.residency.registry import ModelRegistry
 
 IMAGE = 64
 PROCESSOR = dict(size={"height": IMAGE, "width": IMAGE}, image_mean=[0.5, 0.4, 0.3])
@@ -296,3 +298,13 @@ def test_gemma3_mmproj_tower_matches_transformers(checkpoint, tmp_path):
         expected = model.model.get_image_features(pixels).pooler_output[0]
     # The projection in F16, as the converter stores it.
     assert torch.allclose(tower.encode(our_plan), expected, atol=2e-3, rtol=0)
+
+
+def test_registry_lists_a_gemma3_folder_with_a_vision_config_as_reading_images(
+    checkpoint, tmp_path
+):
+    directory, _ = checkpoint
+    registry = ModelRegistry([directory.parent], home=tmp_path / "home", hf_hub=tmp_path / "hub")
+    entry = registry.get(directory.name)
+    assert entry is not None and entry.refusal is None
+    assert model_facts(entry).vision

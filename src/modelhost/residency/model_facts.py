@@ -119,7 +119,7 @@ def _folder_facts(path: Path, architecture: str | None) -> ModelFacts:
     if isinstance(embedding, int):
         metadata[f"{arch}.embedding_length"] = embedding
     dtype = raw.get("torch_dtype") or raw.get("dtype") or ""
-    return _with_family(
+    facts = _with_family(
         arch,
         template if isinstance(template, str) else None,
         parameter_count=parameters,
@@ -128,6 +128,11 @@ def _folder_facts(path: Path, architecture: str | None) -> ModelFacts:
         embedding_length=embedding if isinstance(embedding, int) else None,
         metadata=metadata,
     )
+    # Gemma 3 4B and up: a "gemma3" folder with a vision_config reads images (its family is
+    # text's too, 1B and the GGUFs without an mmproj).
+    if raw.get("model_type") == "gemma3" and "vision_config" in raw:
+        return dataclasses.replace(facts, vision=True)
+    return facts
 
 
 def _with_family(arch: str, template: str | None, **facts: Any) -> ModelFacts:
