@@ -154,6 +154,7 @@ def worker_launch(
         return [
             *("--model", str(entry.path), "--id", entry.id, "--operations", operations),
             *("--config", config, "--log-level", log_level),
+            *(("--mmproj", str(entry.mmproj)) if entry.mmproj is not None else ()),
         ]
 
     return arguments

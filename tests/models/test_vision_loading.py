@@ -192,3 +192,18 @@ def test_image_rows_enter_the_fused_one_token_step(pair):
     plain = _last_prompt_token_logits(model, ids, None, fused=True)
     assert torch.allclose(fused, unfused, atol=0.02, rtol=0)
     assert not torch.allclose(fused, plain, atol=0.02, rtol=0)
+
+
+def test_a_named_mmproj_elsewhere_makes_the_registry_list_a_vision_model(pair, tmp_path):
+    """`serve --mmproj FILE`: the GGUF alone in its folder, its projector named from another."""
+    model_path = tmp_path / "alone" / "model.gguf"
+    model_path.parent.mkdir()
+    shutil.copy(pair, model_path)
+    mmproj = pair.parent / "mmproj-tiny-smolvlm.gguf"
+    registry = ModelRegistry([], home=tmp_path / "home", hf_hub=tmp_path / "hub")
+    plain = registry.resolve_argument(str(model_path))
+    assert plain is not None and not model_facts(plain).vision
+    named = registry.resolve_argument(str(model_path), mmproj)
+    assert named is not None and named.mmproj == mmproj.resolve()
+    assert model_facts(named).vision
+    assert named.size_bytes == plain.size_bytes + mmproj.stat().st_size

@@ -173,28 +173,35 @@ def test_smolvlm_second_turn_about_an_image_is_served_from_the_cache(
 
 
 # ---------------------------------------------------------------------------------------------
-# Qwen2.5-VL as a GGUF + mmproj pair, served by `modelhost serve` (worker process)
+# Qwen2.5-VL as a GGUF + mmproj pair, served by `modelhost serve` (worker process), the mmproj
+# kept elsewhere and named by --mmproj
 
 
 @pytest.fixture(scope="module")
-def qwen_gguf(tmp_path_factory: pytest.TempPathFactory, smollm2: LoadedModel) -> Path:
+def qwen_gguf(tmp_path_factory: pytest.TempPathFactory, smollm2: LoadedModel) -> tuple[Path, Path]:
+    """The text GGUF, and its mmproj moved out of its folder."""
     root = tmp_path_factory.mktemp("qwen-vl-wire")
     checkpoint = root / "checkpoint"
     checkpoint.mkdir()
     make_tiny_qwen_vl(checkpoint, smollm2)
     # With Qwen's template, as a real Qwen2.5-VL GGUF carries (the donor's reads no images).
-    return write_qwen_vl_gguf(checkpoint, root / "pair", chat_template=QWEN_VL_TEMPLATE)
+    model = write_qwen_vl_gguf(checkpoint, root / "pair", chat_template=QWEN_VL_TEMPLATE)
+    (root / "projectors").mkdir()
+    mmproj = (model.parent / "mmproj-tiny-qwen-vl.gguf").rename(root / "projectors" / "vl.gguf")
+    return model, mmproj
 
 
-def test_qwen_vl_gguf_pair_served_by_a_worker_answers_as_the_engine_does(
-    qwen_gguf: Path, tmp_path: Path
+def test_qwen_vl_gguf_served_by_a_worker_with_its_named_mmproj_answers_as_the_engine_does(
+    qwen_gguf: tuple[Path, Path], tmp_path: Path
 ) -> None:
+    model_path, mmproj = qwen_gguf
     image = picture(4, (200, 150))
-    ours = load_model(str(qwen_gguf), quantize="none")
+    ours = load_model(str(model_path), quantize="none", mmproj=mmproj)
     expected = engine_answer(ours, image)
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
-    argv = [str(qwen_gguf), "--port", str(port), "--batch", "2", "--quantize", "none"]
+    argv = [str(model_path), "--mmproj", str(mmproj), "--port", str(port), "--batch", "2"]
+    argv += ["--quantize", "none"]
     with (tmp_path / "serve.log").open("wb") as log:
         process = subprocess.Popen([sys.executable, "-c", SERVE, *argv], stdout=log, stderr=log)
     try:

@@ -51,7 +51,9 @@ def model_facts(entry: ModelEntry) -> ModelFacts:
     it still, as the registry does until its next scan)."""
     try:
         stat = entry.path.stat()
-        return _facts(entry.path, entry.format, entry.architecture, stat.st_size, stat.st_mtime_ns)
+        facts = _facts(entry.path, entry.format, entry.architecture, stat.st_size, stat.st_mtime_ns)
+        # A projector named by `serve --mmproj` reads images as one beside the file does.
+        return dataclasses.replace(facts, vision=True) if entry.mmproj is not None else facts
     except (OSError, ValueError, KeyError, TypeError):
         return UNKNOWN
 
