@@ -36,6 +36,7 @@ from gguf import (
     GGMLQuantizationType,
     GGUFWriter,
     LlamaFileType,
+    TokenType,
 )
 from gguf.quants import quantize
 
@@ -269,7 +270,12 @@ def tokenizer_fields(source: str = TOKENIZER_SOURCE) -> tuple[Field, ...]:
 
 
 def add_metadata(
-    writer: GGUFWriter, shape: Shape, shape_name: str, qtype: str, tokenizer: bool
+    writer: GGUFWriter,
+    shape: Shape,
+    shape_name: str,
+    qtype: str,
+    tokenizer: bool,
+    added_tokens: tuple[str, ...] = (),
 ) -> None:
     writer.add_type("model")
     family = "Qwen3-MoE" if shape.experts else "Llama"
@@ -297,7 +303,12 @@ def add_metadata(
         writer.add_expert_feed_forward_length(shape.expert_ffn)
     for field in tokenizer_fields() if tokenizer else ():
         sub_type = field.types[1] if len(field.types) > 1 else None
-        writer.add_key_value(field.key, field.value, field.types[0], sub_type=sub_type)
+        value = field.value
+        if field.key == "tokenizer.ggml.tokens":
+            value = [*value, *added_tokens]
+        elif field.key == "tokenizer.ggml.token_type":
+            value = [*value, *[TokenType.CONTROL] * len(added_tokens)]
+        writer.add_key_value(field.key, value, field.types[0], sub_type=sub_type)
 
 
 def write_synthetic_gguf(
@@ -308,11 +319,14 @@ def write_synthetic_gguf(
     seed: int = 0,
     layers: int | None = None,
     tokenizer: bool = True,
+    added_tokens: tuple[str, ...] = (),
     progress: bool = False,
 ) -> Path:
     """Write a Llama-shaped GGUF of `shape` (a name in SHAPES, or a Shape) in `qtype` (a name in
     MIXTURES) to `path`; `layers` overrides the shape's block count. Same seed, same bytes.
-    `tokenizer=False` leaves the tokenizer out (for tests of the tensors alone)."""
+    `tokenizer=False` leaves the tokenizer out (for tests of the tensors alone);
+    `added_tokens` follow SmolLM2's vocabulary as control tokens (a vision model's image
+    tokens; the shape's vocab must count them)."""
     shape_name = shape if isinstance(shape, str) else "custom"
     dims = SHAPES[shape] if isinstance(shape, str) else shape
     if layers is not None:
@@ -325,7 +339,7 @@ def write_synthetic_gguf(
     # here, chunk by chunk, at the offsets that table promised (each tensor padded to the
     # alignment), since the writer only takes whole tensors.
     writer = GGUFWriter(path, dims.architecture)
-    add_metadata(writer, dims, shape_name, qtype, tokenizer)
+    add_metadata(writer, dims, shape_name, qtype, tokenizer, added_tokens)
     for spec in plan:
         writer.add_tensor_info(
             spec.name, spec.byte_shape, np.dtype(np.uint8), spec.nbytes, raw_dtype=spec.qtype

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,17 +33,27 @@ GGUF_ARCHITECTURES = {
     "smollm3": "smollm3",
     "granite": "granite",
     "qwen3_moe": "qwen3moe",
+    "qwen2_5_vl_text": "qwen2vl",  # Qwen2.5-VL's text model (M-RoPE)
 }
 PERMUTED = ("llama", "smollm3", "granite")  # LlamaModel's subclasses in the converter
 GEMMA = ("gemma2", "gemma3")
 
 
-def write_gguf_from_hf(directory: Path, path: Path, qtype: str = "F32") -> Path:
-    """`directory`'s checkpoint as a GGUF at `path`, 2-D weights in `qtype` (F32 or Q8_0)."""
+def write_gguf_from_hf(
+    directory: Path,
+    path: Path,
+    qtype: str = "F32",
+    added_tokens: Sequence[str] = (),
+    chat_template: str | None = None,
+) -> Path:
+    """`directory`'s checkpoint as a GGUF at `path`, 2-D weights in `qtype` (F32 or Q8_0);
+    `added_tokens` follow the donor's vocabulary as control tokens (a checkpoint whose
+    tokenizer added them, as SmolVLM's image tokens); `chat_template` in place of the
+    donor's."""
     raw = json.loads((directory / "config.json").read_text())
     arch = GGUF_ARCHITECTURES[raw["model_type"]]
     writer = gguf.GGUFWriter(path, arch)
-    _metadata(writer, raw, arch)
+    _metadata(writer, raw, arch, added_tokens, chat_template)
     names = gguf.get_tensor_name_map(_arch_enum(arch), raw["num_hidden_layers"])
     # llama.cpp's qwen3moe has no dense layers; a checkpoint's (mlp_only_layers) keep qwen3's
     dense_names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3, raw["num_hidden_layers"])
@@ -88,7 +99,13 @@ def _arch_enum(arch: str) -> gguf.MODEL_ARCH:
     return next(key for key, value in gguf.MODEL_ARCH_NAMES.items() if value == arch)
 
 
-def _metadata(writer: gguf.GGUFWriter, raw: dict[str, Any], arch: str) -> None:
+def _metadata(
+    writer: gguf.GGUFWriter,
+    raw: dict[str, Any],
+    arch: str,
+    added_tokens: Sequence[str] = (),
+    chat_template: str | None = None,
+) -> None:
     heads = raw["num_attention_heads"]
     head_dim = raw.get("head_dim") or raw["hidden_size"] // heads
     rope = _rope(raw)
@@ -105,6 +122,8 @@ def _metadata(writer: gguf.GGUFWriter, raw: dict[str, Any], arch: str) -> None:
     partial = rope.get("partial_rotary_factor") or raw.get("partial_rotary_factor") or 1.0
     writer.add_rope_dimension_count(int(partial * raw["hidden_size"]) // heads)
     writer.add_vocab_size(raw["vocab_size"])
+    if rope.get("mrope_section"):  # llama.cpp pads the three sections to four
+        writer.add_rope_dimension_sections([*rope["mrope_section"], 0])
     if raw.get("sliding_window") and raw.get("use_sliding_window") is not False:
         writer.add_sliding_window(raw["sliding_window"])
     if arch == "gemma2":
@@ -127,7 +146,14 @@ def _metadata(writer: gguf.GGUFWriter, raw: dict[str, Any], arch: str) -> None:
         writer.add_logit_scale(raw["logits_scaling"])
     for field in synthetic_gguf.tokenizer_fields():  # the donor's (SmolLM2's) tokenizer
         sub_type = field.types[1] if len(field.types) > 1 else None
-        writer.add_key_value(field.key, field.value, field.types[0], sub_type=sub_type)
+        value = field.value
+        if field.key == "tokenizer.ggml.tokens":
+            value = [*value, *added_tokens]
+        elif field.key == "tokenizer.ggml.token_type":
+            value = [*value, *[gguf.TokenType.CONTROL] * len(added_tokens)]
+        elif field.key == "tokenizer.chat_template" and chat_template is not None:
+            value = chat_template
+        writer.add_key_value(field.key, value, field.types[0], sub_type=sub_type)
 
 
 def _converted(name: str, value: torch.Tensor, raw: dict[str, Any], arch: str) -> torch.Tensor:

@@ -81,7 +81,9 @@ def build_app(
 
     settings = settings or ServeSettings()
     policy = admission_policy(model, settings, rows=engine.stats().batch)
-    stage = InferenceStage(engine, model, policy=policy, defaults=settings.defaults)
+    stage = InferenceStage(
+        engine, model, policy=policy, defaults=settings.defaults, images=settings.images
+    )
     return create_app(stage, settings)
 
 
@@ -133,7 +135,9 @@ def build_stage(
     engine = Engine(
         model, config, prefix_store=prefix_store, draft=load_draft(model, settings, quantize)
     )
-    return InferenceStage(engine, model, policy=policy, defaults=settings.defaults)
+    return InferenceStage(
+        engine, model, policy=policy, defaults=settings.defaults, images=settings.images
+    )
 
 
 def build_serving(
@@ -173,6 +177,7 @@ def worker_launch(
         return [
             *("--model", str(entry.path), "--id", entry.id, "--operations", operations),
             *("--config", config, "--log-level", log_level),
+            *(("--mmproj", str(entry.mmproj)) if entry.mmproj is not None else ()),
         ]
 
     return arguments

@@ -52,6 +52,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         kv_disk_bytes=kv_disk_bytes(args),
         speculate=getattr(args, "speculate", "auto"),
         console=not getattr(args, "no_console", False),
+        image_urls=bool(getattr(args, "image_urls", False)),
     )
 
 

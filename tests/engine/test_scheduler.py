@@ -9,7 +9,8 @@ import pytest
 from modelhost.engine.kv.block_manager import BlockManager
 from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from modelhost.engine.sequence import Sequence, SequenceStatus
+from modelhost.engine.sequence import ImageSpan, Sequence, SequenceStatus
+from modelhost.models.vision.tower import ImagePlan
 
 BS = 4
 EOS = 2
@@ -318,3 +319,16 @@ def test_scheduler_returns_blocks_to_baseline_when_every_row_finishes() -> None:
     assert all(seq.is_finished for seq in added)
     assert bm.num_used_blocks == 0 and bm.num_free_blocks == 10
     assert all(seq.finish_reason in ("stop", "length", "abort") for seq in added)
+
+
+def test_prefill_chunks_of_a_bidirectional_model_end_before_an_image_or_at_its_end() -> None:
+    """Gemma 3's image tokens attend both ways: a chunk never ends inside an image (it ends
+    before it, or runs on to its end past the budget)."""
+    config = SchedulerConfig(batch=2, max_num_batched_tokens=6, whole_images=True)
+    sched = Scheduler(config, BlockManager(16, BS))
+    span = ImageSpan(4, 8, b"image", ImagePlan("", 8, None), tuple(range(4, 12)))
+    prompt = list(range(100, 116))
+    seq = Sequence.from_prompt(1, prompt, SamplingParams(max_tokens=2), images=(span,))
+    sched.add(seq)
+    chunks = [step(sched)[0].rows[0].num_tokens for _ in range(3)]
+    assert chunks == [4, 8, 4]

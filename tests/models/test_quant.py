@@ -15,7 +15,7 @@ from modelhost.models.loading import footprint
 from modelhost.models.loading.embedded import embedded_path
 from modelhost.models.loading.footprint import target_type
 from modelhost.models.loading.loader import load_model
-from modelhost.models.loading.quant import DenseLinear, describe, quantize_blocks
+from modelhost.models.loading.quant import Bf16Linear, DenseLinear, describe, quantize_blocks
 
 needs_kernels = pytest.mark.skipif(native.kernels() is None, reason="no native kernels here")
 
@@ -25,6 +25,16 @@ def test_dense_linear_is_the_fp32_linear():
     x = torch.randn(3, 64)
     expected = torch.nn.functional.linear(x, weight, bias)
     assert torch.allclose(DenseLinear(weight, bias)(x), expected, atol=1e-5)
+
+
+def test_bf16_linear_is_the_fp32_linear_within_bf16_rounding():
+    torch.manual_seed(0)
+    weight, bias, x = torch.randn(96, 64) * 0.1, torch.randn(96) * 0.1, torch.randn(3, 5, 64)
+    got = Bf16Linear(weight, bias)(x)
+    expected = torch.nn.functional.linear(x, weight, bias)
+    assert got.shape == (3, 5, 96)
+    # bf16 keeps 8 significant bits: inputs, weights and outputs each rounded once
+    assert (got.float() - expected).norm() / expected.norm() < 1e-2
 
 
 @pytest.mark.parametrize(("qtype", "tolerance"), [(T.Q8_0, 0.005), (T.Q4_1, 0.07)])

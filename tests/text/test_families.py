@@ -45,6 +45,21 @@ GGUF_ARCHITECTURES = [
     "smollm3",
     "granite",
 ]
+# Vision-language spellings and the family each names (their text model's GGUF architecture
+# is a text family's, or, for Qwen2-VL's M-RoPE, its own).
+VISION_SPELLINGS = {
+    "smolvlm": "smolvlm",
+    "idefics3": "smolvlm",
+    "qwen2_5_vl": "qwen2_5_vl",
+    "qwen2vl": "qwen2_5_vl",
+}
+
+
+@pytest.mark.parametrize("spelling", sorted(VISION_SPELLINGS))
+def test_every_vision_spelling_names_its_family(spelling: str) -> None:
+    family = family_for(spelling)
+    assert family.name == VISION_SPELLINGS[spelling]
+    assert family.vision is True
 
 
 @pytest.mark.parametrize("name", sorted({*HF_TYPES, *GGUF_ARCHITECTURES}))
@@ -53,7 +68,8 @@ def test_every_hf_and_gguf_spelling_of_a_supported_family_has_a_record(name: str
 
 
 def test_the_supported_list_is_exactly_the_accepted_spellings_sorted() -> None:
-    assert supported_architectures() == sorted({*HF_TYPES, *GGUF_ARCHITECTURES})
+    expected = sorted({*HF_TYPES, *GGUF_ARCHITECTURES, *VISION_SPELLINGS})
+    assert supported_architectures() == expected
 
 
 def test_an_unknown_architecture_is_refused_naming_it_and_the_supported_list() -> None:

@@ -14,6 +14,7 @@ import functools
 import logging
 import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from modelhost.assembly import (
@@ -56,7 +57,15 @@ def run_serve(args: argparse.Namespace) -> int:
         return serve_cluster(args, settings)
     names = list(args.models) or [DEFAULT_MODEL]
     registry = ModelRegistry(shape=serving_shape(args, settings))
-    entries = [registry.resolve_argument(name) for name in names]
+    mmproj = getattr(args, "mmproj", None)
+    try:  # --mmproj goes with the first model
+        entries = [
+            registry.resolve_argument(name, Path(mmproj) if mmproj and i == 0 else None)
+            for i, name in enumerate(names)
+        ]
+    except ValueError as exc:
+        print(f"modelhost serve: {exc}", file=sys.stderr)
+        return 2
     for name, entry in zip(names, entries, strict=True):
         if entry is None:
             print(
@@ -85,7 +94,10 @@ def run_serve(args: argparse.Namespace) -> int:
     quantize = quantize_mode(args)
     # Before listening: a bad model ends the server here.
     model = loader.load_model(
-        str(startup.path), quantize=quantize, progress=load_reporter(startup.id)
+        str(startup.path),
+        quantize=quantize,
+        progress=load_reporter(startup.id),
+        mmproj=startup.mmproj,
     )
     model.id = startup.id
     share_the_gil_with_the_engine()  # engines run in this process

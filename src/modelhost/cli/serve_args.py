@@ -51,6 +51,11 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         "--whisper-resident", action="store_true",
         help="load the Whisper companion at start and pin it (never evicted)",
     )  # fmt: skip
+    parser.add_argument(
+        "--mmproj", default=None, metavar="FILE",
+        help="the first model's vision projector (a llama.cpp mmproj GGUF), where no "
+        "mmproj*.gguf sits beside it",
+    )  # fmt: skip
     parser.add_argument("--host", default=DEFAULT_HOST, help="bind address (default: loopback)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument("--batch", type=int, default=8, help="rows decoded together")
@@ -96,6 +101,11 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     parser.add_argument(
         "--cors-origin", action="append", default=[], metavar="ORIGIN",
         help="a browser origin allowed to call the API (repeatable; e.g. http://localhost:3000)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--image-urls", action="store_true",
+        help="fetch http(s) image URLs in requests (10 s and 20 MB at most); off by "
+        "default: the server would request whatever a client names (SSRF)",
     )  # fmt: skip
     parser.add_argument(
         "--no-console", action="store_true",

@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--socket", required=True)
     parser.add_argument("--model", required=True, help="the model's file or directory")
     parser.add_argument("--id", required=True, help="the registry's stable id")
+    parser.add_argument("--mmproj", default=None, help="the GGUF's vision projector, if named")
     parser.add_argument("--operations", default="generate", help="comma-separated, as listed")
     parser.add_argument("--config", default="{}")
     parser.add_argument("--log-level", default="warning")
@@ -146,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def load(path: str) -> LoadedModel:
         report = functools.partial(write_load_progress, progress_file)
-        loaded = load_model(path, quantize=config.quantize, progress=report)
+        mmproj = Path(args.mmproj) if args.mmproj else None
+        loaded = load_model(path, quantize=config.quantize, progress=report, mmproj=mmproj)
         startup.mark("loaded")
         return loaded
 

@@ -7,6 +7,8 @@ import { $, $$, el, ms, num, replace, say } from "./dom.js";
 import { models, onModels } from "./models.js";
 
 let messages = [];
+let attached = []; // data URLs of the images the next message sends
+const IMAGE_TYPES = ["image/png", "image/jpeg", "image/webp", "image/gif"];
 let running = null; // the AbortController of the chat request in flight
 let lastSent = null; // {path, body} for "Copy as curl / Python"
 let recorder = null;
@@ -34,8 +36,16 @@ export function init() {
       if (!running) sendChat();
     }
   });
+  $("#chat-image").addEventListener("change", (event) => {
+    attachFiles([...event.target.files]);
+    event.target.value = "";
+  });
+  $("#chat-input").addEventListener("paste", (event) => {
+    const files = [...(event.clipboardData?.files || [])].filter((file) => file.type.startsWith("image/"));
+    if (files.length) { event.preventDefault(); attachFiles(files); }
+  });
   $("#chat-stop").addEventListener("click", () => running?.abort());
-  $("#chat-clear").addEventListener("click", () => { messages = []; replace($("#chat-log")); });
+  $("#chat-clear").addEventListener("click", () => { messages = []; attached = []; showAttached(); replace($("#chat-log")); });
   for (const button of $$("[data-copy]")) button.addEventListener("click", () => copy(button.dataset.copy));
   $("#structured-form").addEventListener("submit", runStructured);
   $("#decisions-form").addEventListener("submit", runDecisions);
@@ -76,6 +86,34 @@ function settings() {
   };
 }
 
+// Images go as OpenAI image_url parts with data URLs: the server never fetches a URL for us.
+async function attachFiles(files) {
+  for (const file of files) {
+    if (!IMAGE_TYPES.includes(file.type)) {
+      say(`${file.name || "The pasted file"} is not a PNG, JPEG, WebP or GIF image`, "error");
+      continue;
+    }
+    try { attached.push(await dataUrl(file)); } catch (error) { say(`Could not read ${file.name}: ${error.message}`, "error"); }
+  }
+  showAttached();
+}
+
+function dataUrl(file) {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(reader.result);
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(file);
+  });
+}
+
+function showAttached() {
+  replace($("#chat-attachments"), attached.map((url, index) => el("button", {
+    type: "button", class: "thumb", title: "Remove this image", "aria-label": `Remove image ${index + 1}`,
+    onclick: () => { attached.splice(index, 1); showAttached(); },
+  }, el("img", { src: url, alt: `image ${index + 1} to send` }))));
+}
+
 async function sendChat() {
   const input = $("#chat-input");
   const text = input.value.trim();
@@ -89,8 +127,13 @@ async function sendChat() {
     }
   }
   input.value = "";
-  messages.push({ role: "user", content: text });
-  $("#chat-log").append(el("li", { class: "msg user" }, el("div", { class: "who" }, "You"), el("div", { class: "text" }, text)));
+  const images = attached;
+  attached = [];
+  showAttached();
+  const parts = images.map((url) => ({ type: "image_url", image_url: { url } }));
+  messages.push({ role: "user", content: parts.length ? [{ type: "text", text }, ...parts] : text });
+  const shown = images.map((url, index) => el("img", { class: "thumb-img", src: url, alt: `sent image ${index + 1}` }));
+  $("#chat-log").append(el("li", { class: "msg user" }, el("div", { class: "who" }, "You"), el("div", { class: "text" }, text), ...shown));
   const body = {
     model: options.model,
     messages: options.system ? [{ role: "system", content: options.system }, ...messages] : [...messages],

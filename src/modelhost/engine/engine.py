@@ -57,7 +57,7 @@ from modelhost.engine.scheduler import (
     SchedulerConfig,
     SchedulerOutput,
 )
-from modelhost.engine.sequence import Sequence
+from modelhost.engine.sequence import ImageSpan, Sequence
 from modelhost.engine.speculation import SpeculateMode, Speculator, exact_for
 from modelhost.models.loaded import LoadedModel
 
@@ -205,6 +205,7 @@ class Engine:
                 batch=config.batch,
                 max_queue=config.max_queue,
                 max_num_batched_tokens=max(config.max_num_batched_tokens, config.batch),
+                whole_images=model.vision is not None and model.vision.bidirectional,
             ),
             self.block_manager,
         )
@@ -250,14 +251,24 @@ class Engine:
 
     # ---- caller side (any thread with a running event loop) ------------------------------
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams) -> RequestStream:
-        return self.submit_many([(prompt_ids, params)])[0]
+    def submit(
+        self, prompt_ids: list[int], params: SamplingParams, images: tuple[ImageSpan, ...] = ()
+    ) -> RequestStream:
+        """`images`: the prompt's images, whose placeholder tokens take the tower's rows."""
+        if images and self.runner.images is None:
+            raise ValueError("this model has no vision tower: a prompt with images")
+        return self._submit([(prompt_ids, params, images)])[0]
 
     def submit_many(self, rows: Rows[tuple[list[int], SamplingParams]]) -> list[RequestStream]:
         """Submit rows as one unit: all or none are queued, and they reach the scheduler
         together, so rows that fit the free slots and the step's token budget are admitted in
         the same step (typed decisions answer all of a request's questions in one forward)."""
-        checked = [self._checked(prompt_ids, params) for prompt_ids, params in rows]
+        return self._submit([(prompt_ids, params, ()) for prompt_ids, params in rows])
+
+    def _submit(
+        self, rows: Rows[tuple[list[int], SamplingParams, tuple[ImageSpan, ...]]]
+    ) -> list[RequestStream]:
+        checked = [(*self._checked(ids, params), images) for ids, params, images in rows]
         loop = asyncio.get_running_loop()
         with self._cond:
             if self._closed:
@@ -266,9 +277,13 @@ class Engine:
                 raise QueueFull()
             seqs: list[Sequence] = []
             streams: list[RequestStream] = []
-            for prompt_ids, params in checked:
+            for prompt_ids, params, images in checked:
                 seq = Sequence.from_prompt(
-                    next(self._ids), prompt_ids, params, self.model.tokenizer.eos_token_ids
+                    next(self._ids),
+                    prompt_ids,
+                    params,
+                    self.model.tokenizer.eos_token_ids,
+                    images,
                 )
                 stream = RequestStream(self, seq.seq_id, loop)
                 seq.payload = RowOutput(seq, self.model.tokenizer, stream._post)

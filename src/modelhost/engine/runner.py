@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import torch
 
+from modelhost.engine.image_rows import ImageRows
 from modelhost.engine.kv.block_manager import cdiv
 from modelhost.engine.kv.kv_memory import ReservedPools
 from modelhost.engine.sampling.prompt_logprobs import prompt_logits_index
@@ -13,6 +14,7 @@ from modelhost.engine.scheduler import ScheduledRow, SchedulerOutput
 from modelhost.models.batch import ForwardBatch, KVCache
 from modelhost.models.kernels import native
 from modelhost.models.loaded import LoadedModel
+from modelhost.models.vision.mrope import step_mrope_positions
 
 PROMPT_THREADS_MIN_TOKENS = 64
 
@@ -65,6 +67,8 @@ class ModelRunner:
                 block_size=block_size,
             )
         self.sliding_window = config.sliding_window
+        # A vision model's image placeholders take the tower's rows (engine/image_rows.py).
+        self.images = ImageRows(model.vision, model.device) if model.vision is not None else None
 
     def release_blocks_from(self, block_id: int) -> None:
         """Give back the memory of block `block_id` and every block above it (a growing pool;
@@ -145,6 +149,8 @@ class ModelRunner:
         device = self.model.device
         index = torch.arange(len(positions), device=device)
         tables = torch.tensor(padded, dtype=torch.long, device=device)
+        # Each token is a row of its own here, so each takes its own row's images.
+        mrope = self._mrope_positions(position_t, [1] * len(tokens_rows), tokens_rows)
         return ForwardBatch(
             input_ids=torch.tensor(token_ids, dtype=torch.long, device=device),
             positions=position_t.to(device),
@@ -161,6 +167,7 @@ class ModelRunner:
                 device=device,
             ),
             dense=True,
+            mrope_positions=mrope,
         )
 
     def _mixed_batch(self, rows: list[ScheduledRow]) -> ForwardBatch:
@@ -198,6 +205,15 @@ class ModelRunner:
         if self.sliding_window is not None:
             sliding_mask = ((distance >= 0) & (distance < self.sliding_window))[:, None]
 
+        bidirectional = False
+        if self.images is not None and self.images.tower.bidirectional:
+            block = self._image_blocks(rows, max_q, max_blocks * block_size)
+            if block is not None:  # the step's images attend to their own tokens both ways
+                bidirectional = True
+                attn_mask = attn_mask | block
+                if sliding_mask is not None:
+                    sliding_mask = sliding_mask | block
+
         sample_last = [
             offset + count - 1
             for offset, count, row in zip(offsets.tolist(), counts, rows, strict=True)
@@ -218,4 +234,37 @@ class ModelRunner:
             sliding_mask=None if sliding_mask is None else sliding_mask.to(device),
             logits_index=torch.tensor(sample_last, dtype=torch.long, device=device),
             dense=len(rows) == 1 or max_q == 1,
+            embed_override=self.images.override(rows) if self.images is not None else None,
+            mrope_positions=self._mrope_positions(positions, counts, rows),
+            bidirectional=bidirectional,
         )
+
+    @staticmethod
+    def _image_blocks(rows: list[ScheduledRow], max_q: int, max_kv: int) -> torch.Tensor | None:
+        """[R, 1, max_q, max_kv] True where a query of an image this step computes meets any
+        token of the same image (Gemma 3); None when the step computes no image token. The
+        scheduler keeps an image's tokens in one step (SchedulerConfig.whole_images), so each
+        sees all of its image's, earlier ones from the cache included."""
+        block: torch.Tensor | None = None
+        for r, row in enumerate(rows):
+            start, end = row.start, row.start + row.num_tokens
+            for span in row.seq.images:
+                if not span.overlaps(start, end):
+                    continue
+                queries = [p - start for p in span.positions if start <= p < end]
+                if block is None:
+                    block = torch.zeros(len(rows), 1, max_q, max_kv, dtype=torch.bool)
+                keys = torch.tensor(span.positions)
+                block[r, 0, torch.tensor(queries)[:, None], keys[None, :]] = True
+        return block
+
+    def _mrope_positions(
+        self, positions: torch.Tensor, counts: list[int], rows: list[ScheduledRow]
+    ) -> torch.Tensor | None:
+        """[3, T] M-RoPE positions where a row holds an M-RoPE image (Qwen2.5-VL), else None:
+        decode steps after an image keep its shift too (models/vision/mrope.py)."""
+        if self.images is None or not any(row.seq.images for row in rows):
+            return None
+        images = [row.seq.images for row in rows]
+        mrope = step_mrope_positions(positions, counts, images)
+        return None if mrope is None else mrope.to(self.model.device)

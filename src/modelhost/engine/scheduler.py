@@ -25,6 +25,10 @@ class SchedulerConfig:
     batch: int = 8  # running rows
     max_queue: int = 64  # waiting rows beyond the free running slots
     max_num_batched_tokens: int = 512  # tokens per step, prefill chunks and decodes together
+    # A prefill chunk never ends inside an image (Gemma 3: an image's tokens attend to each
+    # other both ways, so one step must compute them all): it ends before the image, or runs
+    # on to the image's end even past the step's budget.
+    whole_images: bool = False
 
     def __post_init__(self) -> None:
         if self.batch < 1:
@@ -131,9 +135,9 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             start = seq.num_computed_tokens
-            want = min(seq.num_tokens - start, budget)
+            want = self._whole_images(seq, start, min(seq.num_tokens - start, budget), True)
             assert want >= 1
-            num_tokens = bm.max_appendable(seq, want)
+            num_tokens = self._appendable(seq, want)
             while num_tokens == 0:
                 if not bm.fits(start):  # the pool can never hold the next position
                     self._finish(seq, "length")
@@ -144,7 +148,7 @@ class Scheduler:
                 out.preempted.append(victim)
                 if victim is seq:
                     break
-                num_tokens = bm.max_appendable(seq, want)
+                num_tokens = self._appendable(seq, want)
             if num_tokens == 0:
                 continue  # seq left `running`; index i now holds the next row
             bm.append_slots(seq, num_tokens)
@@ -152,6 +156,28 @@ class Scheduler:
             budget -= num_tokens
             i += 1
         return budget
+
+    def _appendable(self, seq: Sequence, want: int) -> int:
+        """As many of `want` tokens as the KV pool takes, cut before an image they would end
+        inside (maybe 0)."""
+        num_tokens = self.block_manager.max_appendable(seq, want)
+        if num_tokens < want:
+            num_tokens = self._whole_images(seq, seq.num_computed_tokens, num_tokens, False)
+        return num_tokens
+
+    def _whole_images(self, seq: Sequence, start: int, num_tokens: int, extend: bool) -> int:
+        """`num_tokens` from `start`, moved so the chunk does not end inside an image: back to
+        the image's first token, or (`extend`, when that leaves nothing) on to its end."""
+        if not self.config.whole_images or num_tokens == 0:
+            return num_tokens
+        end = start + num_tokens
+        for span in seq.images:
+            span_end = span.start + span.length
+            if span.start < end < span_end:
+                if span.start > start:
+                    return span.start - start
+                return span_end - start if extend else 0
+        return num_tokens
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
         bm = self.block_manager
@@ -167,9 +193,14 @@ class Scheduler:
             num_cached = bm.allocate_prompt(seq)
             if seq.num_preemptions == 0:
                 seq.num_cached_tokens = num_cached
-            want = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            num_tokens = bm.max_appendable(seq, want)
-            assert num_tokens >= 1
+            start = seq.num_computed_tokens
+            want = self._whole_images(seq, start, min(seq.num_tokens - start, budget), True)
+            num_tokens = self._appendable(seq, want)
+            if num_tokens == 0:  # an image's tokens do not fit in one step yet: wait
+                bm.free(seq)
+                seq.num_computed_tokens = 0
+                self.waiting.appendleft(seq)
+                break
             bm.append_slots(seq, num_tokens)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)

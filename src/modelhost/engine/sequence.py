@@ -10,9 +10,30 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from modelhost.engine.events import FinishReason
 from modelhost.engine.sampling.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from modelhost.models.vision.tower import ImagePlan
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ImageSpan:
+    """One image in a prompt: the placeholder tokens whose input embeddings its encoding
+    replaces (`positions`, in order; an image split into tiles has text between its runs),
+    the tokens from its first placeholder to its last, and its content's digest."""
+
+    start: int  # the first placeholder's position
+    length: int  # up to and including the last placeholder
+    digest: bytes  # the image's content hash: KV over its tokens is keyed by it
+    plan: ImagePlan = field(repr=False)  # what the tower encodes
+    positions: tuple[int, ...] = field(repr=False)  # every placeholder, n_tokens of them
+
+    def overlaps(self, start: int, end: int) -> bool:
+        """Whether any of its tokens lie in [start, end)."""
+        return self.start < end and start < self.start + self.length
 
 
 class SequenceStatus(enum.Enum):
@@ -40,6 +61,7 @@ class Sequence:
     num_draft_tokens: int = 0  # tokens guessed ahead for this row and verified (speculation)
     num_accepted_tokens: int = 0  # of those, the ones kept
     payload: object = field(default=None, repr=False)
+    images: tuple[ImageSpan, ...] = field(default=(), repr=False)  # in prompt order
 
     def __post_init__(self) -> None:
         if not 0 < self.num_prompt_tokens <= len(self.token_ids):
@@ -55,6 +77,7 @@ class Sequence:
         prompt_ids: Iterable[int],
         params: SamplingParams,
         eos_token_ids: Iterable[int] = (),
+        images: tuple[ImageSpan, ...] = (),
     ) -> Sequence:
         token_ids = list(prompt_ids)
         return cls(
@@ -63,6 +86,7 @@ class Sequence:
             num_prompt_tokens=len(token_ids),
             params=params,
             eos_token_ids=frozenset(eos_token_ids),
+            images=images,
         )
 
     @property
@@ -80,6 +104,13 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
+
+    def block_images(self, start: int, end: int) -> bytes:
+        """The digests of the images with tokens in [start, end), in order: what a KV block
+        over those tokens is keyed by besides them (b"" for text alone)."""
+        if not self.images:
+            return b""
+        return b"".join(span.digest for span in self.images if span.overlaps(start, end))
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)

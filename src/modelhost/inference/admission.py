@@ -13,7 +13,9 @@ every request as one row of the continuous batch, so it cannot place:
 
 - `n > 1` (several choices per request): reason `multi-choice-batch-unsupported`;
 - a LoRA adapter (`adapter` other than "none"): reason `adapter-batch-unsupported`;
-- media content parts (images, audio, video) on a text-only model: `media-batch-unsupported`.
+- media content parts other than images (files; audio and video, which no tower here reads):
+  `media-batch-unsupported`. Images are placed: the stage refused them already unless the
+  model has a vision tower.
 """
 
 from __future__ import annotations
@@ -148,8 +150,8 @@ class AdmissionPolicy:
 def placement_reasons(request: InferenceRequest) -> list[str]:
     """Why the continuous batch cannot place this request shape; empty when it can."""
     reasons: list[str] = []
-    if request.has_media:
-        reasons.append("media-batch-unsupported")
+    if request.has_media and not (request.media and request.media <= {"image"}):
+        reasons.append("media-batch-unsupported")  # images reach here only on a vision model
     if request.adapter not in (None, "", "none"):
         reasons.append("adapter-batch-unsupported")
     if request.num_choices > 1:

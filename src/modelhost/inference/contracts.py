@@ -52,6 +52,16 @@ Prompt = ChatPrompt | TextPrompt | TokenPrompt
 
 
 @dataclass(frozen=True, slots=True)
+class ImagePart:
+    """One image content part as a surface read it, in prompt order; the stage decodes it
+    (inference/images.py) once it knows the model reads images."""
+
+    where: str  # the part in the request, as a 400 names it: messages[0].content[1]
+    source: str  # a data URL, bare base64, or a URL (refused unless fetching is allowed)
+    param: str = "messages"  # the request field a 400 names
+
+
+@dataclass(frozen=True, slots=True)
 class GrammarSpec:
     """Output the stage must enforce with a grammar; the surface picked one by precedence.
 
@@ -102,6 +112,7 @@ class InferenceRequest:
     adapter: str | None = None
     has_media: bool = False
     media: frozenset[str] = frozenset()  # kinds of media parts: image, audio, video, file
+    images: tuple[ImagePart, ...] = ()  # the image parts, in the order the prompt shows them
     # Structured output: an instruction for the prompt, used when no grammar enforces it (a
     # Warning says so), and the grammar to enforce when the surface can express one.
     structured_output: str | None = None

@@ -121,17 +121,22 @@ def check_media_sizes(body: Any, *, max_image_bytes: int, max_audio_bytes: int) 
             continue
         if not isinstance(value, dict):
             continue
+        pictures = value.get("images")  # Ollama's: a message's or a prompt's base64 strings
+        if isinstance(pictures, list):
+            for picture in pictures:
+                if isinstance(picture, str):
+                    _check_size("image", _base64_bytes(picture), max_image_bytes)
         kind = value.get("type")
         if isinstance(kind, str) and (kind in IMAGE_PARTS or kind in AUDIO_PARTS):
             what = "image" if kind in IMAGE_PARTS else "audio"
             limit = max_image_bytes if what == "image" else max_audio_bytes
-            size = inline_media_bytes(value)
-            if size > limit:
-                message = (
-                    f"{what} content part is {size / MiB:.1f} MiB; "
-                    f"the limit is {limit / MiB:.1f} MiB"
-                )
-                error = {"type": "invalid_request_error", "code": f"{what}_too_large"}
-                raise RequestError(400, message, error)
+            _check_size(what, inline_media_bytes(value), limit)
             continue
         pending.extend(item for item in value.values() if isinstance(item, list | dict))
+
+
+def _check_size(what: str, size: int, limit: int) -> None:
+    if size > limit:
+        message = f"{what} content part is {size / MiB:.1f} MiB; the limit is {limit / MiB:.1f} MiB"
+        error = {"type": "invalid_request_error", "code": f"{what}_too_large"}
+        raise RequestError(400, message, error)

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from modelhost.inference.contracts import (
+    ChatPrompt,
     InferenceRequest,
     InvalidRequest,
     TextPrompt,
@@ -33,6 +34,17 @@ def prompt_ids_for(
         return checked_token_ids(model, prompt)
     if isinstance(prompt, TextPrompt):
         return tokenizer.encode(prompt.text, add_special_tokens=True)
+    return tokenizer.encode(
+        chat_text(model, request, prompt, instruction), add_special_tokens=False
+    )
+
+
+def chat_text(
+    model: LoadedModel, request: InferenceRequest, prompt: ChatPrompt, instruction: str | None
+) -> str:
+    """The conversation rendered by the model's chat template, ready to tokenize (the template
+    writes BOS itself where it wants one)."""
+    tokenizer = model.tokenizer
     if not tokenizer.has_chat_template:
         raise InvalidRequest("prompt build failed: this model has no chat template")
     messages: Sequence[Mapping[str, Any]] = _with_instruction(prompt.messages, instruction)
@@ -41,7 +53,7 @@ def prompt_ids_for(
     if request.thinking is not None:
         kwargs[model.family.thinking_switch] = request.thinking
     try:
-        return tokenizer.encode_chat(messages, add_generation_prompt=True, tools=tools, **kwargs)
+        return tokenizer.render_chat(messages, add_generation_prompt=True, tools=tools, **kwargs)
     except (ChatTemplateError, TypeError, ValueError, KeyError) as exc:
         raise InvalidRequest(f"prompt build failed: {exc}") from exc
 

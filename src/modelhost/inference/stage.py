@@ -56,8 +56,9 @@ from modelhost.inference.grammar_compile import (
     ModelGrammars,
     budget_refusal,
 )
+from modelhost.inference.image_prompt import build_prompt
+from modelhost.inference.images import NO_FETCH, ImageLimits
 from modelhost.inference.media import check_media
-from modelhost.inference.prompt import prompt_ids_for
 from modelhost.models.loaded import LoadedModel
 
 if TYPE_CHECKING:
@@ -95,9 +96,11 @@ class InferenceStage:
         *,
         policy: AdmissionPolicy | None = None,
         defaults: ServingDefaults | None = None,
+        images: ImageLimits | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.engine = engine
+        self.image_limits = images or NO_FETCH  # what an image may be, and URLs or not
         self.model = model
         self.policy = policy or AdmissionPolicy(context_window=model.config.context_length)
         self.defaults = defaults or ServingDefaults()
@@ -142,7 +145,7 @@ class InferenceStage:
             chat=self.model.tokenizer.has_chat_template,
             reasoning=family.reasoning_markers is not None,
             tools=self.model.tokenizer.has_chat_template,  # generic parsing and forced calls
-            vision=family.vision,
+            vision=self.model.vision is not None,
             gen_defaults=dict(self.model.gen_defaults),
         )
 
@@ -152,7 +155,7 @@ class InferenceStage:
         self._loop = asyncio.get_running_loop()
         if self._closing:
             raise EngineUnavailable()
-        check_media(request.media, self.model.id, vision=self.model.family.vision)
+        check_media(request.media, self.model.id, vision=self.model.vision is not None)
         check_placement(request, self.model.family.name)
         warnings: list[str] = []
         chat = isinstance(request.prompt, ChatPrompt)
@@ -169,7 +172,10 @@ class InferenceStage:
                 warnings.append(grammar_warning(str(exc), chat=chat))
         elif instruction is not None:
             warnings.append(GRAMMAR_WARNING if chat else TEXT_GRAMMAR_WARNING)
-        prompt_ids = await asyncio.to_thread(prompt_ids_for, self.model, request, instruction)
+        built = await asyncio.to_thread(
+            build_prompt, self.model, request, instruction, self.image_limits
+        )
+        prompt_ids = built.ids
         tokenizer = self.model.tokenizer
         output = OutputChannels.for_request(
             request,
@@ -199,7 +205,10 @@ class InferenceStage:
             plan = closing.plan if closing is not None else None
             params = dataclasses.replace(params, grammar=grammar, grammar_close=plan)
         try:
-            stream = self.engine.submit(prompt_ids, params)
+            if built.images:
+                stream = self.engine.submit(prompt_ids, params, built.images)
+            else:  # engines that read no images (tests' scripted ones) take two arguments
+                stream = self.engine.submit(prompt_ids, params)
         except QueueFull as exc:
             raise QueueFullError() from exc
         except PromptTooLong as exc:

@@ -30,6 +30,18 @@ class ForwardBatch:
     # The T tokens already form the [R, max_q] grid (one row, or one query per row): attention
     # views them in place and skips `query_index` / `output_index`.
     dense: bool = False
+    # Rows of the input embeddings to overwrite after the embedding layer (and its scaling):
+    # (indices into the T tokens, [n, hidden] rows). Images enter this way: a vision tower's
+    # output takes the place of its placeholder tokens' embeddings (models/vision/tower.py).
+    embed_override: tuple[torch.Tensor, torch.Tensor] | None = None
+    # [3, T] (temporal, height, width) rotary positions of M-RoPE models (Qwen2.5-VL), where a
+    # row holds an image (models/vision/mrope.py); None: every axis takes `positions`.
+    # `positions` stays each token's index in its row (KV slots, causal masks).
+    mrope_positions: torch.Tensor | None = None
+    # The masks let some tokens see later ones of the same step (Gemma 3: one image's soft
+    # tokens attend to each other both ways). The native kernels attend causally by position,
+    # so such a step takes the masked path.
+    bidirectional: bool = False
 
 
 @dataclass(slots=True)

@@ -32,6 +32,9 @@ class ModelConfig:
     rope_long_freq_factors: tuple[float, ...] | None = None
     rope_original_context: int | None = None
     rope_dim: int | None = None  # rotated dimensions of a head (partial rotary); None: all
+    # M-RoPE (Qwen2-VL, Qwen2.5-VL): rotary frequency pairs per position axis (temporal,
+    # height, width), summing to half a head; None: one position per token.
+    mrope_section: tuple[int, ...] | None = None
     no_rope_layers: tuple[int, ...] = ()  # layers that attend without rotary (SmolLM3)
     attention_bias: bool = False  # qwen2 has biases on q/k/v
     qk_norm: bool = False  # qwen3 and gemma3 normalise q and k per head

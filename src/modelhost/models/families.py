@@ -65,6 +65,41 @@ GRANITE_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|start_of_role|>assistant<|end_of_role|>' }}{% endif %}"
 )
 
+# SmolVLM / Idefics3's turns ("User: ...<end_of_utterance>\nAssistant:"); an image part is
+# "<image>", which the vision tower expands (models/vision/).
+SMOLVLM_TEMPLATE = (
+    "<|im_start|>"
+    "{% for message in messages %}"
+    "{{ message['role'] | capitalize }}"
+    "{% if message['content'] is string %}{{ ': ' + message['content'] }}"
+    "{% else %}"
+    "{{ ':' if message['content'] and message['content'][0]['type'] == 'image' else ': ' }}"
+    "{% for part in message['content'] %}"
+    "{% if part['type'] == 'text' %}{{ part['text'] }}"
+    "{% elif part['type'] == 'image' %}{{ '<image>' }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "<end_of_utterance>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+)
+
+# Qwen2-VL / Qwen2.5-VL's ChatML turns, with Qwen's default system turn; an image part is
+# <|vision_start|><|image_pad|><|vision_end|>, whose <|image_pad|> the vision tower expands.
+QWEN_VL_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
 
 @dataclass(frozen=True, slots=True)
 class ToolDialect:
@@ -128,6 +163,8 @@ class Family:
     eos_tokens: tuple[str, ...]  # end-of-turn tokens that end generation besides the model's EOS
     tool_dialect: ToolDialect = LLAMA3_JSON
     reasoning: ReasoningDialect | None = None
+    # Reads images: a loaded model's record says True exactly when its vision tower was loaded
+    # (models/loading/loader.py); a family record says whether its folders carry one.
     vision: bool = False
     system_role: bool = True  # False: the template refuses system turns (Gemma 2's raises)
 
@@ -173,6 +210,10 @@ FAMILIES: dict[str, Family] = {
     "gemma3": Family("gemma3", GEMMA_TEMPLATE, ("<end_of_turn>",), GEMMA_TOOL_CODE),
     "smollm3": Family("smollm3", CHATML_TEMPLATE, _QWEN_EOS, HERMES, THINKING),
     "granite": Family("granite", GRANITE_TEMPLATE, ("<|end_of_text|>",), PHI),
+    # Idefics3 / SmolVLM folders: SigLIP and a connector before a Llama decoder.
+    "smolvlm": Family("smolvlm", SMOLVLM_TEMPLATE, ("<end_of_utterance>",), vision=True),
+    # Qwen2.5-VL: a windowed ViT and a patch merger before a Qwen2 decoder with M-RoPE.
+    "qwen2_5_vl": Family("qwen2_5_vl", QWEN_VL_TEMPLATE, _QWEN_EOS, HERMES, vision=True),
 }
 
 # Hugging Face `model_type` and GGUF `general.architecture` spellings → canonical family name.
@@ -180,6 +221,8 @@ _ALIASES: dict[str, str] = {
     **{name: name for name in FAMILIES},
     "qwen3_moe": "qwen3moe",  # HF
     "gemma3_text": "gemma3",  # HF, Gemma 3 1B and the text tower of 4B+
+    "idefics3": "smolvlm",  # HF, SmolVLM's predecessor: the same architecture
+    "qwen2vl": "qwen2_5_vl",  # GGUF: llama.cpp's Qwen2-VL / Qwen2.5-VL text model
 }
 
 

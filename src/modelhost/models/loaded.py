@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from modelhost.models.config import ModelConfig
 from modelhost.models.families import Family
+from modelhost.models.vision.tower import VisionTower
 from modelhost.text.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -29,6 +30,8 @@ class LoadedModel:
     gen_defaults: dict[str, float] = field(default_factory=dict)
     load_seconds: float = 0.0
     kv_dtype: torch.dtype | None = None  # the KV cache's, where it is not `dtype`
+    # Images in: loaded exactly when `family.vision` is True (models/vision/).
+    vision: VisionTower | None = None
 
     @property
     def cache_dtype(self) -> torch.dtype:

@@ -94,6 +94,8 @@ def in_process_loader(
         started = time.perf_counter()
 
         def load(path: str) -> LoadedModel:
+            if entry.mmproj is not None:  # named by `serve --mmproj`
+                return load_model(path, progress=progress.report, mmproj=entry.mmproj)
             return load_model(path, progress=progress.report)
 
         stage = open_stage(entry.path, entry.id, entry.operations, load, build_stage)

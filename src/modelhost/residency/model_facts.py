@@ -7,6 +7,7 @@ modification time), so a client listing models again reads nothing twice.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections import Counter
@@ -18,6 +19,7 @@ from modelhost.models.families import family_for_model
 from modelhost.models.loading.footprint import TYPE_NAMES
 from modelhost.models.loading.gguf_header import GGUFFile
 from modelhost.models.loading.hf_config import read_json
+from modelhost.models.vision.pairing import reads_images
 from modelhost.residency.registry import ModelEntry, _safetensors_tensors
 
 # llama.cpp's `general.file_type` (LLAMA_FTYPE): what a GGUF says its quantization is.
@@ -49,7 +51,9 @@ def model_facts(entry: ModelEntry) -> ModelFacts:
     it still, as the registry does until its next scan)."""
     try:
         stat = entry.path.stat()
-        return _facts(entry.path, entry.format, entry.architecture, stat.st_size, stat.st_mtime_ns)
+        facts = _facts(entry.path, entry.format, entry.architecture, stat.st_size, stat.st_mtime_ns)
+        # A projector named by `serve --mmproj` reads images as one beside the file does.
+        return dataclasses.replace(facts, vision=True) if entry.mmproj is not None else facts
     except (OSError, ValueError, KeyError, TypeError):
         return UNKNOWN
 
@@ -81,7 +85,7 @@ def _gguf_facts(path: Path) -> ModelFacts:
     metadata.setdefault("general.parameter_count", parameters)
     context = header.arch_field("context_length")
     embedding = header.arch_field("embedding_length")
-    return _with_family(
+    facts = _with_family(
         arch,
         template if isinstance(template, str) else None,
         parameter_count=parameters,
@@ -90,6 +94,8 @@ def _gguf_facts(path: Path) -> ModelFacts:
         embedding_length=int(embedding) if embedding is not None else None,
         metadata=metadata,
     )
+    # A GGUF reads images when an mmproj we compute sits beside it (models/vision/pairing.py).
+    return dataclasses.replace(facts, vision=True) if reads_images(path) else facts
 
 
 def _folder_facts(path: Path, architecture: str | None) -> ModelFacts:
@@ -115,7 +121,7 @@ def _folder_facts(path: Path, architecture: str | None) -> ModelFacts:
     if isinstance(embedding, int):
         metadata[f"{arch}.embedding_length"] = embedding
     dtype = raw.get("torch_dtype") or raw.get("dtype") or ""
-    return _with_family(
+    facts = _with_family(
         arch,
         template if isinstance(template, str) else None,
         parameter_count=parameters,
@@ -124,6 +130,11 @@ def _folder_facts(path: Path, architecture: str | None) -> ModelFacts:
         embedding_length=embedding if isinstance(embedding, int) else None,
         metadata=metadata,
     )
+    # Gemma 3 4B and up: a "gemma3" folder with a vision_config reads images (its family is
+    # text's too, 1B and the GGUFs without an mmproj).
+    if raw.get("model_type") == "gemma3" and "vision_config" in raw:
+        return dataclasses.replace(facts, vision=True)
+    return facts
 
 
 def _with_family(arch: str, template: str | None, **facts: Any) -> ModelFacts:

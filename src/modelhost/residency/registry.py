@@ -52,6 +52,7 @@ from modelhost.models.loading.embedded import EMBEDDED, EMBEDDED_ENCODERS
 from modelhost.models.loading.footprint import held_bytes, unsupported_tensor
 from modelhost.models.loading.gguf_header import GGUFFile
 from modelhost.models.loading.hf_config import config_from_hf, read_json
+from modelhost.models.vision.pairing import is_mmproj, mmproj_beside, reads_images
 from modelhost.paths import file_cache_key, modelhost_home
 from modelhost.residency.pull.marker import files_being_pulled
 from modelhost.residency.pull.plan import quant_files
@@ -103,6 +104,8 @@ class ModelEntry:
     work_bytes: int = 0  # claimed by a busy model: one step's working memory
     kv_row_bytes: int = 0  # claimed a lease: a full context of KV
     kv_pool_bytes: int = 0  # the most all leases together claim of KV
+    # A GGUF's vision projector named by `serve --mmproj` (one beside it needs no name).
+    mmproj: Path | None = None
 
 
 def with_draft(entry: ModelEntry, draft: ModelEntry) -> ModelEntry:
@@ -140,10 +143,12 @@ class ModelRegistry:
         self.hf_hub = hf_hub if hf_hub is not None else hf_hub_dir()
         self.embedded = embedded
         self.shape = shape or ServingShape()
-        self._read: dict[tuple[Path, int, int], ModelEntry | None] = {}  # by file signature
+        # by file signature (and the mmproj named for it)
+        self._read: dict[tuple[Path, int, int, Path | None], ModelEntry | None] = {}
         self._entries: dict[str, ModelEntry] = {}
         self._scanned_at: float | None = None
         self._hub_signature: int | None = None  # the hub folder's mtime at the last scan
+        self._named_mmproj: dict[Path, Path] = {}  # a GGUF's (resolved) path -> its mmproj
 
     def entries(self) -> list[ModelEntry]:
         """Every local model, scanning the disk again."""
@@ -193,8 +198,19 @@ class ModelRegistry:
     def _hub_changed(self) -> bool:
         return _mtime_ns(self.hf_hub) != self._hub_signature
 
-    def resolve_argument(self, name: str) -> ModelEntry | None:
-        """A `serve` argument: a local id, or a path to a model (which joins the registry)."""
+    def resolve_argument(self, name: str, mmproj: Path | None = None) -> ModelEntry | None:
+        """A `serve` argument: a local id, or a path to a model (which joins the registry);
+        `mmproj` names a GGUF's vision projector where none sits beside it."""
+        entry = self._resolve(name)
+        if entry is None or mmproj is None:
+            return entry
+        if entry.format != "gguf":
+            raise ValueError(f"--mmproj goes with a GGUF model, not {entry.id}")
+        self._named_mmproj[entry.path.resolve()] = mmproj.expanduser().resolve()
+        self.scan()
+        return self._entries.get(entry.id)
+
+    def _resolve(self, name: str) -> ModelEntry | None:
         entry = self.get(name)
         if entry is not None:
             return entry
@@ -272,7 +288,7 @@ class ModelRegistry:
             return
         try:
             stat = path.stat()
-            key = (path, stat.st_size, stat.st_mtime_ns)
+            key = (path, stat.st_size, stat.st_mtime_ns, self._named_mmproj.get(path.resolve()))
             if key not in self._read:
                 self._read[key] = self._read_model(model_id, path, root)
             entry = self._read[key]
@@ -283,11 +299,23 @@ class ModelRegistry:
             yield _with(entry, id=model_id)
 
     def _read_model(self, model_id: str, path: Path, root: Path) -> ModelEntry | None:
+        if is_mmproj(path):  # a vision projector: part of the model beside it, not a model
+            return None
+        named: Path | None = None
         if path.suffix == ".gguf":
             try:
                 config, architecture, tensors, size = _read_gguf(path)
             except UnservableArchitecture as exc:
                 return _refused(model_id, path, "gguf", exc, path.stat().st_size)
+            named = self._named_mmproj.get(path.resolve())
+            mmproj = named or (mmproj_beside(path) if reads_images(path) else None)
+            if mmproj is not None:  # its tower loads with it, and costs its file
+                projector = GGUFFile(mmproj).tensors
+                tensors = [
+                    *tensors,
+                    *((t["name"], t["type"], tuple(reversed(t["shape"]))) for t in projector),
+                ]
+                size += mmproj.stat().st_size
             fmt = "gguf"
         elif _is_whisper_dir(path):
             return self._transcriber(model_id, path)
@@ -320,6 +348,7 @@ class ModelRegistry:
             work_bytes=serving.work,
             kv_row_bytes=serving.kv_row,
             kv_pool_bytes=serving.kv_pool,
+            mmproj=named,
         )
 
     def _encoder(

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from modelhost.inference.defaults import ServingDefaults
+from modelhost.inference.images import ImageLimits
 from modelhost.inference.media import DEFAULT_MAX_AUDIO_BYTES, DEFAULT_MAX_IMAGE_BYTES
 from modelhost.server.edge.limits import (
     DEFAULT_MAX_BODY_BYTES,
@@ -46,9 +47,14 @@ class ServeSettings:
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
     max_json_values: int = DEFAULT_MAX_JSON_VALUES
     max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
+    image_urls: bool = False  # --image-urls: fetch http(s) image URLs (off: no SSRF)
     max_audio_bytes: int = DEFAULT_MAX_AUDIO_BYTES
     log_format: str = "text"  # or "json": one JSON object per log line
     console: bool = True  # the web page at `/` (observability/console.py); --no-console: JSON only
+
+    @property
+    def images(self) -> ImageLimits:
+        return ImageLimits(max_bytes=self.max_image_bytes, fetch_urls=self.image_urls)
 
     @property
     def defaults(self) -> ServingDefaults:

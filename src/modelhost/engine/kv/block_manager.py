@@ -40,6 +40,15 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def block_of(
+    seq: Sequence, index: int, block_size: int, parent: BlockKey | None
+) -> tuple[tuple[int, ...], BlockKey]:
+    """The tokens of `seq`'s block `index` and its chain key (its images' digests included)."""
+    start, end = index * block_size, (index + 1) * block_size
+    tokens = tuple(seq.token_ids[start:end])
+    return tokens, chain_key(parent, tokens, seq.block_images(start, end))
+
+
 @dataclass(slots=True)
 class _Block:
     block_id: int
@@ -123,8 +132,7 @@ class BlockManager:
         hits: list[_Block] = []
         parent: BlockKey | None = None
         for i in range((seq.num_tokens - 1) // bs):
-            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            key = chain_key(parent, tokens)
+            tokens, key = block_of(seq, i, bs, parent)
             block_id = self._key_to_block.get(key)
             if block_id is None:
                 break
@@ -212,8 +220,7 @@ class BlockManager:
         bs = self.block_size
         for i in range(len(owner.keys), seq.num_computed_tokens // bs):
             parent = owner.keys[-1] if owner.keys else None
-            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            key = chain_key(parent, tokens)
+            tokens, key = block_of(seq, i, bs, parent)
             owner.keys.append(key)
             block = self._blocks[seq.block_table[i]]
             assert block.key is None or block.key == key, "block committed under another key"

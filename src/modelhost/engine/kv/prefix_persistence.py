@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from modelhost.engine.kv.block_manager import BlockKey, BlockManager, cdiv
-from modelhost.engine.kv.prefix_store import PrefixStore, chain_key
+from modelhost.engine.kv.block_manager import BlockKey, BlockManager, block_of, cdiv
+from modelhost.engine.kv.prefix_store import PrefixStore
 from modelhost.engine.sequence import Sequence
 from modelhost.models.batch import KVCache
 
@@ -125,8 +125,7 @@ class PrefixPersistence:
         kept = 0  # free blocks this prompt will take: touched or filled here, evicted last
         restored = 0
         for i in range((seq.num_tokens - 1) // bs):  # never the last token (as the match)
-            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            key = chain_key(parent, tokens)
+            tokens, key = block_of(seq, i, bs, parent)
             cached = bm.touch(key, parent, tokens)
             if cached is None:
                 rest = cdiv(seq.num_tokens - (i + 1) * bs + 1, bs)

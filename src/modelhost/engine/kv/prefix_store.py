@@ -3,7 +3,9 @@ store under MODELHOST_HOME/kv, residency/kv/kv_store.py): bytes in, bytes out, b
 
 A block's chain key is a stable digest of its parent's key and its own tokens,
 key(i) = blake2b(key(i - 1) || tokens of block i), so the same prefix has the same keys in every
-process and after a restart (Python's `hash` is salted per process). The block manager keys its
+process and after a restart (Python's `hash` is salted per process). A block over an image's
+placeholder tokens also digests the image's content hash (`images`): two images have the same
+placeholder ids, never the same KV. The block manager keys its
 in-memory prefix cache by the same digest, so a block moves between memory and the store under
 one name. Pure Python: no torch.
 """
@@ -19,10 +21,14 @@ ChainKey = bytes
 CHAIN_KEY_BYTES = 32
 
 
-def chain_key(parent: ChainKey | None, tokens: Sequence[int]) -> ChainKey:
-    """The stable key of a block holding `tokens` after the block keyed `parent` (None: first)."""
+def chain_key(parent: ChainKey | None, tokens: Sequence[int], images: bytes = b"") -> ChainKey:
+    """The stable key of a block holding `tokens` after the block keyed `parent` (None: first);
+    `images`: the content digests of the images among those tokens (text alone: none)."""
     digest = hashlib.blake2b(parent or b"", digest_size=CHAIN_KEY_BYTES)
     digest.update(struct.pack(f"<{len(tokens)}Q", *tokens))
+    if images:
+        digest.update(b"images")
+        digest.update(images)
     return digest.digest()
 
 

@@ -61,7 +61,10 @@ class FusedDecode:
         """Whether this step is one the fused path computes: one token a row (generated, or a
         prompt's only one), over an fp32 or fp16 CPU pool."""
         return (
-            batch.dense and batch.query_index.shape[1] == 1 and native.cache_readable(kv.pools[0])
+            batch.dense
+            and batch.query_index.shape[1] == 1
+            and not batch.bidirectional
+            and native.cache_readable(kv.pools[0])
         )
 
     def run(

@@ -50,8 +50,15 @@ def padded_width(width: int) -> int:
     return -(-width // PAD) * PAD
 
 
-def target_type(source_type: int, mode: str) -> int:
-    """The packed format a weight of GGUF type `source_type` takes in `mode` (not `none`)."""
+QUANT_BLOCK = 32  # weights per block of the formats int8 and int4 quantize to
+
+
+def target_type(source_type: int, mode: str, width: int = QUANT_BLOCK) -> int:
+    """The packed format a weight of GGUF type `source_type` and `width` inputs takes in
+    `mode` (not `none`). A width that is not whole blocks keeps its type (a vision tower's
+    patch embedding: 3 x 2 x 14 x 14 = 1176 inputs), as llama.cpp's converter keeps it."""
+    if width % QUANT_BLOCK:
+        return source_type
     if mode == "int8" and source_type in FLOAT_TYPES:
         return Q8_0
     if mode == "int4" and source_type not in _AT_MOST_4_BITS:
@@ -68,7 +75,7 @@ def held_bytes(tensors: Iterable[tuple[int, tuple[int, ...]]], mode: str, *, cud
         if len(shape) in (2, 3) and mode != "none" and not cuda and qtype in PACKED_TYPES:
             # a mixture of experts' [experts, out, in] tensor: one packed weight an expert
             experts = shape[0] if len(shape) == 3 else 1
-            total += experts * packed_bytes(target_type(qtype, mode), *shape[-2:])
+            total += experts * packed_bytes(target_type(qtype, mode, shape[-1]), *shape[-2:])
         else:
             total += math.prod(shape) * (2 if cuda else 4)
     return total

@@ -86,6 +86,11 @@ class GGUFFile:
                 fields["rope_local_theta"] = float(self.arch_field("rope.freq_base_swa", 10_000.0))
         elif window > 0:  # Mistral, Phi-3: every layer
             fields.update(sliding_window=window, layer_kinds=("sliding",) * num_layers)
+        sections = [int(size) for size in self.arch_field("rope.dimension_sections") or ()]
+        while sections and sections[-1] == 0:  # llama.cpp pads M-RoPE's three to four
+            sections.pop()
+        if sections:
+            fields["mrope_section"] = tuple(sections)
         if arch == "smollm3":  # llama.cpp's rule: every fourth layer attends without rotary
             fields["no_rope_layers"] = tuple(i for i in range(num_layers) if (i + 1) % 4 == 0)
         for key, name in _MULTIPLIERS.items():

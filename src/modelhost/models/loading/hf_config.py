@@ -15,9 +15,18 @@ def read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
+# Model types whose q, k and v projections carry biases though their configs do not say so.
+QKV_BIAS = ("qwen2", "qwen2_vl", "qwen2_5_vl")
+
+
 def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
     if "text_config" in raw:  # multimodal wrappers keep the language model's config inside
-        raw = {**raw["text_config"], "model_type": raw["text_config"].get("model_type", "")}
+        text = raw["text_config"]
+        tied = [bool(r["tie_word_embeddings"]) for r in (raw, text) if "tie_word_embeddings" in r]
+        # The wrapper's flag or the text config's (older saves put it there): either ties.
+        raw = {**text, "model_type": text.get("model_type", "")}
+        if tied:
+            raw["tie_word_embeddings"] = any(tied)
     model_type = str(raw.get("model_type", "llama"))
     gemma = model_type.startswith(("gemma2", "gemma3"))
     hidden = int(raw["hidden_size"])
@@ -39,10 +48,14 @@ def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
         rope_theta=float(rope.get("rope_theta") or 10_000.0),
         context_length=int(raw.get("max_position_embeddings", 4096)),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", gemma)),
-        attention_bias=bool(raw.get("attention_bias", model_type == "qwen2")),
+        attention_bias=bool(
+            raw.get("attention_bias", model_type.removesuffix("_text") in QKV_BIAS)
+        ),
         qk_norm=model_type.startswith("gemma3") or model_type.startswith("qwen3"),
         **_rope_fields(rope, raw, head_dim),
     )
+    if rope.get("mrope_section"):
+        fields["mrope_section"] = tuple(int(size) for size in rope["mrope_section"])
     partial = rope.get("partial_rotary_factor") or raw.get("partial_rotary_factor")
     if partial is not None and float(partial) < 1.0:
         fields["rope_dim"] = int(head_dim * float(partial))
@@ -108,7 +121,7 @@ class UnsupportedRope(ValueError):
 
 def _rope_fields(rope: dict[str, Any], raw: dict[str, Any], head_dim: int) -> dict[str, Any]:
     kind = str(rope.get("rope_type") or "default")
-    if kind == "default":
+    if kind in ("default", "mrope"):  # M-RoPE's frequencies are the default ones
         return {}
     if kind == "linear":
         return {"rope_scaling_factor": float(rope.get("factor") or 1.0)}

@@ -58,10 +58,17 @@ def safetensors_tensors(directory: Path, config: ModelConfig) -> dict[str, Safet
         with safe_open(str(file), framework="pt") as handle:
             keys = list(handle.keys())  # a safetensors handle is not iterable
             for key in keys:
+                # Multimodal checkpoints keep the decoder under a prefix of their own
+                # (SmolVLM: model.text_model.); their vision tensors keep their names.
                 name = key.removeprefix("model.language_model.").removeprefix("language_model.")
+                name = name.removeprefix("model.text_model.")
                 if not name.startswith(("model.", "lm_head.")):
                     name = "model." + name
-                gemma_norm = config.architecture == "gemma" and name.endswith("norm.weight")
+                gemma_norm = (
+                    config.architecture == "gemma"
+                    and name.startswith(("model.layers.", "model.norm."))  # not a vision tower's
+                    and name.endswith("norm.weight")
+                )
                 tensor_slice = handle.get_slice(key)
                 shape, dtype = tuple(tensor_slice.get_shape()), tensor_slice.get_dtype()
                 found[name] = SafetensorsTensor(file, key, name, shape, dtype, gemma_norm)

@@ -9,6 +9,7 @@ held as a whole model in fp32 and never cached on disk. What is slow to derive f
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import json
 import logging
@@ -44,6 +45,9 @@ from modelhost.models.networks.decoder import DecoderLM
 from modelhost.models.networks.gemma import build_gemma
 from modelhost.models.networks.layers import partial_rotary_rows
 from modelhost.models.networks.llama import build_llama
+from modelhost.models.vision.load import UnsupportedProjector, hf_tower, mmproj_tower
+from modelhost.models.vision.pairing import mmproj_beside
+from modelhost.models.vision.tower import VisionTower
 from modelhost.paths import file_cache_key, modelhost_home
 from modelhost.text.tokenizer import Tokenizer
 
@@ -92,10 +96,12 @@ def load_model(
     quantize: str | None = None,
     prepare: bool = True,
     progress: Progress | None = None,
+    mmproj: Path | None = None,
 ) -> LoadedModel:
     """`quantize`: how CPU linears hold their weights (loading/quant.py's modes); `prepare=False`
     keeps the checkpoint's own modules, dense fp32 (what a converter writes out). `progress` is
-    called with the fraction of the weights loaded, as they load."""
+    called with the fraction of the weights loaded, as they load. `mmproj`: a GGUF's vision
+    projector, where it is not an `mmproj*.gguf` beside the model (models/vision/load.py)."""
     started = time.perf_counter()
     source = resolve(name)
     device = device or default_device()
@@ -106,7 +112,7 @@ def load_model(
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     plan = WeightPlan(mode if prepare else "none", device, dtype)
     if source.is_gguf:
-        model = _load_gguf(source, plan, prepare, progress)
+        model = _load_gguf(source, plan, prepare, progress, mmproj)
     else:
         model = _load_hf_dir(source, plan, prepare, progress)
     if plan.kernels is not None:
@@ -137,7 +143,11 @@ def _forget_fp32_conversion(path: Path) -> None:
 
 
 def _load_gguf(
-    source: ModelSource, plan: WeightPlan, prepare: bool, progress: Progress | None
+    source: ModelSource,
+    plan: WeightPlan,
+    prepare: bool,
+    progress: Progress | None,
+    mmproj: Path | None = None,
 ) -> LoadedModel:
     cache = _cache_dir(source.path)
     meta = read_json(cache / "meta.json")
@@ -164,7 +174,25 @@ def _load_gguf(
         bos_token=meta["bos_token"],
         eos_token=meta["eos_token"],
     )
-    return _loaded(source, config, family, tokenizer, network, plan, {})
+    tower = _gguf_tower(source.path, mmproj, plan, backend) if prepare else None
+    return _loaded(source, config, family, tokenizer, network, plan, {}, tower)
+
+
+def _gguf_tower(
+    model: Path, named: Path | None, plan: WeightPlan, backend: TokenizerBackend
+) -> VisionTower | None:
+    """The vision tower of the mmproj file named, or else found beside the model. One found
+    (not named) that cannot be served leaves the model text-only, with a warning."""
+    path = named or mmproj_beside(model)
+    if path is None:
+        return None
+    try:
+        return mmproj_tower(path, plan, backend.token_to_id)
+    except (UnsupportedProjector, ValueError) as exc:
+        if named is not None:
+            raise
+        log.warning("%s: not using %s for images (%s)", model.name, path.name, exc)
+        return None
 
 
 def _read_gguf_metadata(path: Path) -> tuple[dict[str, Any], TokenizerBackend]:
@@ -253,7 +281,10 @@ def _load_hf_dir(
     config = config_from_hf(raw)
     settings = read_json(source.path / "tokenizer_config.json")
     template_file = source.path / "chat_template.jinja"
-    template = settings.get("chat_template")
+    # Multimodal folders (SmolVLM) keep the processor's template in chat_template.json.
+    template = settings.get("chat_template") or read_json(source.path / "chat_template.json").get(
+        "chat_template"
+    )
     if template_file.is_file():
         template = template_file.read_text()
     if not isinstance(template, str):
@@ -262,7 +293,9 @@ def _load_hf_dir(
     family = family_for_model(
         str(raw.get("model_type") or config.architecture), template, _has(backend)
     )
-    network = _network(config, safetensors_tensors(source.path, config), plan, prepare, progress)
+    sources = safetensors_tensors(source.path, config)
+    network = _network(config, sources, plan, prepare, progress)
+    tower = hf_tower(source.path, raw, sources, plan, backend.token_to_id) if prepare else None
     bos, eos = _token_text(settings.get("bos_token")), _token_text(settings.get("eos_token"))
     generation = read_json(source.path / "generation_config.json")
     eos_value = generation.get("eos_token_id", raw.get("eos_token_id"))
@@ -281,7 +314,8 @@ def _load_hf_dir(
         bos_token=bos,
         eos_token=eos,
     )
-    return _loaded(source, config, family, tokenizer, network, plan, _gen_defaults(generation))
+    defaults = _gen_defaults(generation)
+    return _loaded(source, config, family, tokenizer, network, plan, defaults, tower)
 
 
 def _hf_tokenizer_backend(directory: Path) -> TokenizerBackend:
@@ -311,18 +345,21 @@ def _loaded(
     network: DecoderLM,
     plan: WeightPlan,
     gen_defaults: dict[str, float],
+    vision: VisionTower | None = None,
 ) -> LoadedModel:
     return LoadedModel(
         id=source.id,
         path=source.path,
         config=config,
-        family=family,
+        # A family reads images exactly when a tower was loaded for this model.
+        family=dataclasses.replace(family, vision=vision is not None),
         tokenizer=tokenizer,
         network=network,
         device=plan.device,
         dtype=plan.dtype,
-        weights_bytes=_weights_bytes(network),
+        weights_bytes=_weights_bytes(network) + _weights_bytes(vision),
         gen_defaults=gen_defaults,
+        vision=vision,
     )
 
 
@@ -402,8 +439,11 @@ def _gen_defaults(generation: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def _weights_bytes(network: torch.nn.Module) -> int:
-    """Bytes of the network's tensors, each counted once (a tied head shares the embedding's)."""
+def _weights_bytes(network: torch.nn.Module | VisionTower | None) -> int:
+    """Bytes of the network's tensors, each counted once (a tied head shares the embedding's);
+    a vision tower's where it is a module (every tower here is)."""
+    if not isinstance(network, torch.nn.Module):
+        return 0
     seen: set[int] = set()
     total = 0
     for tensor in itertools.chain(network.parameters(), network.buffers()):

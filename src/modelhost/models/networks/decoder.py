@@ -142,10 +142,18 @@ class DecoderLM(nn.Module):
         hidden = self.model.embed_tokens(batch.input_ids)
         if self.embed_scale != 1.0:
             hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
+        if batch.embed_override is not None:  # image rows, already in embedding space
+            at, rows = batch.embed_override
+            hidden = hidden.index_copy(0, at.to(hidden.device), rows.to(hidden))
         ropes = {
             kind: self.rotaries[kind].cos_sin(batch.positions, hidden.dtype)
             for kind in self.rope_kinds
         }
+        sections = self.config.mrope_section
+        if sections is not None and batch.mrope_positions is not None and "global" in ropes:
+            # An image's tokens (and the text after it) rotate by their M-RoPE positions.
+            rotary = self.rotaries["global"]
+            ropes["global"] = rotary.cos_sin_sections(batch.mrope_positions, sections, hidden.dtype)
         if self.rotary_long is not None and "global" in ropes:
             ropes["global"] = self._longrope(ropes["global"], batch, hidden.dtype)
         fused = self.fused_decode()

@@ -98,6 +98,25 @@ class Rotary:
             cos, sin = (values.index_select(0, positions) for values in table)
         return cos[:, None, :].to(dtype), sin[:, None, :].to(dtype)
 
+    def cos_sin_sections(
+        self, positions: torch.Tensor, sections: tuple[int, ...], dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """M-RoPE's cos and signed sin from [3, T] positions (temporal, height, width):
+        frequency pair i rotates by the position of the axis whose section holds it, the
+        sections taken in turn over the half head (transformers' mrope_section; a section
+        past the third takes the axes again from the first)."""
+        axes = [self.cos_sin(axis, dtype) for axis in positions]
+        axis_of_pair = torch.cat(
+            [torch.full((size,), i % 3, dtype=torch.long) for i, size in enumerate(sections)]
+        )
+        axis_of_dim = torch.cat((axis_of_pair, axis_of_pair)).to(positions.device)
+        picked = []
+        for part in (0, 1):  # cos, then sin
+            stacked = torch.stack([values[part] for values in axes])  # [3, T, 1, D]
+            index = axis_of_dim.view(1, 1, 1, -1).expand(1, *stacked.shape[1:])
+            picked.append(stacked.gather(0, index)[0])
+        return picked[0], picked[1]
+
     def _table_for(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The table on positions' device, covering them (grown by doubling), or None past
         TABLE_POSITIONS."""
@@ -242,6 +261,7 @@ class Attention(nn.Module):
             and self.native_ready()
             and native.cache_readable(pool)
             and (max_q == 1 or context <= NATIVE_PROMPT_CONTEXT)
+            and not batch.bidirectional
         ):
             # Every token, a decode row's or a prompt's, attends over its own row's paged keys
             # up to its position, read in place: no gathered context, no mask, and (unlike SDPA

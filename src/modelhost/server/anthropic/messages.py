@@ -31,7 +31,8 @@ from modelhost.inference.contracts import (
     SamplingRequest,
     Usage,
 )
-from modelhost.inference.prompt import prompt_ids_for
+from modelhost.inference.image_prompt import build_prompt
+from modelhost.inference.media import check_media
 from modelhost.server.anthropic import wire
 from modelhost.server.exchange import Prepared, Reply, answer_inference, answer_json
 from modelhost.server.http import EventStreamResponse, RequestLog, serving_stage
@@ -82,7 +83,10 @@ async def count_tokens(request: Request) -> Response:
 
 
 def _prompt_tokens(stage: InferenceStage, inference: InferenceRequest) -> int:
-    return len(prompt_ids_for(stage.model, inference))
+    model = stage.model
+    check_media(inference.media, model.id, vision=model.vision is not None)
+    built = build_prompt(model, inference, limits=stage.image_limits)
+    return len(built.ids)  # an image counts its placeholder tokens
 
 
 # ---------------------------------------------------------------------------------------------
@@ -93,7 +97,7 @@ def parse_messages_request(
     body: dict[str, Any], request_id: str, *, count_only: bool = False
 ) -> InferenceRequest:
     """The neutral request for a Messages body; `count_only` skips the generation fields."""
-    messages, media = wire.template_messages(body)
+    messages, media, images = wire.template_messages(body)
     tools = wire.tools(body)
     prompt = ChatPrompt(messages=tuple(messages), tools=tools)
     if count_only:
@@ -104,6 +108,7 @@ def parse_messages_request(
             thinking=wire.thinking(body),
             has_media=bool(media),
             media=media,
+            images=images,
         )
     top_k = fields.number(body, "top_k", int, at_least=-1)
     grammar, instruction = wire.output_format(body)
@@ -131,6 +136,7 @@ def parse_messages_request(
         thinking=wire.thinking(body),
         has_media=bool(media),
         media=media,
+        images=images,
         structured_output=instruction,
         grammar=grammar,
     )

@@ -3,8 +3,9 @@
 Content blocks are flattened into the OpenAI-style messages every chat template reads: text
 joins into `content`, `thinking` becomes the assistant's `reasoning_content`, `tool_use` becomes
 assistant `tool_calls`, and each `tool_result` becomes a `role: "tool"` message. Image and
-document blocks only record the kinds of media the request carries (`inference.media`: the stage
-refuses them with a 400 for a model without the tower, or a 501 it cannot place).
+document blocks record the kinds of media the request carries (`inference.media`: the stage
+refuses them with a 400 for a model without the tower, or a 501 it cannot place); image blocks
+are kept in order, where the template places them (`content_parts`).
 `cache_control`, `metadata` and unknown fields are accepted and ignored.
 """
 
@@ -17,9 +18,15 @@ from typing import Any
 
 from starlette.responses import JSONResponse, Response
 
-from modelhost.inference.contracts import GrammarSpec, InvalidRequest
+from modelhost.inference.contracts import GrammarSpec, ImagePart, InvalidRequest
 from modelhost.inference.tool_choice import forced_call
-from modelhost.server.content_parts import PartHandler, flatten_content, part_text, require_role
+from modelhost.server.content_parts import (
+    FlatContent,
+    PartHandler,
+    flatten_content,
+    part_text,
+    require_role,
+)
 from modelhost.server.http import ErrorShape
 from modelhost.server.openai import fields
 from modelhost.server.sse_frames import named_event
@@ -161,8 +168,11 @@ def system_text(value: Any, where: str = "system") -> str:
     return "\n\n".join(texts)
 
 
-def template_messages(body: dict[str, Any]) -> tuple[list[dict[str, Any]], frozenset[str]]:
-    """The conversation as template messages, and whether any block carries media.
+def template_messages(
+    body: dict[str, Any],
+) -> tuple[list[dict[str, Any]], frozenset[str], tuple[ImagePart, ...]]:
+    """The conversation as template messages, the kinds of media its blocks carry, and its
+    images in the order the messages show them.
 
     Every system instruction (top-level `system` and system-role messages, in order) becomes one
     leading system message: templates differ on where else they accept one.
@@ -173,6 +183,7 @@ def template_messages(body: dict[str, Any]) -> tuple[list[dict[str, Any]], froze
     system = [system_text(body.get("system"))]
     messages: list[dict[str, Any]] = []
     has_media: frozenset[str] = frozenset()
+    images: list[ImagePart] = []
     for index, message in enumerate(raw):
         where = f"messages[{index}]"
         if not isinstance(message, dict):
@@ -182,21 +193,26 @@ def template_messages(body: dict[str, Any]) -> tuple[list[dict[str, Any]], froze
         if role == "system":
             system.append(system_text(message.get("content"), f"{where}.content"))
             continue
-        flat, media = _flatten(role, message.get("content"), where)
+        flat, media, shown = _flatten(role, message.get("content"), where)
         messages.extend(flat)
         has_media = has_media | media
+        images.extend(shown)
     instruction = "\n\n".join(text for text in system if text)
     if instruction:
         messages.insert(0, {"role": "system", "content": instruction})
-    return messages, has_media
+    return messages, has_media, tuple(images)
 
 
-def _flatten(role: str, content: Any, where: str) -> tuple[list[dict[str, Any]], frozenset[str]]:
-    """One wire message → tool messages (for tool_result blocks) then the message itself."""
+def _flatten(
+    role: str, content: Any, where: str
+) -> tuple[list[dict[str, Any]], frozenset[str], list[ImagePart]]:
+    """One wire message → tool messages (for tool_result blocks) then the message itself; and
+    the images they show, in that order."""
     reasoning: list[str] = []
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
     result_media: set[str] = set()
+    images: list[ImagePart] = []
 
     def thinking(block: Mapping[str, Any], at: str) -> None:
         reasoning.append(str(block.get("thinking") or ""))
@@ -205,9 +221,10 @@ def _flatten(role: str, content: Any, where: str) -> tuple[list[dict[str, Any]],
         calls.append(_tool_call(block, at))
 
     def tool_result(block: Mapping[str, Any], at: str) -> None:
-        result, media = _tool_result(block, at)
+        result, flat = _tool_result(block, at)
         results.append(result)
-        result_media.update(media)
+        result_media.update(flat.media)
+        images.extend(flat.images)
 
     others: dict[str, PartHandler] = {
         "thinking": thinking,
@@ -219,14 +236,15 @@ def _flatten(role: str, content: Any, where: str) -> tuple[list[dict[str, Any]],
         content, where, param="messages", others=others, noun=BLOCKS, absent_is_empty=False
     )
     out: list[dict[str, Any]] = list(results)
-    if flat.texts or calls or reasoning or not results:
-        message: dict[str, Any] = {"role": role, "content": flat.text}
+    images.extend(flat.images)
+    if flat.texts or flat.images or calls or reasoning or not results:
+        message: dict[str, Any] = {"role": role, "content": flat.template_content()}
         if calls:
             message["tool_calls"] = calls
         if reasoning:
             message["reasoning_content"] = "\n".join(reasoning)
         out.append(message)
-    return out, flat.media | result_media
+    return out, flat.media | result_media, images
 
 
 def _tool_call(block: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -240,8 +258,10 @@ def _tool_call(block: Mapping[str, Any], where: str) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def _tool_result(block: Mapping[str, Any], where: str) -> tuple[dict[str, Any], frozenset[str]]:
+def _tool_result(block: Mapping[str, Any], where: str) -> tuple[dict[str, Any], FlatContent]:
     flat = flatten_content(block.get("content"), where, param="messages", noun=BLOCKS)
-    text = f"Error: {flat.text}" if block.get("is_error") is True else flat.text
+    content = flat.template_content()
+    if block.get("is_error") is True:
+        content = f"Error: {flat.text}" if isinstance(content, str) else content
     call_id = block.get("tool_use_id") if isinstance(block.get("tool_use_id"), str) else ""
-    return {"role": "tool", "tool_call_id": call_id, "content": text}, flat.media
+    return {"role": "tool", "tool_call_id": call_id, "content": content}, flat

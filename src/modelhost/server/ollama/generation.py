@@ -27,6 +27,7 @@ from starlette.responses import JSONResponse, Response
 from modelhost.inference.contracts import (
     ChatPrompt,
     CompletionEvent,
+    ImagePart,
     InferenceRequest,
     InferenceResult,
     InvalidRequest,
@@ -137,7 +138,7 @@ def _check_capabilities(body: dict[str, Any], kind: str, stage: InferenceStage) 
 
 
 def parse_chat(body: dict[str, Any], request_id: str) -> InferenceRequest:
-    messages, media = wire.template_messages(body.get("messages"))
+    messages, media, shown = wire.template_messages(body.get("messages"))
     thinking, template_kwargs = wire.think(body)
     return _request(
         body,
@@ -145,6 +146,7 @@ def parse_chat(body: dict[str, Any], request_id: str) -> InferenceRequest:
         ChatPrompt(tuple(messages), wire.tools(body), template_kwargs),
         thinking=thinking,
         media=media,
+        images=shown,
     )
 
 
@@ -171,7 +173,8 @@ def parse_generate(body: dict[str, Any], request_id: str) -> InferenceRequest:
         messages.append({"role": "system", "content": system})
     messages.append({"role": "user", "content": wire.with_images(prompt, pictures)})
     chat = ChatPrompt(tuple(messages), None, template_kwargs)
-    return _request(body, request_id, chat, thinking=thinking, media=media)
+    shown = wire.image_parts(pictures, "images")
+    return _request(body, request_id, chat, thinking=thinking, media=media, images=shown)
 
 
 def _request(
@@ -181,6 +184,7 @@ def _request(
     *,
     thinking: bool | None,
     media: frozenset[str],
+    images: tuple[ImagePart, ...] = (),
 ) -> InferenceRequest:
     opts = wire.options(body)
     wire.num_ctx(opts)
@@ -198,6 +202,7 @@ def _request(
         thinking=thinking,
         has_media=bool(media),
         media=media,
+        images=images,
         structured_output=instruction,
         grammar=grammar,
     )

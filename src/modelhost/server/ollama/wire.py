@@ -21,7 +21,13 @@ from typing import Any
 
 from starlette.responses import JSONResponse, Response
 
-from modelhost.inference.contracts import GrammarSpec, InvalidRequest, RequestError, SamplingRequest
+from modelhost.inference.contracts import (
+    GrammarSpec,
+    ImagePart,
+    InvalidRequest,
+    RequestError,
+    SamplingRequest,
+)
 from modelhost.server.content_parts import flatten_content, require_role
 from modelhost.server.http import ErrorShape
 from modelhost.server.openai import fields
@@ -232,15 +238,20 @@ def images(value: Any, where: str) -> list[str]:
     return value
 
 
+def image_parts(pictures: list[str], where: str) -> tuple[ImagePart, ...]:
+    """A message's or a prompt's images, each named by its place (`messages[0].images[1]`)."""
+    return tuple(
+        ImagePart(f"{where}[{i}]", picture, "images") for i, picture in enumerate(pictures)
+    )
+
+
 def with_images(text: str, pictures: list[str]) -> Any:
-    """Content the template places: the text alone, or its text and image parts."""
+    """Content the template places: the text alone, or image parts then the text (Ollama
+    shows a message's images before its text)."""
     if not pictures:
         return text
-    parts: list[dict[str, Any]] = [{"type": "text", "text": text}]
-    for picture in pictures:
-        url = picture if picture.startswith("data:") else f"data:image/png;base64,{picture}"
-        parts.append({"type": "image_url", "image_url": {"url": url}})
-    return parts
+    parts: list[dict[str, Any]] = [{"type": "image"} for _ in pictures]
+    return [*parts, {"type": "text", "text": text}]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -259,12 +270,15 @@ def tools(body: Mapping[str, Any]) -> tuple[dict[str, Any], ...] | None:
     return tuple({"type": "function", **tool} for tool in value)
 
 
-def template_messages(raw: Any) -> tuple[list[dict[str, Any]], frozenset[str]]:
-    """Ollama's messages as template messages, and the kinds of media they carry."""
+def template_messages(
+    raw: Any,
+) -> tuple[list[dict[str, Any]], frozenset[str], tuple[ImagePart, ...]]:
+    """Ollama's messages as template messages, the kinds of media they carry, their images."""
     if not isinstance(raw, list):
         raise InvalidRequest("messages must be a list", param="messages")
     out: list[dict[str, Any]] = []
     media: set[str] = set()
+    shown: list[ImagePart] = []
     for index, message in enumerate(raw):
         where = f"messages[{index}]"
         if not isinstance(message, dict):
@@ -275,6 +289,7 @@ def template_messages(raw: Any) -> tuple[list[dict[str, Any]], frozenset[str]]:
         pictures = images(message.get("images"), f"{where}.images")
         if pictures:
             media.add("image")
+            shown.extend(image_parts(pictures, f"{where}.images"))
         item: dict[str, Any] = {"role": role, "content": with_images(text, pictures)}
         if isinstance(message.get("thinking"), str) and message["thinking"]:
             item["reasoning_content"] = message["thinking"]
@@ -284,7 +299,7 @@ def template_messages(raw: Any) -> tuple[list[dict[str, Any]], frozenset[str]]:
         if role == "tool" and isinstance(name, str):
             item["name"] = name
         out.append(item)
-    return out, frozenset(media)
+    return out, frozenset(media), tuple(shown)
 
 
 def _tool_calls(raw: Any, where: str) -> list[dict[str, Any]]:

@@ -23,11 +23,12 @@ from starlette.responses import Response
 from modelhost.inference.contracts import (
     ChatPrompt,
     CompletionEvent,
+    ImagePart,
     InferenceRequest,
     InferenceResult,
     InvalidRequest,
 )
-from modelhost.server.content_parts import flatten_content, require_role
+from modelhost.server.content_parts import FlatContent, flatten_content, require_role
 from modelhost.server.exchange import Prepared, Reply, answer_inference
 from modelhost.server.http import EventStreamResponse, RequestLog
 from modelhost.server.openai import fields
@@ -79,7 +80,7 @@ def prepare_chat(body: dict[str, Any], request_id: str) -> Prepared:
 def parse_chat_request(
     body: dict[str, Any], request_id: str
 ) -> tuple[InferenceRequest, fields.StreamOptions]:
-    messages, media = normalize_messages(body.get("messages"))
+    messages, media, images = normalize_messages(body.get("messages"))
     tools = fields.field(body, "tools", list)
     if body.get("tool_choice") == "none":
         tools = None
@@ -120,6 +121,7 @@ def parse_chat_request(
         adapter=fields.adapter(body),
         has_media=bool(media),
         media=media,
+        images=images,
         structured_output=structured_output,
         grammar=grammar,
     )
@@ -143,8 +145,10 @@ def chat_logprobs(body: dict[str, Any]) -> int | None:
     return None
 
 
-def normalize_messages(raw: Any) -> tuple[list[dict[str, Any]], frozenset[str]]:
-    """Messages as the template wants them, and whether any carries media.
+def normalize_messages(
+    raw: Any,
+) -> tuple[list[dict[str, Any]], frozenset[str], tuple[ImagePart, ...]]:
+    """Messages as the template wants them, the kinds of media they carry, their images.
 
     `developer` becomes `system`; text-only part arrays become one string; `reasoning` is
     copied to `reasoning_content`; tool-call arguments given as JSON strings are parsed.
@@ -153,6 +157,7 @@ def normalize_messages(raw: Any) -> tuple[list[dict[str, Any]], frozenset[str]]:
         raise InvalidRequest("messages required", param="messages")
     messages: list[dict[str, Any]] = []
     has_media: frozenset[str] = frozenset()
+    images: list[ImagePart] = []
     for index, message in enumerate(raw):
         where = f"messages[{index}]"
         if not isinstance(message, dict):
@@ -165,9 +170,12 @@ def normalize_messages(raw: Any) -> tuple[list[dict[str, Any]], frozenset[str]]:
             _require_content(message, where)
         out = dict(message)
         out["role"] = "system" if role == "developer" else role
-        content, media = _content(message.get("content"), where)
-        out["content"] = content
-        has_media = has_media | media
+        flat = flatten_content(
+            message.get("content"), where, param="messages", text_types=TEXT_PARTS
+        )
+        out["content"] = _content(message.get("content"), flat)
+        has_media = has_media | flat.media
+        images.extend(flat.images)
         if isinstance(out.get("reasoning"), str) and not isinstance(
             out.get("reasoning_content"), str
         ):
@@ -175,7 +183,7 @@ def normalize_messages(raw: Any) -> tuple[list[dict[str, Any]], frozenset[str]]:
         if isinstance(out.get("tool_calls"), list):
             out["tool_calls"] = [_parsed_arguments(call) for call in out["tool_calls"]]
         messages.append(out)
-    return messages, has_media
+    return messages, has_media, tuple(images)
 
 
 def _require_content(message: dict[str, Any], where: str) -> None:
@@ -189,11 +197,12 @@ def _require_content(message: dict[str, Any], where: str) -> None:
         raise InvalidRequest(f"Invalid type for '{field}': {expected}.", field, "invalid_type")
 
 
-def _content(content: Any, where: str) -> tuple[Any, frozenset[str]]:
-    """Text parts joined into one string; with media, the parts as they are (the template
-    places them)."""
-    flat = flatten_content(content, where, param="messages", text_types=TEXT_PARTS)
-    return (list(content), flat.media) if flat.media else (flat.text, flat.media)
+def _content(content: Any, flat: FlatContent) -> Any:
+    """Text parts joined into one string; with images, text and image parts in order (the
+    template places them); with other media, the parts as they are (refused later)."""
+    if flat.images:
+        return flat.template_content()
+    return list(content) if flat.media else flat.text
 
 
 def _parsed_arguments(call: Any) -> Any:

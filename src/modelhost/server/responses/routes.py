@@ -180,7 +180,7 @@ def parse_turn(
         items = [*prior.input_items, *carried, *new_items]
         if instructions is None:
             instructions = prior.instructions
-    messages, media = template_messages(items, instructions)
+    messages, media, images = template_messages(items, instructions)
     tools, tool_choice = function_tools(body)
     max_tokens = fields.number(body, "max_output_tokens", int, at_least=1)
     if max_tokens is None:
@@ -204,6 +204,7 @@ def parse_turn(
         thinking=None if effort is None else effort != "none",
         has_media=bool(media),
         media=media,
+        images=images,
         structured_output=instruction,
         grammar=grammar,
     )

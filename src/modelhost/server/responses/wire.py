@@ -19,11 +19,12 @@ from starlette.responses import JSONResponse, Response
 
 from modelhost.inference.contracts import (
     GrammarSpec,
+    ImagePart,
     InvalidRequest,
     RequestError,
     Usage,
 )
-from modelhost.server.content_parts import flatten_content, require_role
+from modelhost.server.content_parts import FlatContent, flatten_content, require_role
 from modelhost.server.http import ErrorShape
 from modelhost.server.openai import fields
 from modelhost.server.sse_frames import named_event
@@ -87,14 +88,15 @@ def is_function_tool(tool: Any) -> bool:
 
 def template_messages(
     items: Sequence[Mapping[str, Any]], instructions: str | None
-) -> tuple[list[dict[str, Any]], frozenset[str]]:
-    """Input items as template messages, and whether any part carries media.
+) -> tuple[list[dict[str, Any]], frozenset[str], tuple[ImagePart, ...]]:
+    """Input items as template messages, the kinds of media they carry, their images in order.
 
     `instructions` and every system/developer message become one leading system message.
     """
     system = [instructions or ""]
     messages: list[dict[str, Any]] = []
     has_media: frozenset[str] = frozenset()
+    images: list[ImagePart] = []
     for index, item in enumerate(items):
         where = f"input[{index}]"
         if not isinstance(item, dict):
@@ -103,12 +105,16 @@ def template_messages(
         if kind == "message":
             role = item.get("role")
             role = require_role(role, ROLES, where, "input")
-            text, media = _content(item.get("content"), where)
-            has_media = has_media | media
+            flat = _content(item.get("content"), where)
+            has_media = has_media | flat.media
             if role in ("system", "developer"):
-                system.append(text)
+                if flat.images:
+                    message = f"{where}: images are not accepted in {role} messages"
+                    raise InvalidRequest(message, param="input")
+                system.append(flat.text)
             else:
-                messages.append({"role": role, "content": text})
+                images.extend(flat.images)
+                messages.append({"role": role, "content": flat.template_content()})
         elif kind == "function_call":
             call = _function_call(item, where)
             last = messages[-1] if messages else None
@@ -127,14 +133,13 @@ def template_messages(
     instruction = "\n\n".join(text for text in system if text)
     if instruction:
         messages.insert(0, {"role": "system", "content": instruction})
-    return messages, has_media
+    return messages, has_media, tuple(images)
 
 
-def _content(content: Any, where: str) -> tuple[str, frozenset[str]]:
-    flat = flatten_content(
+def _content(content: Any, where: str) -> FlatContent:
+    return flatten_content(
         content, where, param="input", text_types=TEXT_PARTS, others={"refusal": _refusal}
     )
-    return flat.text, flat.media
 
 
 def _refusal(part: Mapping[str, Any], where: str) -> str:

@@ -1,0 +1,1 @@
+"""Vision towers: image preprocessing and encoders of vision-language models."""
