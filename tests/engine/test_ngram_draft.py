@@ -40,7 +40,7 @@ def test_a_draft_stops_at_the_end_of_the_tokens_and_follows_them_as_they_grow():
 
 
 def test_a_row_whose_guesses_all_land_guesses_more():
-    state = RowSpeculation()
+    state = RowSpeculation().ngram
     before = state.k
     state.learn(before, before)
     assert state.k == min(MAX_K, before + 2)
@@ -49,7 +49,7 @@ def test_a_row_whose_guesses_all_land_guesses_more():
 
 
 def test_a_row_whose_guesses_keep_failing_pauses_then_tries_again():
-    state = RowSpeculation()
+    state = RowSpeculation().ngram
     for _ in range(MISSES_BEFORE_PAUSE):
         assert state.wants_to_guess()
         state.learn(4, 0)
