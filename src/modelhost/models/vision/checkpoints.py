@@ -71,7 +71,7 @@ class _Flat:
             yield address
 
 
-def _renamed(source: TensorSource, name: str) -> TensorSource:
+def renamed(source: TensorSource, name: str) -> TensorSource:
     if name == "patch.weight" and len(source.shape) > 2:
         return _Flat(source, name)
     renamed = copy.copy(source)
@@ -88,24 +88,14 @@ def hf_vision_tensors(
     found: dict[str, TensorSource] = {}
     for key, source in sources.items():
         if key in projector:
-            found[projector[key]] = _renamed(source, projector[key])
+            found[projector[key]] = renamed(source, projector[key])
             continue
         prefix = next((p for p in vision_prefixes if key.startswith(p)), None)
         if prefix is None:
             continue
-        rest = key.removeprefix(prefix)
-        match = _HF_LAYER_NAME.match(rest)
-        name = None
-        if match:
-            layer, part, kind = match.groups()
-            if part in _HF_LAYER:
-                name = f"layers.{layer}.{_HF_LAYER[part]}.{kind}"
-        else:
-            stem, _, kind = rest.rpartition(".")
-            if stem in _HF_TOP:
-                name = f"{_HF_TOP[stem]}.{kind}"
+        name = our_name(key.removeprefix(prefix), _HF_LAYER_NAME, _HF_LAYER, _HF_TOP)
         if name is not None:
-            found[name] = _renamed(source, name)
+            found[name] = renamed(source, name)
     return found
 
 
@@ -113,16 +103,21 @@ def gguf_vision_tensors(sources: Mapping[str, TensorSource]) -> dict[str, Tensor
     """An mmproj file's tensors (keyed by their GGUF names) under our names."""
     found: dict[str, TensorSource] = {}
     for key, source in sources.items():
-        match = _GGUF_LAYER_NAME.match(key)
-        name = None
-        if match:
-            layer, part, kind = match.groups()
-            if part in _GGUF_LAYER:
-                name = f"layers.{layer}.{_GGUF_LAYER[part]}.{kind}"
-        else:
-            stem, _, kind = key.rpartition(".")
-            if stem in _GGUF_TOP:
-                name = f"{_GGUF_TOP[stem]}.{kind}"
+        name = our_name(key, _GGUF_LAYER_NAME, _GGUF_LAYER, _GGUF_TOP)
         if name is not None:
-            found[name] = _renamed(source, name)
+            found[name] = renamed(source, name)
     return found
+
+
+def our_name(
+    key: str, layer_name: re.Pattern[str], layer_parts: Mapping[str, str], top: Mapping[str, str]
+) -> str | None:
+    """A checkpoint's tensor name under ours: `layers.N.PART.KIND` for a layer's tensor
+    (`layer_name` matches layer, part and kind), `TOP.KIND` for one outside the layers; None
+    for a tensor the tower does not take."""
+    match = layer_name.match(key)
+    if match:
+        layer, part, kind = match.groups()
+        return f"layers.{layer}.{layer_parts[part]}.{kind}" if part in layer_parts else None
+    stem, _, kind = key.rpartition(".")
+    return f"{top[stem]}.{kind}" if stem in top else None

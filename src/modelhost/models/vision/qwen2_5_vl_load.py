@@ -14,7 +14,7 @@ import torch
 
 from modelhost.models.loading.gguf_header import GGUFFile
 from modelhost.models.loading.weights import TensorSource, WeightPlan
-from modelhost.models.vision.checkpoints import _renamed as renamed
+from modelhost.models.vision.checkpoints import our_name, renamed
 from modelhost.models.vision.qwen2_5_vl import QwenVisionEncoder, QwenVisionShape, QwenVLTower
 from modelhost.models.vision.qwen2_5_vl_image import IMAGE_TOKEN, QwenImageConfig
 
@@ -148,16 +148,7 @@ class _FramesStacked:
 def gguf_qwen_tensors(sources: Mapping[str, TensorSource]) -> dict[str, TensorSource]:
     found: dict[str, TensorSource] = {}
     for key, source in sources.items():
-        match = _GGUF_LAYER_NAME.match(key)
-        name = None
-        if match:
-            layer, part, kind = match.groups()
-            if part in _GGUF_LAYER:
-                name = f"layers.{layer}.{_GGUF_LAYER[part]}.{kind}"
-        else:
-            stem, _, kind = key.rpartition(".")
-            if stem in _GGUF_TOP:
-                name = f"{_GGUF_TOP[stem]}.{kind}"
+        name = our_name(key, _GGUF_LAYER_NAME, _GGUF_LAYER, _GGUF_TOP)
         if name is not None:
             found[name] = renamed(source, name)
     frames = [sources[k] for k in ("v.patch_embd.weight", "v.patch_embd.weight.1") if k in sources]
