@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,9 +38,21 @@ async def until(condition, timeout_s: float = WAIT_S) -> None:  # type: ignore[n
         await asyncio.sleep(0.05)
 
 
-def zombie(pid: int) -> bool:
-    """Dead, and not yet reaped by its parent (the pool)."""
-    return "State:\tZ" in Path(f"/proc/{pid}/status").read_text()
+def dead(pid: int) -> bool:
+    """Ended: a zombie not yet reaped by its parent (the pool), or already reaped."""
+    try:
+        return "State:\tZ" in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+
+
+def finish(handed: tuple[subprocess.Popen[bytes], Path]) -> int:
+    """The handed worker's exit status, once it has ended; its directory is then removed, as
+    the supervisor that owns it would."""
+    process, directory = handed
+    status = process.wait(timeout=WAIT_S)
+    shutil.rmtree(directory)
+    return status
 
 
 def gone(pid: int) -> bool:
@@ -60,13 +74,13 @@ async def test_a_warm_spare_becomes_the_worker_its_arguments_describe(tmp_path):
         assert handed is not None
         process, directory = handed
         assert process.pid == spare_pid
-        assert process.wait(timeout=WAIT_S) == 0
+        assert oct(directory.stat().st_mode & 0o777) == oct(0o700)
+        assert finish(handed) == 0
         became = json.loads((tmp_path / "became.json").read_text())
         assert became == {
             "argv": ["--model", "m.gguf", "--socket", str(directory / "worker.sock")],
             "pid": spare_pid,
         }
-        assert oct(directory.stat().st_mode & 0o777) == oct(0o700)
         assert pool.view() | {"handed": 1} == pool.view()
         assert pool.view()["state"] == "none"  # the next one waits for refill()
     finally:
@@ -80,7 +94,7 @@ async def test_the_next_spare_starts_on_refill(tmp_path):
         await until(lambda: pool.view()["state"] == "ready")
         handed = await pool.hand_over([sys.executable, "-m", MODULE])
         assert handed is not None
-        handed[0].wait(timeout=WAIT_S)
+        finish(handed)
         await asyncio.sleep(0.3)
         assert pool.view()["pid"] is None
         pool.refill()
@@ -95,11 +109,15 @@ async def test_a_spare_that_dies_is_never_handed_a_model_and_is_replaced(tmp_pat
     pool.start()
     try:
         await until(lambda: pool.view()["state"] == "ready")
-        dead = pool.view()["pid"]
-        os.kill(dead, signal.SIGKILL)
-        await until(lambda: zombie(dead))
-        assert await pool.hand_over([sys.executable, "-m", MODULE]) is None
-        await until(lambda: pool.view()["pid"] not in (None, dead))
+        killed = pool.view()["pid"]
+        os.kill(killed, signal.SIGKILL)
+        await until(lambda: dead(killed))
+        handed = await pool.hand_over([sys.executable, "-m", MODULE])
+        if handed is not None:  # the pool had already replaced it: only the new one is handed
+            assert handed[0].pid != killed
+            assert finish(handed) == 0
+        else:
+            await until(lambda: pool.view()["pid"] not in (None, killed))
         assert pool.view()["died"] == 1
     finally:
         await pool.close()
@@ -152,7 +170,7 @@ async def test_after_a_refill_the_next_spare_waits_until_a_model_has_answered(tm
         await until(lambda: pool.view()["state"] == "ready")  # the first one at once
         handed = await pool.hand_over([sys.executable, "-m", MODULE])
         assert handed is not None
-        handed[0].wait(timeout=WAIT_S)
+        finish(handed)
         pool.refill()  # the load has ended
         await asyncio.sleep(0.5)
         assert pool.view()["pid"] is None  # the model has not answered yet
