@@ -119,6 +119,7 @@ def serving_shape(args: argparse.Namespace, settings: ServeSettings) -> ServingS
         context_length=settings.context_length,
         memory_budget_bytes=int(budget * BYTES_PER_GB) if budget is not None else None,
         quantize=quantize_mode(args),
+        kv_store=settings.kv_disk_bytes > 0,
     )
 
 

@@ -21,6 +21,7 @@ class FakeEntry:
     work_bytes: int = 0
     kv_row_bytes: int = 0
     kv_pool_bytes: int = 0
+    store_queue_bytes: int = 0
 
 
 @dataclass

@@ -332,6 +332,9 @@ class Engine:
             context_length=self.context_length,
             steps=self._num_steps,
             kv_committed_bytes=manager.num_committed * self._block_bytes,
+            kv_store_queued_bytes=(
+                self.persistence.queued_bytes if self.persistence is not None else 0
+            ),
             speculate=self.speculator.mode,
             spec_draft_tokens=self.speculator.counts.draft_tokens,
             spec_accepted_tokens=self.speculator.counts.accepted_tokens,

@@ -112,6 +112,7 @@ class EngineStats:
     context_length: int  # the longest sequence (prompt + output) the engine places
     steps: int = 0  # forward passes run so far
     kv_committed_bytes: int = 0  # bytes of the pool that hold memory now (a growing pool)
+    kv_store_queued_bytes: int = 0  # blocks copied for the disk KV store, not yet written
     speculate: str = "none"  # the engine's speculation mode in effect (engine/speculation.py)
     spec_draft_tokens: int = 0  # tokens guessed ahead and verified
     spec_accepted_tokens: int = 0  # of those, tokens the model agreed with

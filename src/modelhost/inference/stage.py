@@ -117,9 +117,11 @@ class InferenceStage:
         return self.model.id
 
     def resident_bytes(self) -> int:
-        """What this stage holds: its weights and the part of its engine's KV pool that holds
-        memory now (a growing pool's committed blocks; a preallocated pool whole)."""
-        return self.model.weights_bytes + self.engine.stats().kv_committed_bytes
+        """What this stage holds: its weights, the part of its engine's KV pool that holds
+        memory now (a growing pool's committed blocks; a preallocated pool whole) and the
+        blocks copied for the disk KV store that its writer has not yet written."""
+        batch = self.engine.stats()
+        return self.model.weights_bytes + batch.kv_committed_bytes + batch.kv_store_queued_bytes
 
     def stop_admission(self) -> None:
         """Refuse new requests (503) and let the admitted ones finish (a worker's drain)."""

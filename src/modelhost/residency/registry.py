@@ -24,8 +24,10 @@ bf16 on CUDA; loading/footprint.py's `held_bytes`) and the prefix cache an idle 
 is their *claim* (residency/unit.py's `claim_bytes`, counted by the host per lease): one
 engine step's working memory (`work_bytes`), a full serving context of KV a row
 (`kv_row_bytes`), and at most the pool's ceiling (`kv_pool_bytes`; under --memory-budget, all
-the budget leaves beside the weights). On CUDA the pool is preallocated: the estimate holds it
-and the working memory, and nothing is claimed. A checkpoint holding a tensor the kernels
+the budget leaves beside the weights), and, with the prefix KV store on, the bound of its
+writer's queue (`store_queue_bytes`: blocks copied out of the pool for the disk). On CUDA the
+pool is preallocated: the estimate holds it, the working memory and that queue, and nothing is
+claimed. A checkpoint holding a tensor the kernels
 cannot run (an IQ quantization, say) is listed with the reason it is refused.
 """
 
@@ -43,7 +45,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from modelhost.engine.kv.kv_pool_size import BLOCK_TOKENS, IDLE_KV_BYTES, default_kv_bytes
+from modelhost.engine.kv.kv_pool_size import (
+    BLOCK_TOKENS,
+    IDLE_KV_BYTES,
+    STORE_QUEUE_BYTES,
+    default_kv_bytes,
+)
 from modelhost.inference.admission import working_bytes
 from modelhost.models.config import ModelConfig
 from modelhost.models.families import family_for
@@ -78,6 +85,7 @@ class ServingShape:
     context_length: int | None = None  # --context-length
     memory_budget_bytes: int | None = None  # --memory-budget: the KV pool fills it
     quantize: str = "auto"  # --quantize (models/loading/quant.py's modes)
+    kv_store: bool = False  # --kv-disk above 0: the engine copies full blocks out for the disk
 
     @property
     def cuda(self) -> bool:
@@ -104,6 +112,7 @@ class ModelEntry:
     work_bytes: int = 0  # claimed by a busy model: one step's working memory
     kv_row_bytes: int = 0  # claimed a lease: a full context of KV
     kv_pool_bytes: int = 0  # the most all leases together claim of KV
+    store_queue_bytes: int = 0  # claimed by a busy model: the KV store writer's queue bound
     # A GGUF's vision projector named by `serve --mmproj` (one beside it needs no name).
     mmproj: Path | None = None
 
@@ -348,6 +357,7 @@ class ModelRegistry:
             work_bytes=serving.work,
             kv_row_bytes=serving.kv_row,
             kv_pool_bytes=serving.kv_pool,
+            store_queue_bytes=serving.store_queue,
             mmproj=named,
         )
 
@@ -479,6 +489,7 @@ class ServingBytes:
     work: int = 0
     kv_row: int = 0
     kv_pool: int = 0
+    store_queue: int = 0
 
 
 def serving_bytes(config: ModelConfig, weights: int, shape: ServingShape) -> ServingBytes:
@@ -488,19 +499,23 @@ def serving_bytes(config: ModelConfig, weights: int, shape: ServingShape) -> Ser
         context = min(context, shape.context_length)
     token_bytes = config.kv_bytes_per_token(shape.kv_dtype_bytes)
     one_row = (context + BLOCK_TOKENS) * token_bytes
+    queue = STORE_QUEUE_BYTES if shape.kv_store else 0
     if shape.memory_budget_bytes is not None:  # the KV pool takes what the weights leave
         left = max(0, shape.memory_budget_bytes - weights)
         if shape.cuda:
-            return ServingBytes(max(shape.memory_budget_bytes, weights))
-        return ServingBytes(weights + min(IDLE_KV_BYTES, left), kv_row=left, kv_pool=left)
+            return ServingBytes(max(shape.memory_budget_bytes, weights) + queue)
+        kept = weights + min(IDLE_KV_BYTES, left)
+        return ServingBytes(kept, kv_row=left, kv_pool=left, store_queue=queue)
     kv = default_kv_bytes(token_bytes, context, BLOCK_TOKENS, shape.batch)
     work = working_bytes(
         config, shape.dtype_bytes, context, chunk_tokens=shape.chunk_tokens, rows=shape.batch
     )
     if shape.cuda:  # a preallocated pool (engine/kv/kv_memory.py): held from the load on
-        return ServingBytes(weights + kv + work)
+        return ServingBytes(weights + kv + work + queue)
     kept = min(IDLE_KV_BYTES, kv)
-    return ServingBytes(weights + kept, work=work, kv_row=min(one_row, kv), kv_pool=kv)
+    return ServingBytes(
+        weights + kept, work=work, kv_row=min(one_row, kv), kv_pool=kv, store_queue=queue
+    )
 
 
 _GGUF_META_VERSION = 2  # the cached config's layout

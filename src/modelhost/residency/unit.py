@@ -65,23 +65,30 @@ class Servable(Protocol):
     @property
     def operations(self) -> Sequence[str]: ...
     # What admitted requests may claim beyond the estimate (a KV pool that grows with use):
-    # one step's working memory, a full context of KV a row, the pool's ceiling for all rows.
+    # one step's working memory, a full context of KV a row, the pool's ceiling for all rows,
+    # and the bound of the KV store writer's queue (blocks copied out of the pool as rows
+    # commit them; 0 with the store off).
     @property
     def work_bytes(self) -> int: ...
     @property
     def kv_row_bytes(self) -> int: ...
     @property
     def kv_pool_bytes(self) -> int: ...
+    @property
+    def store_queue_bytes(self) -> int: ...
 
 
 def claim_bytes(entry: Servable, rows: int) -> int:
     """What `rows` admitted requests on a model may still claim beyond what it holds idle: one
     step's working memory and a full context of KV for each row, never more than the pool's
-    ceiling (the engine grows its pool no further). Zero for a model whose estimate already
-    holds everything (a preallocated pool, a companion)."""
+    ceiling (the engine grows its pool no further), and the KV store writer's queue, which
+    only running rows fill (what it still holds once they end is in the unit's measurement).
+    Zero for a model whose estimate already holds everything (a preallocated pool, a
+    companion)."""
     if rows <= 0:
         return 0
-    return entry.work_bytes + min(entry.kv_pool_bytes, rows * entry.kv_row_bytes)
+    kv = min(entry.kv_pool_bytes, rows * entry.kv_row_bytes)
+    return entry.work_bytes + kv + entry.store_queue_bytes
 
 
 class Unit(Protocol):

@@ -3,8 +3,13 @@ when a prompt's prefix is missing from memory, so a model that returns after its
 does not prefill again what it had seen.
 
 Out: the engine thread copies a just-committed block's bytes from each layer (a memcpy of a few
-hundred KB) onto a bounded queue, and a writer thread hands them to the store; when the queue is
-full the block is skipped, and `close` writes every cached block the store still lacks.
+hundred KB) onto a queue bounded in bytes (STORE_QUEUE_BYTES), and a writer thread hands them to
+the store. The queue's bytes are the model's memory: `queued_bytes` counts them in what the
+engine holds, and the residency budget reserves the bound in a busy model's claim
+(residency/unit.py's `claim_bytes`), so a queue that fills never takes memory nobody counted.
+A block that does not fit is skipped, never waited for: the engine thread does not block on
+the disk. `close` lets the writer finish what is queued, then writes every cached block the
+store still lacks itself, one block at a time.
 In: before a new row is queued, its prompt's chain is walked block by block; blocks memory lacks
 are read from the store into free pool blocks and cached there, so the ordinary prefix match
 finds them (and `cached_tokens` counts them). Runs on the engine thread except the writer.
@@ -20,13 +25,12 @@ import time
 import torch
 
 from modelhost.engine.kv.block_manager import BlockKey, BlockManager, block_of, cdiv
+from modelhost.engine.kv.kv_pool_size import STORE_QUEUE_BYTES
 from modelhost.engine.kv.prefix_store import PrefixStore
 from modelhost.engine.sequence import Sequence
 from modelhost.models.batch import KVCache
 
 log = logging.getLogger(__name__)
-
-QUEUE_BYTES = 64 << 20  # blocks waiting for the writer at most; past it new ones are skipped
 
 _Pending = tuple[BlockKey, BlockKey | None, tuple[int, ...], bytes]
 
@@ -69,16 +73,22 @@ class PrefixPersistence:
         self.block_manager = block_manager
         pool = kv.pools[0]
         self.block_bytes = len(kv.pools) * kv.block_size * pool[0].numel() * pool.element_size()
+        self.queue_bytes = STORE_QUEUE_BYTES  # read here, so a test may make it small
         self.num_restored_tokens = 0
         self.num_written_blocks = 0
         self.num_skipped_blocks = 0
         self._known: set[BlockKey] = set()  # keys this engine wrote or read: in the store
-        self._queue: queue.Queue[_Pending | None] = queue.Queue(
-            max(4, QUEUE_BYTES // self.block_bytes)
-        )
+        self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
+        self._queued_lock = threading.Lock()
+        self._queued_bytes = 0  # payloads copied and not yet written
         self._writer = threading.Thread(target=self._write_all, name="kv-store-writer", daemon=True)
         self._writer.start()
         block_manager.on_commit = self._committed
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes copied out of the pool and waiting for the writer (at most `queue_bytes`)."""
+        return self._queued_bytes
 
     # ---- out ------------------------------------------------------------------------------
 
@@ -87,29 +97,44 @@ class PrefixPersistence:
     ) -> None:
         if key in self._known:
             return
-        self._known.add(key)
-        try:
-            self._queue.put_nowait((key, parent, tokens, block_bytes(self.kv, block_id)))
-        except queue.Full:
-            self._known.discard(key)  # `close` writes it, if it is still cached then
+        with self._queued_lock:
+            room = self._queued_bytes + self.block_bytes <= self.queue_bytes
+            if room:
+                self._queued_bytes += self.block_bytes
+        if not room:
+            # The writer is behind (a slow disk, a burst of prompts): this block is not
+            # persisted now rather than make the engine thread wait or the queue outgrow what
+            # the budget reserved. It stays unknown, so `close` writes it if the pool still
+            # caches it then, and a later commit of the same prefix may queue it again.
             self.num_skipped_blocks += 1
+            return
+        self._known.add(key)
+        self._queue.put((key, parent, tokens, block_bytes(self.kv, block_id)))
 
     def _write_all(self) -> None:
         while (item := self._queue.get()) is not None:
             # Written even where a file has the name: it may be torn or another's (a read
             # that found it so removed it, but files past the first bad one were never read).
-            self.store.put(*item)
-            self.num_written_blocks += 1
+            try:
+                self.store.put(*item)
+                self.num_written_blocks += 1
+            except Exception:  # a store that fails costs a later prefill, never the writer
+                log.exception("writing a block to the KV store failed")
+            with self._queued_lock:
+                self._queued_bytes -= self.block_bytes
 
     def close(self) -> None:
-        """Write every cached block the store lacks, then end the writer (engine thread, after
-        its last step: a drain, an unload, a worker's or the server's end)."""
-        for block_id, key, parent, tokens in self.block_manager.cached_blocks():
-            if key not in self._known or not self.store.has(key):
-                self._queue.put((key, parent, tokens, block_bytes(self.kv, block_id)))
+        """Let the writer write what is queued and end, then write every cached block the store
+        lacks, one at a time (engine thread, after its last step: a drain, an unload, a
+        worker's or the server's end)."""
+        self.block_manager.on_commit = None
         self._queue.put(None)
         self._writer.join()
-        self.block_manager.on_commit = None
+        for block_id, key, parent, tokens in self.block_manager.cached_blocks():
+            if key not in self._known or not self.store.has(key):
+                self.store.put(key, parent, tokens, block_bytes(self.kv, block_id))
+                self._known.add(key)
+                self.num_written_blocks += 1
 
     # ---- in -------------------------------------------------------------------------------
 
