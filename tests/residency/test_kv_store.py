@@ -1,5 +1,6 @@
 """The disk KV store by itself: blocks in and out by chain key, checked on every read, held to a
-byte budget least recently used first, cleared whole or by model, shared safely by processes."""
+byte budget least recently used first, cleared whole or by model, shared safely by processes;
+its size read from a running tally that every process sharing it keeps, never by listing it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from modelhost.engine.kv.prefix_store import chain_key
 from modelhost.residency.kv.kv_block_file import file_bytes
 from modelhost.residency.kv.kv_store import KVDiskStore, ModelKVStore
+from modelhost.residency.kv.kv_usage import RESCAN_S, TALLY_FILE
 
 BLOCK = 1000  # payload bytes of a block in these tests
 TOKENS = (1, 2, 3, 4, 5, 6, 7, 8)
@@ -148,3 +150,81 @@ def test_modelhost_ls_and_kv_ls_show_the_stores_size_and_kv_clear_empties_it(
     assert main(["kv", "clear"]) == 0
     assert "(1 blocks)" in capsys.readouterr().out.splitlines()[-1]
     assert store.usage().files == 0
+
+
+def count_listings(monkeypatch) -> list[str]:
+    """Every directory listed from now on (os.scandir, os.listdir, Path.iterdir go through
+    these two)."""
+    listed: list[str] = []
+    real_scandir, real_listdir = os.scandir, os.listdir
+
+    def scandir(path="."):  # type: ignore[no-untyped-def]
+        listed.append(str(path))
+        return real_scandir(path)
+
+    def listdir(path="."):  # type: ignore[no-untyped-def]
+        listed.append(str(path))
+        return real_listdir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    monkeypatch.setattr(os, "listdir", listdir)
+    return listed
+
+
+def test_the_stores_size_is_read_from_its_tally_without_listing_a_file(
+    tmp_path: Path, monkeypatch
+) -> None:
+    store = KVDiskStore(tmp_path, 1 << 20)
+    for i in range(5):
+        put(store.for_model("a", "file-a"), i)
+    put(store.for_model("b", "file-b"), 9)
+    store.clear("b")
+    listed = count_listings(monkeypatch)
+    usage = store.usage()
+    assert listed == []
+    assert (usage.files, usage.bytes) == (5, 5 * file_bytes(len(TOKENS), BLOCK))
+    assert [(m.id, m.files) for m in usage.models] == [("a", 5)]
+
+
+def test_a_block_written_by_another_process_shows_at_once_and_once(tmp_path: Path) -> None:
+    reader = KVDiskStore(tmp_path, 1 << 20)  # a server's front, say; a worker writes
+    assert reader.usage().files == 0
+    writer = KVDiskStore(tmp_path, 1 << 20).for_model("m", "file-a")
+    put(writer, 1)
+    put(writer, 1)  # the same block again: replaced, not counted twice
+    put(writer, 2)
+    usage = reader.usage()
+    assert (usage.files, usage.bytes) == (2, 2 * file_bytes(len(TOKENS), BLOCK))
+
+
+def test_a_bad_block_removed_on_reading_leaves_the_count(tmp_path: Path) -> None:
+    store = KVDiskStore(tmp_path, 1 << 20)
+    model = store.for_model("m", "file-a")
+    put(model, 1)
+    put(model, 2)
+    path = model._path(block(1)[0])
+    path.write_bytes(path.read_bytes()[:-1])
+    assert get(model, 1) is None
+    assert store.usage().files == 1
+
+
+def test_a_count_that_drifted_is_set_right_by_a_walk_within_the_rescan_interval(
+    tmp_path: Path, monkeypatch
+) -> None:
+    store = KVDiskStore(tmp_path, 1 << 20)
+    model = store.for_model("m", "file-a")
+    for i in range(3):
+        put(model, i)
+    model._path(block(0)[0]).unlink()  # by hand: nothing counted it
+    assert store.usage().files == 3  # believed for a while
+    later = time.time() + RESCAN_S + 1
+    monkeypatch.setattr(time, "time", lambda: later)
+    assert store.usage().files == 2
+
+
+def test_a_store_without_a_tally_is_counted_by_one_walk(tmp_path: Path) -> None:
+    store = KVDiskStore(tmp_path, 1 << 20)
+    put(store.for_model("m", "file-a"), 1)
+    (tmp_path / TALLY_FILE).unlink()  # a store an older version wrote
+    put(store.for_model("m", "file-a"), 2)
+    assert store.usage().files == 2

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from modelhost.residency.kv.kv_store import KVDiskStore, StoreUsage, default_budget_bytes
+from modelhost.residency.kv.kv_store import KVDiskStore, default_budget_bytes
+from modelhost.residency.kv.kv_usage import StoreUsage
 
 
 def add_kv_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

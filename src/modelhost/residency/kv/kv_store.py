@@ -1,7 +1,8 @@
 """The prefix KV store on disk: full KV blocks that outlive the worker which computed them.
 
     MODELHOST_HOME/kv/
-        .lock                                    the eviction sweep's and clear's lock
+        .lock                                    the lock every change of its files takes
+        .usage.json                              its running tally: blocks and bytes by model
         <model>-<identity digest>/model.json     {"id", "identity"}: whose blocks these are
         <model>-<identity digest>/<ab>/<key>.kvb one block (kv_block_file.py), named by its key
 
@@ -12,8 +13,10 @@ or another KV dtype gets a directory of its own. The engine reads and writes thr
 
 Several processes may share a home: a block is written to a temporary name and moved into place
 (`os.replace`: a reader sees the whole file or none), a file is checked whenever it is read, and
-the sweep that holds the store to its byte budget (least recently used out: a read touches a
-file's mtime) runs under an `fcntl` lock. Pure Python, no torch.
+files are moved in or removed only under an `fcntl` lock: the sweep that holds the store to its
+byte budget (least recently used out: a read touches a file's mtime), a clear, and the update
+of the store's running tally (kv_usage.py) that every write makes, so that what the store holds
+is read without listing its files. Pure Python, no torch.
 """
 
 from __future__ import annotations
@@ -29,11 +32,17 @@ import shutil
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from modelhost.paths import modelhost_home
 from modelhost.residency.kv import kv_block_file
+from modelhost.residency.kv.kv_usage import (
+    RESCAN_S,
+    StoreUsage,
+    Tally,
+    read_tally,
+    write_tally,
+)
 
 log = logging.getLogger(__name__)
 
@@ -63,32 +72,6 @@ def default_budget_bytes(root: Path | None = None) -> int:
     return min(DEFAULT_BUDGET_BYTES, int(free * DISK_SHARE))
 
 
-@dataclass(frozen=True, slots=True)
-class ModelUsage:
-    id: str
-    directory: str
-    files: int
-    bytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class StoreUsage:
-    path: str
-    budget_bytes: int
-    files: int
-    bytes: int
-    models: tuple[ModelUsage, ...]
-
-    def as_json(self) -> dict[str, object]:
-        return {
-            "path": self.path,
-            "budget_bytes": self.budget_bytes,
-            "files": self.files,
-            "bytes": self.bytes,
-            "models": [{"id": m.id, "files": m.files, "bytes": m.bytes} for m in self.models],
-        }
-
-
 class KVDiskStore:
     """Every model's blocks under `root`, held to `budget_bytes` (0: nothing is written)."""
 
@@ -96,7 +79,6 @@ class KVDiskStore:
         self.root = root or kv_root()
         self.budget_bytes = max(0, int(budget_bytes))
         self._lock = threading.Lock()
-        self._estimate: int | None = None  # bytes in the store at the last sweep, plus writes
         self._written_since_sweep = 0
 
     # ---- a model's view --------------------------------------------------------------------
@@ -109,36 +91,24 @@ class KVDiskStore:
 
     # ---- budget ----------------------------------------------------------------------------
 
-    def note_written(self, num_bytes: int) -> None:
-        """Count a write; sweep when the store may have outgrown its budget."""
+    def note_written(self, num_bytes: int, total_bytes: int) -> None:
+        """Count a write (`total_bytes`: the store's tally after it); sweep when the store has
+        outgrown its budget, or once SWEEP_EVERY of it was written here since the last sweep
+        (which also sets right a tally that drifted)."""
         with self._lock:
             self._written_since_sweep += num_bytes
-            estimate = None if self._estimate is None else self._estimate + num_bytes
-            self._estimate = estimate
-            due = (
-                estimate is None
-                or estimate > self.budget_bytes
-                or self._written_since_sweep > self.budget_bytes * SWEEP_EVERY
-            )
-        if due:
+            due = self._written_since_sweep > self.budget_bytes * SWEEP_EVERY
+        if due or total_bytes > self.budget_bytes:
             self.sweep()
 
     def sweep(self) -> int:
         """Remove the least recently used blocks until the store is within its budget (to
-        LOW_WATER of it when it was over), and temporary files left by dead writers. Returns
-        the bytes removed."""
+        LOW_WATER of it when it was over), and temporary files left by dead writers; the
+        tally is rewritten from what the walk found. Returns the bytes removed."""
         removed = 0
         with self._locked():
-            files = []
-            total = 0
-            now = time.time()
-            for path, stat in self._block_files():
-                if path.suffix != SUFFIX:
-                    if now - stat.st_mtime > STALE_TEMP_S:
-                        _unlink(path)
-                    continue
-                files.append((stat.st_mtime, stat.st_size, path))
-                total += stat.st_size
+            files, tally = self._walk()
+            total = tally.bytes
             if total > self.budget_bytes:
                 files.sort()
                 target = int(self.budget_bytes * LOW_WATER)
@@ -148,8 +118,9 @@ class KVDiskStore:
                     if _unlink(path):
                         total -= size
                         removed += size
+                        tally.count(path.parent.parent.name, "", -1, -size)
+            self._write_tally(tally)
         with self._lock:
-            self._estimate = total
             self._written_since_sweep = 0
         if removed:
             log.info("KV store: %.1f MB of least recently used blocks removed", removed / 1e6)
@@ -158,36 +129,38 @@ class KVDiskStore:
     # ---- views and control -----------------------------------------------------------------
 
     def usage(self) -> StoreUsage:
-        models = []
-        for directory in self._model_dirs():
-            files = size = 0
-            for _, stat in _files_under(directory):
-                files += 1
-                size += stat.st_size
-            models.append(ModelUsage(_model_id(directory), directory.name, files, size))
-        return StoreUsage(
-            path=str(self.root),
-            budget_bytes=self.budget_bytes,
-            files=sum(m.files for m in models),
-            bytes=sum(m.bytes for m in models),
-            models=tuple(models),
-        )
+        """What the store holds, by model: its tally (kv_usage.py), read without listing a
+        file; rebuilt by a walk when missing or not rewritten by one for RESCAN_S (what
+        another process changed without counting it shows within that)."""
+        tally = read_tally(self.root)
+        if tally is None or not 0 <= time.time() - tally.scanned_at <= RESCAN_S:
+            tally = self.rescan()
+        return tally.usage(self.root, self.budget_bytes)
+
+    def rescan(self) -> Tally:
+        """Walk every file and rewrite the tally (without the lock and without writing where
+        the home is read-only, or the store was never made)."""
+        if not self.root.is_dir():
+            return Tally(time.time())
+        try:
+            with self._locked():
+                tally = self._walk()[1]
+                self._write_tally(tally)
+                return tally
+        except OSError:
+            return self._walk(remove_stale=False)[1]
 
     def clear(self, model_id: str | None = None) -> StoreUsage:
         """Remove every model's blocks, or `model_id`'s only; returns what was removed."""
         with self._locked():
-            before = self.usage()
-            gone = [m for m in before.models if model_id is None or m.id == model_id]
+            tally = self._walk()[1]
+            gone = [m for m in tally.models.values() if model_id is None or m.id == model_id]
             for model in gone:
                 shutil.rmtree(self.root / model.directory, ignore_errors=True)
-        with self._lock:
-            self._estimate = None
-        return StoreUsage(
-            path=before.path,
-            budget_bytes=self.budget_bytes,
-            files=sum(m.files for m in gone),
-            bytes=sum(m.bytes for m in gone),
-            models=tuple(gone),
+                del tally.models[model.directory]
+            self._write_tally(tally)
+        return Tally(tally.scanned_at, {m.directory: m for m in gone}).usage(
+            self.root, self.budget_bytes
         )
 
     # ---- files -----------------------------------------------------------------------------
@@ -202,15 +175,46 @@ class KVDiskStore:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
+    def _walk(self, remove_stale: bool = True) -> tuple[list[tuple[float, int, Path]], Tally]:
+        """Every block file (mtime, size, path) and the tally they make; temporary files left
+        by dead writers are removed on the way."""
+        now = time.time()
+        files = []
+        tally = Tally(now)
+        for directory in self._model_dirs():
+            tally.count(directory.name, _model_id(directory), 0, 0)
+            for path, stat in _files_under(directory):
+                if path.suffix != SUFFIX:
+                    if remove_stale and now - stat.st_mtime > STALE_TEMP_S:
+                        _unlink(path)
+                    continue
+                files.append((stat.st_mtime, stat.st_size, path))
+                tally.count(directory.name, "", 1, stat.st_size)
+        return files, tally
+
+    def _write_tally(self, tally: Tally) -> None:
+        try:
+            write_tally(self.root, tally)
+        except OSError as exc:
+            log.warning("KV store: cannot write its tally in %s: %s", self.root, exc)
+
+    def _counted(self, directory: str, model_id: str, files: int, num_bytes: int) -> int:
+        """Add a change to the tally (the caller holds the lock); returns the store's bytes.
+        Without a tally (a new store, or one written by an older version) a walk makes one,
+        and that walk has already seen the change."""
+        tally = read_tally(self.root)
+        if tally is None:
+            tally = self._walk()[1]
+        else:
+            tally.count(directory, model_id, files, num_bytes)
+        self._write_tally(tally)
+        return tally.bytes
+
     def _model_dirs(self) -> list[Path]:
         try:
             return sorted(p for p in self.root.iterdir() if p.is_dir())
         except OSError:
             return []
-
-    def _block_files(self) -> Iterator[tuple[Path, os.stat_result]]:
-        for directory in self._model_dirs():
-            yield from _files_under(directory)
 
 
 class ModelKVStore:
@@ -255,7 +259,7 @@ class ModelKVStore:
             payload = kv_block_file.decode(data, self._digest, key, parent, tokens, num_bytes)
         if payload is None:  # torn, foreign or corrupt: never served, and not kept
             log.warning("KV store: %s is not the block it is named for; removed", path)
-            _unlink(path)
+            self._remove(path)
             return None
         with contextlib.suppress(OSError):
             os.utime(path)  # recently used: evicted last
@@ -269,17 +273,35 @@ class ModelKVStore:
         temp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         if not path.parent.is_dir():  # a new fan-out folder, or the store was cleared
             self._make_directory(path.parent)
+        size = len(header) + len(token_bytes) + len(payload)
         try:
             with open(temp, "wb") as file:
                 file.write(header)
                 file.write(token_bytes)
                 file.write(payload)
-            os.replace(temp, path)
+            # Moved into place and counted under the lock: a sweep or a clear in another
+            # process sees the file and the tally agree.
+            with self.store._locked():
+                replaced = _size_of(path)
+                os.replace(temp, path)
+                total = self.store._counted(
+                    self.directory.name,
+                    self.model_id,
+                    int(replaced is None),
+                    size - (replaced or 0),
+                )
         except OSError as exc:
             log.warning("KV store: cannot write %s: %s", path, exc)
             _unlink(temp)
             return
-        self.store.note_written(len(header) + len(token_bytes) + len(payload))
+        self.store.note_written(size, total)
+
+    def _remove(self, path: Path) -> None:
+        """Remove a block file and take it off the tally."""
+        with contextlib.suppress(OSError), self.store._locked():
+            size = _size_of(path)
+            if size is not None and _unlink(path):
+                self.store._counted(self.directory.name, self.model_id, -1, -size)
 
     def _make_directory(self, directory: Path) -> None:
         try:
@@ -315,6 +337,13 @@ def _files_under(directory: Path) -> Iterator[tuple[Path, os.stat_result]]:
             with contextlib.suppress(OSError):
                 if entry.is_file():
                     yield Path(entry.path), entry.stat()
+
+
+def _size_of(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
 
 
 def _unlink(path: Path) -> bool:
