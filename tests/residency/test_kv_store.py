@@ -228,3 +228,12 @@ def test_a_store_without_a_tally_is_counted_by_one_walk(tmp_path: Path) -> None:
     (tmp_path / TALLY_FILE).unlink()  # a store an older version wrote
     put(store.for_model("m", "file-a"), 2)
     assert store.usage().files == 2
+
+
+def test_a_broken_tally_is_rebuilt_by_a_walk(tmp_path: Path) -> None:
+    store = KVDiskStore(tmp_path, 1 << 20)
+    put(store.for_model("m", "file-a"), 1)
+    (tmp_path / TALLY_FILE).write_text('{"version": 1, "scanned')  # torn, or broken by hand
+    assert store.usage().files == 1
+    put(store.for_model("m", "file-a"), 2)
+    assert store.usage().files == 2

@@ -6,17 +6,18 @@ that only a leased model could make room for waits, then swaps. Loading, measuri
 are injected (a unit is an in-process engine or a worker), so this module does no I/O; asyncio
 is used only to wait for leases, loads and drains. The victim choice is `policy.choose_victims`.
 
-Bytes of a resident: what it *holds* (the unit's own measurement once it has one, never below
-the weights; the entry's estimate before that and while loading) plus what its leases may still
-*claim* (`unit.claim_bytes`: one step's working memory and a full context of KV a lease, capped
-at the KV pool's ceiling). A model's KV pool grows with use and shrinks when idle, so an idle
-model costs about its weights; a lease is one admitted request, and the claim is reserved when
-the lease is taken: a new lease on a resident model whose claim does not fit drains idle
-models, or waits for busy ones, exactly as a load does; a load needs the estimate plus one
-lease's claim. Each engine caps its own rows at its pool's ceiling, and no row outgrows a full
-context, so no model grows past what was counted for it: a burst of long rows queues (at the
-host, or in the engine's own queue) and never overruns the budget. The claim is counted on top
-of what a busy model already holds (its committed KV included): an over-count while requests
+Bytes of a resident: what it *holds* (the unit's own measurement once it has one, never below the
+weights; the entry's estimate before that and while loading) plus what its leases may still *claim*
+(`unit.claim_bytes`: one step's working memory and a full context of KV a lease, capped at the KV
+pool's ceiling, and the bound of the disk KV store's writer queue, which only running rows fill;
+what that queue still holds once they end is in the unit's measurement). A model's KV pool grows
+with use and shrinks when idle, so an idle model costs about its weights; a lease is one admitted
+request, and the claim is reserved when the lease is taken: a new lease on a resident model whose
+claim does not fit drains idle models, or waits for busy ones, exactly as a load does; a load needs
+the estimate plus one lease's claim. Each engine caps its own rows at its pool's ceiling, and no row
+outgrows a full context, so no model grows past what was counted for it: a burst of long rows queues
+(at the host, or in the engine's own queue) and never overruns the budget. The claim is counted on
+top of what a busy model already holds (its committed KV included): an over-count while requests
 run, never an under-count.
 
 `used = max(Σ counted + external, measured − counted of the model being placed)`: a

@@ -73,7 +73,7 @@ class PrefixPersistence:
         self.block_manager = block_manager
         pool = kv.pools[0]
         self.block_bytes = len(kv.pools) * kv.block_size * pool[0].numel() * pool.element_size()
-        self.queue_bytes = STORE_QUEUE_BYTES  # read here, so a test may make it small
+        self.queue_bytes = STORE_QUEUE_BYTES  # the most `_queued_bytes` may reach
         self.num_restored_tokens = 0
         self.num_written_blocks = 0
         self.num_skipped_blocks = 0
@@ -108,8 +108,14 @@ class PrefixPersistence:
             # caches it then, and a later commit of the same prefix may queue it again.
             self.num_skipped_blocks += 1
             return
+        try:
+            payload = block_bytes(self.kv, block_id)
+        except BaseException:
+            with self._queued_lock:
+                self._queued_bytes -= self.block_bytes
+            raise
         self._known.add(key)
-        self._queue.put((key, parent, tokens, block_bytes(self.kv, block_id)))
+        self._queue.put((key, parent, tokens, payload))
 
     def _write_all(self) -> None:
         while (item := self._queue.get()) is not None:

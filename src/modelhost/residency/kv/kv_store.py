@@ -133,6 +133,9 @@ class KVDiskStore:
         file; rebuilt by a walk when missing or not rewritten by one for RESCAN_S (what
         another process changed without counting it shows within that)."""
         tally = read_tally(self.root)
+        if tally is None and self.root.is_dir():  # perhaps torn by a writer: read it whole
+            with contextlib.suppress(OSError), self._locked():
+                tally = read_tally(self.root)
         if tally is None or not 0 <= time.time() - tally.scanned_at <= RESCAN_S:
             tally = self.rescan()
         return tally.usage(self.root, self.budget_bytes)

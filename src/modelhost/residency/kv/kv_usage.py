@@ -16,7 +16,6 @@ a walk the next time someone reads it. Pure Python.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -83,8 +82,8 @@ class Tally:
 
 
 def read_tally(root: Path) -> Tally | None:
-    """The tally under `root`; None when there is none, or it is unreadable or another
-    version's (a walk rebuilds it)."""
+    """The tally under `root`; None when there is none, or it is unreadable (torn by a write
+    this reader did not wait for, or broken) or another version's."""
     try:
         raw = json.loads((root / TALLY_FILE).read_text())
         if raw.get("version") != TALLY_VERSION:
@@ -99,16 +98,18 @@ def read_tally(root: Path) -> Tally | None:
 
 
 def write_tally(root: Path, tally: Tally) -> None:
-    """Replace the tally (the caller holds the store's lock); readers see the old or the new."""
+    """Write the tally in place (the caller holds the store's lock). Never truncated: a shorter
+    text is padded with spaces (JSON allows them), because ext4 flushes a file to disk when it
+    is truncated and written again, or renamed over another, and every block write updates it.
+    A reader without the lock may so see a torn text: it then reads again under the lock."""
     models = {
         name: {"id": m.id, "files": m.files, "bytes": m.bytes} for name, m in tally.models.items()
     }
     body = {"version": TALLY_VERSION, "scanned_at": tally.scanned_at, "models": models}
-    temp = root / f"{TALLY_FILE}.{os.getpid()}.tmp"
+    data = json.dumps(body).encode()
+    fd = os.open(root / TALLY_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        temp.write_text(json.dumps(body))
-        os.replace(temp, root / TALLY_FILE)
-    except OSError:
-        with contextlib.suppress(OSError):
-            temp.unlink()
-        raise
+        size = os.fstat(fd).st_size
+        os.pwrite(fd, data.ljust(size, b" "), 0)
+    finally:
+        os.close(fd)
