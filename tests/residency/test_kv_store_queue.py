@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from modelhost.assembly import build_stage
-from modelhost.engine.kv.kv_pool_size import STORE_QUEUE_BYTES
+from modelhost.engine.kv.kv_pool_size import store_queue_bytes
 from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.models.loaded import LoadedModel
 from modelhost.residency.inprocess import InProcessUnit
@@ -95,4 +95,5 @@ def test_a_busy_models_claim_reserves_the_writer_queue_only_when_the_store_is_on
     assert on.estimate_bytes == off.estimate_bytes  # an idle model copies nothing out
     assert claim_bytes(on, 0) == claim_bytes(off, 0) == 0
     for rows in (1, 2):
-        assert claim_bytes(on, rows) == claim_bytes(off, rows) + STORE_QUEUE_BYTES
+        assert claim_bytes(on, rows) == claim_bytes(off, rows) + store_queue_bytes(on.kv_pool_bytes)
+    assert store_queue_bytes(on.kv_pool_bytes) == 64 << 20  # a pool of 1 GiB or more

@@ -48,8 +48,8 @@ from typing import Any
 from modelhost.engine.kv.kv_pool_size import (
     BLOCK_TOKENS,
     IDLE_KV_BYTES,
-    STORE_QUEUE_BYTES,
     default_kv_bytes,
+    store_queue_bytes,
 )
 from modelhost.inference.admission import working_bytes
 from modelhost.models.config import ModelConfig
@@ -499,9 +499,9 @@ def serving_bytes(config: ModelConfig, weights: int, shape: ServingShape) -> Ser
         context = min(context, shape.context_length)
     token_bytes = config.kv_bytes_per_token(shape.kv_dtype_bytes)
     one_row = (context + BLOCK_TOKENS) * token_bytes
-    queue = STORE_QUEUE_BYTES if shape.kv_store else 0
     if shape.memory_budget_bytes is not None:  # the KV pool takes what the weights leave
         left = max(0, shape.memory_budget_bytes - weights)
+        queue = store_queue_bytes(left) if shape.kv_store else 0
         if shape.cuda:
             return ServingBytes(max(shape.memory_budget_bytes, weights) + queue)
         kept = weights + min(IDLE_KV_BYTES, left)
@@ -510,6 +510,7 @@ def serving_bytes(config: ModelConfig, weights: int, shape: ServingShape) -> Ser
     work = working_bytes(
         config, shape.dtype_bytes, context, chunk_tokens=shape.chunk_tokens, rows=shape.batch
     )
+    queue = store_queue_bytes(kv) if shape.kv_store else 0
     if shape.cuda:  # a preallocated pool (engine/kv/kv_memory.py): held from the load on
         return ServingBytes(weights + kv + work + queue)
     kept = min(IDLE_KV_BYTES, kv)

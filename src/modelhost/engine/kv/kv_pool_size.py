@@ -10,10 +10,7 @@ MIN_POOL_CONTEXT = 8192  # tokens a default pool holds at least, where the windo
 # What a growing pool keeps of its prefix cache once idle (the rest of its memory goes back):
 # enough for a conversation's recent turns, small beside any model's weights.
 IDLE_KV_BYTES = 32 << 20
-# The most a model's prefix KV store writer queue holds (engine/kv/prefix_persistence.py): blocks
-# copied out of the pool, waiting for the disk. Reserved in a busy model's claim when the store
-# is on (residency/unit.py's `claim_bytes`); a block past it is not persisted then.
-STORE_QUEUE_BYTES = 64 << 20
+STORE_QUEUE_BYTES = 64 << 20  # see store_queue_bytes
 
 
 def default_kv_bytes(token_bytes: int, context_length: int, block_size: int, batch: int) -> int:
@@ -24,3 +21,11 @@ def default_kv_bytes(token_bytes: int, context_length: int, block_size: int, bat
     one_context = (context_length + block_size) * token_bytes
     floor = (min(context_length, MIN_POOL_CONTEXT) + block_size) * token_bytes
     return min(max(DEFAULT_KV_BYTES, floor), batch * one_context)
+
+
+def store_queue_bytes(pool_bytes: int) -> int:
+    """The most a model's prefix KV store writer queue holds (engine/kv/prefix_persistence.py):
+    blocks copied out of the pool, waiting for the disk; never more than the pool itself, so a
+    small model reserves little. Reserved in a busy model's claim when the store is on
+    (residency/unit.py's `claim_bytes`); a block past it is not persisted then."""
+    return min(STORE_QUEUE_BYTES, pool_bytes)

@@ -3,7 +3,7 @@ when a prompt's prefix is missing from memory, so a model that returns after its
 does not prefill again what it had seen.
 
 Out: the engine thread copies a just-committed block's bytes from each layer (a memcpy of a few
-hundred KB) onto a queue bounded in bytes (STORE_QUEUE_BYTES), and a writer thread hands them to
+hundred KB) onto a queue bounded in bytes (`store_queue_bytes`), and a writer thread hands them to
 the store. The queue's bytes are the model's memory: `queued_bytes` counts them in what the
 engine holds, and the residency budget reserves the bound in a busy model's claim
 (residency/unit.py's `claim_bytes`), so a queue that fills never takes memory nobody counted.
@@ -25,7 +25,7 @@ import time
 import torch
 
 from modelhost.engine.kv.block_manager import BlockKey, BlockManager, block_of, cdiv
-from modelhost.engine.kv.kv_pool_size import STORE_QUEUE_BYTES
+from modelhost.engine.kv.kv_pool_size import store_queue_bytes
 from modelhost.engine.kv.prefix_store import PrefixStore
 from modelhost.engine.sequence import Sequence
 from modelhost.models.batch import KVCache
@@ -73,7 +73,8 @@ class PrefixPersistence:
         self.block_manager = block_manager
         pool = kv.pools[0]
         self.block_bytes = len(kv.pools) * kv.block_size * pool[0].numel() * pool.element_size()
-        self.queue_bytes = STORE_QUEUE_BYTES  # the most `_queued_bytes` may reach
+        # The most `_queued_bytes` may reach: what the residency budget reserved for it.
+        self.queue_bytes = store_queue_bytes(block_manager.num_blocks * self.block_bytes)
         self.num_restored_tokens = 0
         self.num_written_blocks = 0
         self.num_skipped_blocks = 0
