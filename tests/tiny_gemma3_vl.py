@@ -26,6 +26,7 @@ GEMMA_TOKENS = [
     "<end_of_image>",
     "<image_soft_token>",
 ]
+NORM_RANGE = (-0.5, 0.5)
 IMAGE = 64  # the tower's square image
 TOKENS_PER_IMAGE = 4  # (64 / 16)² patches pooled 2 x 2
 PROCESSOR = dict(size={"height": IMAGE, "width": IMAGE}, image_mean=[0.5, 0.4, 0.3])
@@ -59,6 +60,7 @@ def make_tiny_gemma3_vl(directory: Path, donor: LoadedModel) -> Path:
             initializer_range=0.3,
             bos_token_id=donor.tokenizer.bos_token_id,
             eos_token_id=token("<end_of_turn>"),
+            tie_word_embeddings=False,  # as the wrapper's, below
         ),
         vision_config=dict(
             hidden_size=64,
@@ -73,13 +75,16 @@ def make_tiny_gemma3_vl(directory: Path, donor: LoadedModel) -> Path:
         image_token_index=token("<image_soft_token>"),
         boi_token_index=token("<start_of_image>"),
         eoi_token_index=token("<end_of_image>"),
+        # untied (the real model ties them): a random model with tied embeddings repeats its
+        # last token whatever the image
+        tie_word_embeddings=False,
     )
     torch.manual_seed(0)
     model = transformers.Gemma3ForConditionalGeneration(config).eval()
     with torch.no_grad():  # random norms and projection, so none hides behind 0 or 1
         for name, param in model.named_parameters():
             if "norm" in name or "mm_input_projection" in name:
-                param.uniform_(-0.5, 0.5)
+                param.uniform_(*NORM_RANGE)
     model.save_pretrained(directory)
     settings = {
         "bos_token": donor.tokenizer.bos_token,
@@ -114,13 +119,14 @@ def write_gemma3_vl_gguf(
     raw = json.loads((directory / "config.json").read_text())
     text_dir = out.parent / f"{out.name}-text-checkpoint"  # not in `out`: no model of its own
     text_dir.mkdir(exist_ok=True)
-    text_config = {**raw["text_config"], "model_type": "gemma3_text", "tie_word_embeddings": True}
+    text_config = {**raw["text_config"], "model_type": "gemma3_text", "tie_word_embeddings": False}
     (text_dir / "config.json").write_text(json.dumps(text_config))
-    # transformers saves Gemma 3 in its older layout: language_model.model.*, vision_tower.*
+    # transformers saves Gemma 3 in its older layout: language_model.model.*,
+    # language_model.lm_head.*, vision_tower.*
     text = {
-        name.replace("language_model.model.", "model."): value
+        name.removeprefix("language_model."): value
         for name, value in load_file(str(directory / "model.safetensors")).items()
-        if name.startswith("language_model.model.")
+        if name.startswith("language_model.")
     }
     save_file(text, str(text_dir / "model.safetensors"))
     model_path = write_gguf_from_hf(
