@@ -26,7 +26,6 @@ GEMMA_TOKENS = [
     "<end_of_image>",
     "<image_soft_token>",
 ]
-NORM_RANGE = (-0.5, 0.5)
 IMAGE = 64  # the tower's square image
 TOKENS_PER_IMAGE = 4  # (64 / 16)² patches pooled 2 x 2
 PROCESSOR = dict(size={"height": IMAGE, "width": IMAGE}, image_mean=[0.5, 0.4, 0.3])
@@ -84,7 +83,7 @@ def make_tiny_gemma3_vl(directory: Path, donor: LoadedModel) -> Path:
     with torch.no_grad():  # random norms and projection, so none hides behind 0 or 1
         for name, param in model.named_parameters():
             if "norm" in name or "mm_input_projection" in name:
-                param.uniform_(*NORM_RANGE)
+                param.uniform_(-0.5, 0.5)
     model.save_pretrained(directory)
     settings = {
         "bos_token": donor.tokenizer.bos_token,
