@@ -1,9 +1,10 @@
 """Images end to end on REAL (tiny, random-weight) vision towers, through the official clients:
 SmolVLM from its Hugging Face folder in process (OpenAI chat streamed and not, Anthropic image
 blocks, Ollama images), and Qwen2.5-VL as llama.cpp writes it (a qwen2vl GGUF with its mmproj
-beside it) served by `modelhost serve` in its worker process. Each answer is the engine's
-greedy answer for the same prompt and image; a second turn about the image is served from the
-prefix cache; a text-only model keeps its typed refusal."""
+beside it) and Gemma 3 (a gemma3 GGUF and its mmproj, named by --mmproj or found beside a GGUF
+that carries no template) served by `modelhost serve` in its worker process. Each answer is the
+engine's greedy answer for the same prompt and image; a second turn about the image is served
+from the prefix cache; a text-only model keeps its typed refusal."""
 
 from __future__ import annotations
 
@@ -272,7 +273,7 @@ def served(argv: list[str], log_path: Path) -> Iterator[tuple[openai.OpenAI, str
         process.wait(timeout=60)
 
 
-def test_gemma3_gguf_served_with_its_named_mmproj_answers_as_the_engine_does(
+def test_gemma3_gguf_served_with_its_named_mmproj_answers_each_surface_as_the_engine_does(
     gemma_checkpoint: Path, tmp_path: Path
 ) -> None:
     model_path = write_gemma3_vl_gguf(
@@ -297,6 +298,25 @@ def test_gemma3_gguf_served_with_its_named_mmproj_answers_as_the_engine_does(
         )
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
         second_turn_caches_the_image(client, model, image)
+
+        base_url = str(client.base_url).removesuffix("/").removesuffix("/v1")
+        source = {"type": "base64", "media_type": "image/png", "data": base64_of(image)}
+        blocks: Any = [{"type": "text", "text": ASK}, {"type": "image", "source": source}]
+        with anthropic.Anthropic(base_url=base_url, api_key="unused", max_retries=0) as claude:
+            message = claude.messages.create(
+                model=model,
+                max_tokens=MAX_TOKENS,
+                messages=[{"role": "user", "content": blocks}],
+                extra_body={"temperature": 0},
+            )
+        assert message.content[0].text == expected  # type: ignore[union-attr]
+        with ollama.Client(host=base_url, timeout=120) as local:
+            answer = local.chat(
+                model=model,
+                messages=[{"role": "user", "content": ASK, "images": [image]}],
+                options={"temperature": 0, "num_predict": MAX_TOKENS},
+            )
+        assert answer.message.content == engine_answer(ours, image, image_first=True)
 
 
 def test_gemma3_gguf_without_a_template_finds_its_mmproj_beside_it_and_places_the_image(
