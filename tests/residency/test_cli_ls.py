@@ -18,11 +18,11 @@ def test_ls_prints_each_local_model_with_its_estimate_and_whether_it_fits(
     argv = ["ls", str(tmp_path / "tiny-a"), "--model-budget", "0.3", "--url", "http://127.0.0.1:9"]
     assert main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
-    header = ["ID", "FORMAT", "ARCH", "VISION", "SUPPORTED", "SIZE", "WEIGHTS", "ESTIMATE"]
+    header = ["ID", "FORMAT", "ARCH", "SUPPORTED", "VISION", "SIZE", "WEIGHTS", "ESTIMATE"]
     header += ["FITS", "RESIDENT"]
     assert lines[0].split() == header
     rows = {line.split()[0]: line.split() for line in lines[1:] if line.strip()}
-    assert rows["tiny-a"][1:5] == ["safetensors", "llama", "no", "yes"]
+    assert rows["tiny-a"][1:5] == ["safetensors", "llama", "yes", "no"]
     assert rows["tiny-a"][-2:] == ["yes", "-"]  # no server answered: residency unknown
     # 0.13 GB held idle and 0.36 GB a request may claim (working memory, a context of KV)
     # against a 0.3 GB budget: served alone, when it comes to that

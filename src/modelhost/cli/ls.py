@@ -48,7 +48,7 @@ def run_ls(args: argparse.Namespace) -> int:
     served = _served_rows(args.url)
     resident = None if served is None else {row["id"]: row for row in served}
     rows = [
-        ("ID", "FORMAT", "ARCH", "VISION", "SUPPORTED", "SIZE", "WEIGHTS", "ESTIMATE", "FITS")
+        ("ID", "FORMAT", "ARCH", "SUPPORTED", "VISION", "SIZE", "WEIGHTS", "ESTIMATE", "FITS")
         + ("RESIDENT",)
     ]
     for entry in entries:
@@ -59,8 +59,8 @@ def run_ls(args: argparse.Namespace) -> int:
                 entry.id,
                 entry.format,
                 entry.architecture or "?",
-                "yes" if model_facts(entry).vision else "no",
                 "no" if entry.refusal is not None else "yes",
+                "yes" if model_facts(entry).vision else "no",
                 _gb(entry.size_bytes),
                 _gb(entry.weights_bytes),
                 _gb(entry.estimate_bytes),
@@ -76,8 +76,8 @@ def run_ls(args: argparse.Namespace) -> int:
                     remote["id"],
                     str(remote.get("format", "?")),
                     str(remote.get("architecture") or "?"),
-                    "?",
                     "no" if remote.get("refusal") else "yes",
+                    "?",
                     _gb(int(remote.get("size_bytes", 0))),
                     "?",
                     _gb(int(remote.get("estimate_bytes", 0))),
