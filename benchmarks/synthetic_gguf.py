@@ -69,9 +69,14 @@ class Shape:
     experts: int = 0
     experts_used: int = 0
     expert_ffn: int = 0
+    # Gemma 3 (GGUF `gemma3`): q/k norms, norms after attention and after the MLP, sliding
+    # windows of this many tokens in five layers of six (llama.cpp's rule for the architecture)
+    gemma3_window: int = 0
 
     @property
     def architecture(self) -> str:
+        if self.gemma3_window:
+            return "gemma3"
         return "qwen3moe" if self.experts else "llama"
 
 
@@ -232,6 +237,13 @@ def tensor_plan(shape: Shape, qtype: str) -> list[TensorSpec]:
             weight(blk + "attn_q.weight", "attn_q", i, q_width, shape.hidden),
             weight(blk + "attn_v.weight", "attn_v", i, kv_width, shape.hidden),
         ]
+        if shape.gemma3_window:
+            plan += [
+                norm(blk + "attn_k_norm.weight", shape.head_dim),
+                norm(blk + "attn_q_norm.weight", shape.head_dim),
+                norm(blk + "post_attention_norm.weight"),
+                norm(blk + "post_ffw_norm.weight"),
+            ]
     plan.append(norm("output_norm.weight"))
     if not shape.tied:
         plan.append(weight("output.weight", "output", None, shape.vocab, shape.hidden))
@@ -278,7 +290,7 @@ def add_metadata(
     added_tokens: tuple[str, ...] = (),
 ) -> None:
     writer.add_type("model")
-    family = "Qwen3-MoE" if shape.experts else "Llama"
+    family = {"qwen3moe": "Qwen3-MoE", "gemma3": "Gemma 3"}.get(shape.architecture, "Llama")
     writer.add_name(f"Synthetic {family} {shape_name} {qtype}")
     writer.add_description(
         "Random weights (benchmarks/synthetic_gguf.py): for measuring cost, not quality"
@@ -297,6 +309,8 @@ def add_metadata(
     writer.add_rope_dimension_count(shape.head_dim)
     writer.add_rope_freq_base(shape.rope_theta)
     writer.add_layer_norm_rms_eps(shape.rms_eps)
+    if shape.gemma3_window:
+        writer.add_sliding_window(shape.gemma3_window)
     if shape.experts:
         writer.add_expert_count(shape.experts)
         writer.add_expert_used_count(shape.experts_used)
@@ -322,8 +336,9 @@ def write_synthetic_gguf(
     added_tokens: tuple[str, ...] = (),
     progress: bool = False,
 ) -> Path:
-    """Write a Llama-shaped GGUF of `shape` (a name in SHAPES, or a Shape) in `qtype` (a name in
-    MIXTURES) to `path`; `layers` overrides the shape's block count. Same seed, same bytes.
+    """Write a Llama-shaped GGUF (or Qwen3-MoE's, Gemma 3's: the Shape says) of `shape` (a name
+    in SHAPES, or a Shape) in `qtype` (a name in MIXTURES) to `path`; `layers` overrides the
+    shape's block count. Same seed, same bytes.
     `tokenizer=False` leaves the tokenizer out (for tests of the tensors alone);
     `added_tokens` follow SmolLM2's vocabulary as control tokens (a vision model's image
     tokens; the shape's vocab must count them)."""

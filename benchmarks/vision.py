@@ -1,36 +1,38 @@
 """Image encode time and time to first token for one 896x896 image, modelhost beside
 llama-server on the same random-weight files (issue 40).
 
-    python benchmarks/vision.py [--shape 256m|500m] [--images 896] [--mode auto] [--repeats 1]
-        [--dir /tmp/vision-pairs] [--folder] [--llama-server PATH] [--no-gemma3] [--out FILE]
+    python benchmarks/vision.py [--pairs 256m 500m gemma3-4b] [--images 896] [--mode auto]
+        [--repeats 1] [--dir /tmp/vision-pairs] [--folder] [--llama-server PATH] [--out FILE]
 
-The files (benchmarks/vision_pair.py, written once into --dir): a SmolVLM-256M/500M-shaped text
-GGUF (Q8_0) with its idefics3 mmproj (F16) beside it, as llama.cpp's converter writes them, and
-Gemma 3 4B's gemma3 mmproj (SigLIP-so400m at 896², 256 soft tokens). One random image per
-repeat, the same for both servers:
+The pairs (benchmarks/vision_pair.py, written once into --dir, each in a folder of its own), all
+three in one run by default: SmolVLM-256M- and 500M-shaped text GGUFs (Q8_0) with their idefics3
+mmproj (F16) beside them, and a Gemma-3-4B-shaped gemma3 text GGUF (Q4_K_M) with its gemma3
+mmproj (F16; SigLIP-so400m at 896², 256 soft tokens), as llama.cpp's converter writes them. One
+random image per repeat, the same for both servers:
 
-- modelhost, in process (its HTTP side for images lives on another branch): the load, then
-  the plan (Pillow: resized to 2048², 16 tiles of 512 and the global one, 17 x 64 = 1,088
-  image tokens), the encode (SigLIP over every tile and the connector; wall and CPU seconds),
-  the prefill of the whole prompt with the image rows in place (one step through the engine's
-  paged KV cache); TTFT their sum. `--folder` also measures a transformers-made bf16 folder of
-  the same shapes.
+- modelhost, in process: the load, then the plan (Pillow; SmolVLM: resized to 2048², 16 tiles
+  of 512 and the global one, 17 x 64 = 1,088 image tokens; Gemma 3: one 896² square, 256 soft
+  tokens), then the prompt through the engine as the server runs it (chunked prefill, the
+  image's rows in place; max_tokens 1): TTFT is the plan plus the engine's time to its first
+  token, `encode` the tower's share of it (wall and CPU seconds), `prefill` the rest.
+  `--folder` also measures a transformers-made bf16 SmolVLM folder of the same shapes.
 - llama-server (`-m MODEL --mmproj MMPROJ -t <torch's threads>`), over HTTP: one OpenAI chat
   request with the image as a PNG data URL, max_tokens 1, no prompt cache; TTFT its wall
   time, `prompt_ms` its own timing of the prompt, image slices included (it encodes and
-  decodes slice by slice: 17 slices for this image, as modelhost's tiles).
-- Gemma 3 4B's tower alone, in modelhost (its 4B text model is not written: llama-server
-  needs one, so it is not measured there).
+  decodes slice by slice: 17 slices for SmolVLM's image, as modelhost's tiles).
 
-Prints a table and writes JSON (default benchmarks/results/vision-<time>.json). Run it under
-`flock /tmp/bench.lock` on a shared machine.
+Prints a table and writes JSON (default benchmarks/results/vision-<time>.json), rewritten after
+each pair so a run cut short keeps what it measured. Run it under `flock /tmp/bench.lock` on a
+shared machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -50,17 +52,15 @@ from PIL import Image
 
 from modelhost.engine.engine import Engine, EngineConfig
 from modelhost.engine.sampling.sampling_params import SamplingParams
-from modelhost.engine.scheduler import ScheduledRow, SchedulerOutput
-from modelhost.engine.sequence import Sequence
+from modelhost.engine.sequence import ImageSpan
 from modelhost.models.loaded import LoadedModel
 from modelhost.models.loading.loader import load_model
-from modelhost.models.loading.weights import WeightPlan
-from modelhost.models.vision.load import gemma3_mmproj_tower
+from modelhost.models.vision.tower import ImagePlan, VisionTower
 
 sys.path.append(str(Path(__file__).resolve().parent))  # its sibling modules, shadowing nothing
 from server_tree import ServerTree, install_cleanup  # noqa: E402
 from user_sized import free_port, git_commit  # noqa: E402
-from vision_pair import write_gemma3_mmproj, write_smolvlm_pair  # noqa: E402
+from vision_pair import write_gemma3_pair, write_smolvlm_pair  # noqa: E402
 
 LLAMA_SERVER = Path(
     "/work/llamacpp/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin/llama-server"
@@ -97,7 +97,14 @@ TEXT = {
         num_key_value_heads=5,
     ),
 }
-PROMPT = "<|im_start|>User:<image>Describe this image.<end_of_utterance>\nAssistant:"
+# Each pair's prompt as its chat template renders one image and a question (the marker is
+# what the tower expands).
+PROMPTS = {
+    "smolvlm": "<|im_start|>User:<image>Describe this image.<end_of_utterance>\nAssistant:",
+    "gemma3": "<start_of_turn>user\n<start_of_image>Describe this image.<end_of_turn>\n"
+    "<start_of_turn>model\n",
+}
+PAIRS = ("256m", "500m", "gemma3-4b")
 
 
 def make_checkpoint(directory: Path, shape: str) -> Path:
@@ -144,20 +151,33 @@ def make_checkpoint(directory: Path, shape: str) -> Path:
     return directory
 
 
-def prefill_s(model: LoadedModel, ids: list[int], rows: torch.Tensor) -> float:
-    """Seconds of one prefill step of the whole prompt, the image rows in place."""
-    assert model.vision is not None
+class TimedTower:
+    """A model's tower whose encodes are timed (wall and CPU seconds), as the engine calls it."""
+
+    def __init__(self, tower: VisionTower) -> None:
+        self.tower = tower
+        self.marker, self.image_token_id = tower.marker, tower.image_token_id
+        self.bidirectional = tower.bidirectional
+        self.encodes: list[tuple[float, float]] = []
+
+    def plan(self, image: Image.Image) -> ImagePlan:
+        return self.tower.plan(image)
+
+    def encode(self, plan: ImagePlan) -> torch.Tensor:
+        started, cpu = time.perf_counter(), time.process_time()
+        rows = self.tower.encode(plan)
+        self.encodes.append((time.perf_counter() - started, time.process_time() - cpu))
+        return rows
+
+
+async def first_token_s(model: LoadedModel, ids: list[int], span: ImageSpan) -> float:
+    """Seconds from submitting the prompt to the engine (a fresh one: nothing cached) to its
+    first token: the image encoded and the prompt prefilled in chunks, as the server runs it."""
     engine = Engine(model, EngineConfig(batch=1))
     try:
-        seq = Sequence.from_prompt(0, ids, SamplingParams())
-        engine.block_manager.append_slots(seq, len(ids))
-        batch = engine.runner.build_batch(
-            SchedulerOutput(rows=[ScheduledRow(seq, 0, len(ids), True)])
-        )
-        image_id = model.vision.image_token_id
-        batch.embed_override = (torch.tensor([i for i, t in enumerate(ids) if t == image_id]), rows)
         started = time.perf_counter()
-        model.network(batch, engine.runner.kv)
+        async for _event in engine.submit(ids, SamplingParams(max_tokens=1), (span,)):
+            break
         return time.perf_counter() - started
     finally:
         engine.close()
@@ -169,35 +189,37 @@ def random_image(edge: int, seed: int) -> Image.Image:
 
 
 def measure_modelhost(
-    path: Path, mode: str, edges: list[int], repeats: int, **load: Any
+    path: Path, prompt: str, mode: str, edges: list[int], repeats: int, **load: Any
 ) -> list[dict[str, Any]]:
-    """In process: the load, then per image edge and repeat the plan, the encode and the
-    prefill (a fresh image each repeat, as llama-server gets)."""
+    """In process: the load, then per image edge and repeat the plan and the engine's first
+    token, the tower's encode timed within it (a fresh image each repeat, as llama-server
+    gets)."""
     started = time.perf_counter()
-    model = load_model(str(path), quantize=mode, **load)
+    loaded = load_model(str(path), quantize=mode, **load)
     load_s = time.perf_counter() - started
-    tower = model.vision
-    assert tower is not None, f"{path.name} reads no images"
+    assert loaded.vision is not None, f"{path.name} reads no images"
+    tower = TimedTower(loaded.vision)
+    model = dataclasses.replace(loaded, vision=tower)
     results = []
     for edge in edges:
-        plans, encodes, encode_cpu, prefills = [], [], [], []
+        plans, firsts = [], []
+        tower.encodes.clear()
         tokens = image_tokens = 0
         for repeat in range(repeats):
             image = random_image(edge, repeat)
             started = time.perf_counter()
             plan = tower.plan(image)
             plans.append(time.perf_counter() - started)
-            started, cpu = time.perf_counter(), time.process_time()
-            rows = tower.encode(plan)
-            encodes.append(time.perf_counter() - started)
-            encode_cpu.append(time.process_time() - cpu)
-            before, after = PROMPT.split(tower.marker)
-            ids = model.tokenizer.encode(before + plan.text + after)
+            before, after = prompt.split(tower.marker)
+            ids = model.tokenizer.encode(before + plan.text + after, add_special_tokens=False)
+            at = tuple(i for i, t in enumerate(ids) if t == tower.image_token_id)
+            span = ImageSpan(at[0], at[-1] - at[0] + 1, f"{edge}-{repeat}".encode(), plan, at)
             tokens, image_tokens = len(ids), plan.n_tokens
-            prefills.append(prefill_s(model, ids, rows))
+            firsts.append(asyncio.run(first_token_s(model, ids, span)))
+        assert len(tower.encodes) == repeats, "the engine encoded each image once"
         plan_ms = statistics.median(plans) * 1000
-        encode_ms = statistics.median(encodes) * 1000
-        prefill_ms = statistics.median(prefills) * 1000
+        encode_ms = statistics.median(wall for wall, _ in tower.encodes) * 1000
+        first_ms = statistics.median(firsts) * 1000
         results.append(
             {
                 "server": "modelhost (in process)",
@@ -205,14 +227,14 @@ def measure_modelhost(
                 "mode": mode,
                 "image": edge,
                 "load_s": round(load_s, 2),
-                "weights_mb": round(model.weights_bytes / 1e6, 1),
+                "weights_mb": round(loaded.weights_bytes / 1e6, 1),
                 "prompt_tokens": tokens,
                 "image_tokens": image_tokens,
                 "plan_ms": round(plan_ms, 1),
                 "encode_ms": round(encode_ms, 1),
-                "encode_cpu_s": round(statistics.median(encode_cpu), 2),
-                "prefill_ms": round(prefill_ms, 1),
-                "ttft_ms": round(plan_ms + encode_ms + prefill_ms, 1),
+                "encode_cpu_s": round(statistics.median(cpu for _, cpu in tower.encodes), 2),
+                "prefill_ms": round(first_ms - encode_ms, 1),
+                "ttft_ms": round(plan_ms + first_ms, 1),
                 "threads": torch.get_num_threads(),
             }
         )
@@ -307,82 +329,58 @@ def measure_llama_server(
     return results
 
 
-def measure_gemma3_tower(mmproj: Path, mode: str, repeats: int) -> dict[str, Any]:
-    """Gemma 3 4B's tower alone (its text model is not written: see benchmarks/README.md)."""
-    plan = WeightPlan(mode, torch.device("cpu"), torch.float32)
-    started = time.perf_counter()
-    tower = gemma3_mmproj_tower(mmproj, plan, lambda token: 0)
-    load_s = time.perf_counter() - started
-    plans, encodes, encode_cpu = [], [], []
-    for repeat in range(repeats):
-        image = random_image(896, repeat)
-        started = time.perf_counter()
-        planned = tower.plan(image)
-        plans.append(time.perf_counter() - started)
-        started, cpu = time.perf_counter(), time.process_time()
-        tower.encode(planned)
-        encodes.append(time.perf_counter() - started)
-        encode_cpu.append(time.process_time() - cpu)
-    result = {
-        "server": "modelhost (in process, tower alone)",
-        "file": mmproj.name,
-        "mode": mode,
-        "image": 896,
-        "load_s": round(load_s, 2),
-        "image_tokens": tower.tokens_per_image,
-        "plan_ms": round(statistics.median(plans) * 1000, 1),
-        "encode_ms": round(statistics.median(encodes) * 1000, 1),
-        "encode_cpu_s": round(statistics.median(encode_cpu), 2),
-    }
-    print(json.dumps(result), flush=True)
-    return result
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", choices=sorted(TEXT), default="256m")
+    parser.add_argument("--pairs", nargs="+", choices=PAIRS, default=list(PAIRS))
     parser.add_argument("--images", nargs="+", type=int, default=[896])
     parser.add_argument("--mode", default="auto")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--dir", type=Path, default=Path("/tmp/vision-pairs"))
-    parser.add_argument("--folder", action="store_true", help="also the transformers folder")
+    parser.add_argument("--folder", action="store_true", help="also the SmolVLM folders")
     parser.add_argument("--llama-server", type=Path, default=LLAMA_SERVER)
-    parser.add_argument("--no-gemma3", action="store_true")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     install_cleanup()
     threads = torch.get_num_threads()
-    # each pair in a folder of its own: modelhost pairs a GGUF with the first mmproj beside it
-    pair = write_smolvlm_pair(args.dir / f"smolvlm-{args.shape}", args.shape)
-    mmproj = pair.with_name(f"mmproj-{pair.name}")
-    results = measure_modelhost(pair, args.mode, args.images, args.repeats, mmproj=mmproj)
-    if args.folder:
-        folder = make_checkpoint(args.dir / f"smolvlm-{args.shape}-folder", args.shape)
-        results += measure_modelhost(folder, args.mode, args.images, args.repeats)
-    if args.llama_server.exists():
-        results += measure_llama_server(
-            args.llama_server, pair, mmproj, args.images, args.repeats, threads
-        )
-    if not args.no_gemma3:
-        gemma = write_gemma3_mmproj(args.dir / "gemma3-4b" / "mmproj-gemma3-4b.gguf")
-        results.append(measure_gemma3_tower(gemma, args.mode, args.repeats))
-    header = f"{'server':36} {'image':>5} {'tokens':>6} {'encode ms':>10} {'prefill ms':>10}"
-    print(header + f" {'TTFT ms':>9}")
+    out = args.out or Path("benchmarks/results") / f"vision-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    summary: dict[str, Any] = {
+        "pairs": args.pairs,
+        "commit": git_commit(),
+        "cpu": platform.processor() or platform.machine(),
+        "load_average_at_start": os.getloadavg()[0],
+        "results": [],
+    }
+    results: list[dict[str, Any]] = summary["results"]
+    for name in args.pairs:
+        # each pair in a folder of its own: modelhost pairs a GGUF with the first mmproj beside it
+        if name.startswith("gemma3"):
+            pair, prompt = write_gemma3_pair(args.dir / name), PROMPTS["gemma3"]
+        else:
+            pair, prompt = (
+                write_smolvlm_pair(args.dir / f"smolvlm-{name}", name),
+                PROMPTS["smolvlm"],
+            )
+        mmproj = pair.with_name(f"mmproj-{pair.name}")
+        rows = measure_modelhost(pair, prompt, args.mode, args.images, args.repeats, mmproj=mmproj)
+        if args.folder and not name.startswith("gemma3"):
+            folder = make_checkpoint(args.dir / f"smolvlm-{name}-folder", name)
+            rows += measure_modelhost(folder, prompt, args.mode, args.images, args.repeats)
+        if args.llama_server.exists():
+            rows += measure_llama_server(
+                args.llama_server, pair, mmproj, args.images, args.repeats, threads
+            )
+        results.extend({"pair": name, **row} for row in rows)
+        summary["load_average_now"] = os.getloadavg()[0]
+        out.write_text(json.dumps(summary, indent=2))
+    header = f"{'pair':10} {'server':24} {'image':>5} {'tokens':>6} {'encode ms':>10}"
+    print(header + f" {'prefill ms':>10} {'TTFT ms':>9}")
     for r in results:
         prefill = r.get("prefill_ms", r.get("prompt_ms", "-"))
         print(
-            f"{r['server']:36} {r['image']:5} {r.get('prompt_tokens') or r['image_tokens']:6} "
+            f"{r['pair']:10} {r['server']:24} {r['image']:5} {r['prompt_tokens']:6} "
             f"{r.get('encode_ms', '-'):>10} {prefill:>10} {r.get('ttft_ms', '-'):>9}"
         )
-    out = args.out or Path("benchmarks/results") / f"vision-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    summary = {
-        "shape": args.shape,
-        "commit": git_commit(),
-        "cpu": platform.processor() or platform.machine(),
-        "results": results,
-    }
-    out.write_text(json.dumps(summary, indent=2))
     print(f"wrote {out}")
 
 

@@ -6,8 +6,12 @@ converter writes them, so modelhost and llama-server read the same files (issue 
   benchmarks/synthetic_gguf.py, and `mmproj-<name>.gguf` beside it: projector `idefics3`,
   SigLIP-B/16 at 512² (768 wide, 12 layers), pixel shuffle by 4, its 2-D weights F16 (as
   llama.cpp ships them), embeddings, norms and biases F32.
-- Gemma 3 4B's tower alone: projector `gemma3`, SigLIP-so400m at 896² (1152 wide, 27 layers,
-  4304-wide MLP, 14-pixel patches), 256 soft tokens, projection into 2560.
+- Gemma 3 4B: the text model a `gemma3` GGUF (Gemma 3 4B's shapes: 34 layers, 2560 wide, 8
+  heads of 256, 4 KV heads, 10240-wide MLP, windows of 1024; SmolLM2's tokenizer with Gemma's
+  turn and image tokens added, where the real file has Gemma's 262k vocabulary; Q4_K_M, as
+  llama.cpp's releases ship it) and `mmproj-<name>.gguf` beside it: projector `gemma3`,
+  SigLIP-so400m at 896² (1152 wide, 27 layers, 4304-wide MLP, 14-pixel patches), 256 soft
+  tokens, projection into 2560.
 
 Weights are random at an initialised model's spread (std 0.02, norms ~1): cost depends on
 shapes, not on what the weights learned.
@@ -36,6 +40,26 @@ SMOLVLM_TEXT = {
     "256m": Shape(hidden=576, layers=30, heads=9, kv_heads=3, head_dim=64, ffn=1536, tied=False),
     "500m": Shape(hidden=960, layers=32, heads=15, kv_heads=5, head_dim=64, ffn=2560, tied=False),
 }
+GEMMA_TOKENS = (
+    "<start_of_turn>",
+    "<end_of_turn>",
+    "<start_of_image>",
+    "<end_of_image>",
+    "<image_soft_token>",
+)
+GEMMA3_4B_TEXT = Shape(
+    hidden=2560,
+    layers=34,
+    heads=8,
+    kv_heads=4,
+    head_dim=256,
+    ffn=10240,
+    tied=True,
+    vocab=49152 + len(GEMMA_TOKENS),
+    rope_theta=1_000_000.0,
+    rms_eps=1e-6,
+    gemma3_window=1024,
+)
 WEIGHT_STD = 0.02
 
 
@@ -173,3 +197,14 @@ def write_gemma3_mmproj(path: Path, text_hidden: int = 2560) -> Path:
         scale_factor=(image // patch) // 16,  # 64 x 64 patches pooled to 16 x 16 soft tokens
         tensors=tensors,
     )
+
+
+def write_gemma3_pair(directory: Path, text_type: str = "Q4_K_M") -> Path:
+    """gemma3-4b.gguf and mmproj-gemma3-4b.gguf in `directory` (kept when there already);
+    returns the text model's path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    model = directory / "gemma3-4b.gguf"
+    if not model.is_file():
+        write_synthetic_gguf(model, GEMMA3_4B_TEXT, text_type, added_tokens=GEMMA_TOKENS)
+    write_gemma3_mmproj(directory / "mmproj-gemma3-4b.gguf", GEMMA3_4B_TEXT.hidden)
+    return model

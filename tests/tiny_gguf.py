@@ -49,7 +49,7 @@ def write_gguf_from_hf(
     """`directory`'s checkpoint as a GGUF at `path`, 2-D weights in `qtype` (F32 or Q8_0);
     `added_tokens` follow the donor's vocabulary as control tokens (a checkpoint whose
     tokenizer added them, as SmolVLM's image tokens); `chat_template` in place of the
-    donor's."""
+    donor's ("" for none)."""
     raw = json.loads((directory / "config.json").read_text())
     arch = GGUF_ARCHITECTURES[raw["model_type"]]
     writer = gguf.GGUFWriter(path, arch)
@@ -152,6 +152,8 @@ def _metadata(
         elif field.key == "tokenizer.ggml.token_type":
             value = [*value, *[gguf.TokenType.CONTROL] * len(added_tokens)]
         elif field.key == "tokenizer.chat_template" and chat_template is not None:
+            if not chat_template:  # "": the file carries no template (the family's is used)
+                continue
             value = chat_template
         writer.add_key_value(field.key, value, field.types[0], sub_type=sub_type)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import gguf
 import pytest
 import torch
 from gguf import GGMLQuantizationType
@@ -76,3 +77,14 @@ def test_a_tensor_type_the_kernels_lack_is_listed_with_the_reason_it_is_refused(
     entry = registry.get("tiny-iq")
     assert entry is not None and entry.refusal is not None
     assert "blk.1.ffn_down.weight is IQ4_NL" in entry.refusal
+
+
+def test_a_gguf_without_tensors_reads_as_its_fields_alone(tmp_path):
+    writer = gguf.GGUFWriter(tmp_path / "header.gguf", "clip")
+    writer.add_clip_projector_type("gemma3")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    fields, tensors = read_header(tmp_path / "header.gguf")
+    assert fields["clip.projector_type"] == "gemma3" and tensors == []

@@ -196,3 +196,18 @@ def test_the_30b_a3b_plan_has_qwen3moe_experts_in_llama_cpps_q4_k_m_types():
     assert "blk.0.ffn_gate.weight" not in plan
     # Qwen3-30B-A3B's Q4_K_M is 18.6 GB with its own vocabulary (151936 tokens: ~0.3 GB more)
     assert 18.0e9 < sum(spec.nbytes for spec in plan.values()) < 18.6e9
+
+
+def test_a_gemma3_shape_writes_a_gemma3_file_our_loader_reads_with_its_windows(tmp_path):
+    """Gemma 3's extra norms (q/k, after attention, after the MLP) and its sliding window, as
+    llama.cpp's converter writes them; the loader builds the family from it."""
+    from modelhost.models.loading.loader import load_model
+
+    shape = replace(synthetic_gguf.SHAPES["tiny"], gemma3_window=64)  # with SmolLM2's tokenizer
+    path = synthetic_gguf.write_synthetic_gguf(tmp_path / "gemma3.gguf", shape, "Q8_0")
+    reader = gguf.GGUFReader(path)
+    names = {tensor.name for tensor in reader.tensors}
+    for norm in ("attn_q_norm", "attn_k_norm", "post_attention_norm", "post_ffw_norm"):
+        assert f"blk.1.{norm}.weight" in names
+    model = load_model(str(path), quantize="none")
+    assert model.family.name == "gemma3" and model.config.sliding_window == 64

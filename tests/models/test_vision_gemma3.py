@@ -10,13 +10,12 @@ from __future__ import annotations
 import dataclasses
 import json
 
-import gguf
 import numpy as np
 import pytest
 import torch
 import transformers
 from PIL import Image
-from safetensors.torch import load_file
+from tiny_gemma3_vl import write_gemma3_mmproj
 
 from modelhost.engine.engine import Engine, EngineConfig
 from modelhost.engine.sampling.sampling_params import SamplingParams
@@ -234,53 +233,6 @@ async def test_gemma3_through_the_engine_gives_transformers_greedy_tokens(
     finally:
         engine.close()
     assert [token for event in events for token in event.token_ids] == expected
-
-
-def write_gemma3_mmproj(directory, path):
-    """The tiny checkpoint's tower as llama.cpp's converter writes a Gemma 3 mmproj
-    (conversion/gemma.py Gemma3VisionModel): projector `gemma3`, gguf's MMPROJ names, the
-    projection as stored (F16), the soft-token norm as 1 + w, embeddings in F32."""
-    raw = json.loads((directory / "config.json").read_text())
-    vision = raw["vision_config"]
-    processor = json.loads((directory / "preprocessor_config.json").read_text())
-    writer = gguf.GGUFWriter(path, "clip")
-    writer.add_type(gguf.GGUFType.MMPROJ)
-    writer.add_clip_has_vision_encoder(True)
-    writer.add_vision_projection_dim(raw["text_config"]["hidden_size"])
-    writer.add_vision_image_size(vision["image_size"])
-    writer.add_vision_patch_size(vision["patch_size"])
-    writer.add_vision_embedding_length(vision["hidden_size"])
-    writer.add_vision_feed_forward_length(vision["intermediate_size"])
-    writer.add_vision_block_count(vision["num_hidden_layers"])
-    writer.add_vision_head_count(vision["num_attention_heads"])
-    writer.add_vision_image_mean(processor["image_mean"])
-    writer.add_vision_image_std(processor["image_std"])
-    writer.add_clip_projector_type(gguf.VisionProjectorType.GEMMA3)
-    writer.add_vision_attention_layernorm_eps(vision.get("layer_norm_eps", 1e-6))
-    writer.add_vision_use_gelu(True)
-    side = vision["image_size"] // vision["patch_size"]
-    writer.add_vision_projector_scale_factor(side // int(raw["mm_tokens_per_image"] ** 0.5))
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, vision["num_hidden_layers"])
-    for file in sorted(directory.glob("*.safetensors")):
-        for name, value in load_file(str(file)).items():
-            if not name.startswith(("vision_tower.", "multi_modal_projector.")) or ".head." in name:
-                continue
-            if name.startswith("vision_tower.") and not name.startswith("vision_tower.vision_"):
-                name = name.replace("vision_tower.", "vision_tower.vision_model.", 1)
-            name = name.replace("_weight", ".weight")
-            array = value.float().numpy()
-            if "soft_emb_norm" in name:
-                array = array + 1
-            gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
-            assert gguf_name is not None, name
-            if "input_projection" in name:
-                array = array.astype(np.float16)
-            writer.add_tensor(gguf_name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
 
 
 def test_gemma3_mmproj_tower_matches_transformers(checkpoint, tmp_path):

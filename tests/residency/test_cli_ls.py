@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gguf
 import pytest
 from gguf import GGMLQuantizationType
 from synthetic_files import retype_tensor, write_tiny
@@ -17,11 +18,11 @@ def test_ls_prints_each_local_model_with_its_estimate_and_whether_it_fits(
     argv = ["ls", str(tmp_path / "tiny-a"), "--model-budget", "0.3", "--url", "http://127.0.0.1:9"]
     assert main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
-    header = ["ID", "FORMAT", "ARCH", "SUPPORTED", "SIZE", "WEIGHTS", "ESTIMATE", "FITS"]
-    header.append("RESIDENT")
+    header = ["ID", "FORMAT", "ARCH", "SUPPORTED", "VISION", "SIZE", "WEIGHTS", "ESTIMATE"]
+    header += ["FITS", "RESIDENT"]
     assert lines[0].split() == header
     rows = {line.split()[0]: line.split() for line in lines[1:] if line.strip()}
-    assert rows["tiny-a"][1:4] == ["safetensors", "llama", "yes"]
+    assert rows["tiny-a"][1:5] == ["safetensors", "llama", "yes", "no"]
     assert rows["tiny-a"][-2:] == ["yes", "-"]  # no server answered: residency unknown
     # 0.13 GB held idle and 0.36 GB a request may claim (working memory, a context of KV)
     # against a 0.3 GB budget: served alone, when it comes to that
@@ -64,3 +65,35 @@ def test_ls_says_on_which_cluster_nodes_each_model_is_resident(
     assert table["gemma-3-270m"].endswith("no")
     assert table["far-away"].split()[1] == "gguf"  # on another node's disk only
     assert table["far-away"].endswith("yes: 10.0.0.2/bb")
+
+
+def _projector(path, kind: str):
+    """An mmproj header saying which projector it holds (ls reads no tensors)."""
+    writer = gguf.GGUFWriter(path, "clip")
+    writer.add_type(gguf.GGUFType.MMPROJ)
+    writer.add_clip_projector_type(kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_ls_says_which_models_read_images(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A GGUF with a vision projector we compute beside it reads images; one alone, or beside a
+    projector we do not compute, does not; the projector is part of its model, not a model."""
+    (tmp_path / "pair").mkdir()
+    write_tiny(tmp_path / "pair" / "tiny-gemma3-vl.gguf", "Q4_0")
+    _projector(tmp_path / "pair" / "mmproj-tiny-gemma3-vl.gguf", "gemma3")
+    (tmp_path / "other").mkdir()
+    write_tiny(tmp_path / "other" / "tiny-other-vl.gguf", "Q4_0")
+    _projector(tmp_path / "other" / "mmproj-tiny-other-vl.gguf", "llama4")
+    write_tiny(tmp_path / "tiny-text.gguf", "Q4_0")
+    paths = [str(tmp_path / "pair"), str(tmp_path / "other"), str(tmp_path / "tiny-text.gguf")]
+    assert main(["ls", *paths, "--url", "http://127.0.0.1:9"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    vision = lines[0].split().index("VISION")
+    rows = {line.split()[0]: line.split() for line in lines[1 : lines.index("")]}
+    assert rows["tiny-gemma3-vl"][vision] == "yes"
+    assert rows["tiny-other-vl"][vision] == "no"
+    assert rows["tiny-text"][vision] == "no"
+    assert not any(name.startswith("mmproj") for name in rows)

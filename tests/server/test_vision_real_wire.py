@@ -1,13 +1,15 @@
 """Images end to end on REAL (tiny, random-weight) vision towers, through the official clients:
 SmolVLM from its Hugging Face folder in process (OpenAI chat streamed and not, Anthropic image
 blocks, Ollama images), and Qwen2.5-VL as llama.cpp writes it (a qwen2vl GGUF with its mmproj
-beside it) served by `modelhost serve` in its worker process. Each answer is the engine's
-greedy answer for the same prompt and image; a second turn about the image is served from the
-prefix cache; a text-only model keeps its typed refusal."""
+beside it) and Gemma 3 (a gemma3 GGUF and its mmproj, named by --mmproj or found beside a GGUF
+that carries no template) served by `modelhost serve` in its worker process. Each answer is the
+engine's greedy answer for the same prompt and image; a second turn about the image is served
+from the prefix cache; a text-only model keeps its typed refusal."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import subprocess
 import sys
@@ -24,6 +26,7 @@ import pytest
 from live_server import free_port
 from PIL import Image
 from test_serve_process import SERVE, wait_for_health
+from tiny_gemma3_vl import GEMMA3_CHAT_TEMPLATE, make_tiny_gemma3_vl, write_gemma3_vl_gguf
 from tiny_qwen_vl import make_tiny_qwen_vl, write_qwen_vl_gguf
 from tiny_vision import make_tiny_smolvlm
 from vision_fake import base64_of, data_url
@@ -53,14 +56,23 @@ def picture(seed: int, size: tuple[int, int] = (90, 120)) -> bytes:
     return out.getvalue()
 
 
-def engine_answer(model: LoadedModel, image: bytes, image_first: bool = False) -> str:
-    """The engine's greedy answer to ASK about `image`, the prompt built as the server builds
-    it: the text part, then the image part (OpenAI, Anthropic, as sent), or the image first
-    (Ollama shows a message's images before its text)."""
+def plain(seed: int, size: tuple[int, int] = (90, 120)) -> bytes:
+    """PNG bytes of one random colour (Gemma 3 pools its patches: random pixels average out to
+    nearly the same soft tokens, colours do not)."""
+    colour = np.random.default_rng(seed).integers(0, 256, (1, 1, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(np.broadcast_to(colour, (*size, 3)).copy(), "RGB").save(out, format="PNG")
+    return out.getvalue()
+
+
+def image_request(image: bytes, image_first: bool = False) -> InferenceRequest:
+    """ASK about `image` as the surfaces hand it on: the text part, then the image part
+    (OpenAI, Anthropic, as sent), or the image first (Ollama shows a message's images before its
+    text)."""
     content = [{"type": "text", "text": ASK}, {"type": "image"}]
     if image_first:
         content.reverse()
-    request = InferenceRequest(
+    return InferenceRequest(
         request_id="expected",
         method="chat",
         prompt=ChatPrompt(messages=({"role": "user", "content": content},)),
@@ -68,7 +80,13 @@ def engine_answer(model: LoadedModel, image: bytes, image_first: bool = False) -
         media=frozenset({"image"}),
         images=(ImagePart(f"messages[0].content[{int(not image_first)}]", data_url(image)),),
     )
-    built = build_prompt(model, request)
+
+
+def engine_answer(model: LoadedModel, image: bytes, image_first: bool = False) -> str:
+    """The engine's greedy answer to ASK about `image`, the prompt built as the server builds
+    it: the text part, then the image part (OpenAI, Anthropic, as sent), or the image first
+    (Ollama shows a message's images before its text)."""
+    built = build_prompt(model, image_request(image, image_first))
     greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
     eos = frozenset(model.tokenizer.eos_token_ids)
 
@@ -223,3 +241,101 @@ def test_qwen_vl_gguf_served_by_a_worker_with_its_named_mmproj_answers_as_the_en
     finally:
         process.terminate()
         process.wait(timeout=60)
+
+
+# ---------------------------------------------------------------------------------------------
+# Gemma 3 as llama.cpp writes it (a gemma3 GGUF and its gemma3 mmproj), served by `modelhost
+# serve` (worker process): with its projector named by --mmproj, and found beside the GGUF.
+
+
+@pytest.fixture(scope="module")
+def gemma_checkpoint(tmp_path_factory: pytest.TempPathFactory, smollm2: LoadedModel) -> Path:
+    return make_tiny_gemma3_vl(tmp_path_factory.mktemp("gemma3-vl-wire"), smollm2)
+
+
+@contextlib.contextmanager
+def served(argv: list[str], log_path: Path) -> Iterator[tuple[openai.OpenAI, str]]:
+    """`modelhost serve ARGV` on a free port, its OpenAI client and its one model's id."""
+    port = free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    argv = [*argv, "--port", str(port), "--batch", "2", "--quantize", "none"]
+    with log_path.open("wb") as log:
+        process = subprocess.Popen([sys.executable, "-c", SERVE, *argv], stdout=log, stderr=log)
+    try:
+        wait_for_health(base_url, process)
+        model = httpx.get(f"{base_url}/v1/models").json()["data"][0]["id"]
+        with openai.OpenAI(
+            base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=120
+        ) as client:
+            yield client, model
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+
+
+def test_gemma3_gguf_served_with_its_named_mmproj_answers_each_surface_as_the_engine_does(
+    gemma_checkpoint: Path, tmp_path: Path
+) -> None:
+    model_path = write_gemma3_vl_gguf(
+        gemma_checkpoint, tmp_path / "pair", chat_template=GEMMA3_CHAT_TEMPLATE
+    )
+    (tmp_path / "projectors").mkdir()
+    mmproj = model_path.with_name("mmproj-tiny-gemma3-vl.gguf")
+    mmproj = mmproj.rename(tmp_path / "projectors" / "gemma3-vision.gguf")
+    image = plain(5, (200, 150))
+    ours = load_model(str(model_path), quantize="none", mmproj=mmproj)
+    expected = engine_answer(ours, image)
+    assert expected != engine_answer(ours, plain(6, (200, 150)))  # the image decides it
+    argv = [str(model_path), "--mmproj", str(mmproj)]
+    with served(argv, tmp_path / "serve.log") as (client, model):
+        ask: Any = [openai_user(image)]
+        whole = client.chat.completions.create(
+            model=model, messages=ask, max_tokens=MAX_TOKENS, temperature=0
+        )
+        assert whole.choices[0].message.content == expected
+        chunks = client.chat.completions.create(
+            model=model, messages=ask, max_tokens=MAX_TOKENS, temperature=0, stream=True
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
+        second_turn_caches_the_image(client, model, image)
+
+        base_url = str(client.base_url).removesuffix("/").removesuffix("/v1")
+        source = {"type": "base64", "media_type": "image/png", "data": base64_of(image)}
+        blocks: Any = [{"type": "text", "text": ASK}, {"type": "image", "source": source}]
+        with anthropic.Anthropic(base_url=base_url, api_key="unused", max_retries=0) as claude:
+            message = claude.messages.create(
+                model=model,
+                max_tokens=MAX_TOKENS,
+                messages=[{"role": "user", "content": blocks}],
+                extra_body={"temperature": 0},
+            )
+        assert message.content[0].text == expected  # type: ignore[union-attr]
+        with ollama.Client(host=base_url, timeout=120) as local:
+            answer = local.chat(
+                model=model,
+                messages=[{"role": "user", "content": ASK, "images": [image]}],
+                options={"temperature": 0, "num_predict": MAX_TOKENS},
+            )
+        assert answer.message.content == engine_answer(ours, image, image_first=True)
+
+
+def test_gemma3_gguf_without_a_template_finds_its_mmproj_beside_it_and_places_the_image(
+    gemma_checkpoint: Path, tmp_path: Path
+) -> None:
+    """No --mmproj (the mmproj beside the GGUF is its projector) and no template in the file:
+    the family's Gemma template writes the image as Gemma 3's own does, so the answer is the one
+    the same weights give with Gemma 3's template."""
+    own = write_gemma3_vl_gguf(
+        gemma_checkpoint, tmp_path / "own", chat_template=GEMMA3_CHAT_TEMPLATE
+    )
+    bare = write_gemma3_vl_gguf(gemma_checkpoint, tmp_path / "bare", chat_template="")
+    image = plain(7, (120, 160))
+    with_own_template = load_model(str(own), quantize="none")
+    expected = engine_answer(with_own_template, image)
+    own_prompt = build_prompt(with_own_template, image_request(image))
+    with served([str(bare)], tmp_path / "serve.log") as (client, model):
+        whole = client.chat.completions.create(
+            model=model, messages=[openai_user(image)], max_tokens=MAX_TOKENS, temperature=0
+        )  # type: ignore[list-item]
+        assert whole.choices[0].message.content == expected
+        assert whole.usage is not None and whole.usage.prompt_tokens == len(own_prompt.ids)

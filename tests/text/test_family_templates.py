@@ -228,3 +228,32 @@ def test_a_template_that_reaches_outside_the_sandbox_is_refused(body: str) -> No
 def test_a_template_that_does_not_parse_is_a_chat_template_error() -> None:
     with pytest.raises(ChatTemplateError, match="does not parse"):
         tokenizer_for("{% for message in messages %}")
+
+
+IMAGE_CONVERSATIONS: tuple[tuple[Mapping[str, Any], ...], ...] = (
+    ({"role": "user", "content": [{"type": "text", "text": "What is it? "}, {"type": "image"}]},),
+    (
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": " Describe."}]},
+        {"role": "assistant", "content": "A cat."},
+        {"role": "user", "content": [{"type": "image"}, {"type": "image"}]},
+    ),
+    (
+        {"role": "system", "content": [{"type": "text", "text": "Answer in French."}]},
+        {"role": "user", "content": "Bonjour"},
+    ),
+)
+
+
+@pytest.mark.parametrize("messages", IMAGE_CONVERSATIONS)
+def test_gemma_family_template_places_images_as_gemma3s_own_template_does(
+    messages: tuple[Mapping[str, Any], ...],
+) -> None:
+    """A Gemma 3 GGUF without a template falls back to the family's: it writes an image part
+    as <start_of_image>, where the vision tower puts the image's soft tokens."""
+    fallback = family_for_model("gemma3", None).chat_template
+    assert fallback is not None
+    ours = tokenizer_for(fallback).render_chat(messages)
+    assert ours == tokenizer_for(template("gemma3_vision")).render_chat(messages)
+    parts = [p for m in messages if not isinstance(m["content"], str) for p in m["content"]]
+    assert ours.count("<start_of_image>") == sum(p["type"] == "image" for p in parts)

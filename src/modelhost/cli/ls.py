@@ -1,6 +1,9 @@
 """`modelhost ls`: the local models, what they will hold against the budget, and which are
 resident.
 
+VISION says whether a model reads images: a folder with a vision tower, or a GGUF with a vision
+projector we compute beside it (an `mmproj*.gguf`, models/vision/pairing.py).
+
 WEIGHTS is what the loader keeps of the file (in `--quantize`'s mode), ESTIMATE that plus the
 KV pool and one step's working memory. A model that cannot be served (an architecture or
 rotary variant not implemented, a tensor type the kernels lack) is SUPPORTED "no" and says why
@@ -34,6 +37,7 @@ def add_ls_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
 
 def run_ls(args: argparse.Namespace) -> int:
     from modelhost.cli.kv import store_line
+    from modelhost.residency.model_facts import model_facts
     from modelhost.residency.registry import ModelRegistry, ServingShape
     from modelhost.residency.unit import claim_bytes
     from modelhost.serve_config import cuda_available, default_budget_bytes, quantize_mode
@@ -44,7 +48,8 @@ def run_ls(args: argparse.Namespace) -> int:
     served = _served_rows(args.url)
     resident = None if served is None else {row["id"]: row for row in served}
     rows = [
-        ("ID", "FORMAT", "ARCH", "SUPPORTED", "SIZE", "WEIGHTS", "ESTIMATE", "FITS", "RESIDENT")
+        ("ID", "FORMAT", "ARCH", "SUPPORTED", "VISION", "SIZE", "WEIGHTS", "ESTIMATE", "FITS")
+        + ("RESIDENT",)
     ]
     for entry in entries:
         # Fits: held idle, and one request's claim on a pool that grows (residency/unit.py).
@@ -55,6 +60,7 @@ def run_ls(args: argparse.Namespace) -> int:
                 entry.format,
                 entry.architecture or "?",
                 "no" if entry.refusal is not None else "yes",
+                "yes" if model_facts(entry).vision else "no",
                 _gb(entry.size_bytes),
                 _gb(entry.weights_bytes),
                 _gb(entry.estimate_bytes),
@@ -71,6 +77,7 @@ def run_ls(args: argparse.Namespace) -> int:
                     str(remote.get("format", "?")),
                     str(remote.get("architecture") or "?"),
                     "no" if remote.get("refusal") else "yes",
+                    "?",
                     _gb(int(remote.get("size_bytes", 0))),
                     "?",
                     _gb(int(remote.get("estimate_bytes", 0))),

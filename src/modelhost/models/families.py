@@ -23,17 +23,26 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
-# Gemma's turn format; system text is folded into the first user turn, as Google's template does.
+# Gemma's turn format; system text is folded into the first user turn, as Google's template does,
+# and an image part is <start_of_image> (Gemma 3's template writes it; the vision tower expands
+# it into the soft tokens), so a Gemma 3 GGUF without a template still reads images.
 GEMMA_TEMPLATE = (
     "{{ bos_token }}"
     "{% if messages and messages[0]['role'] == 'system' %}"
-    "{% set system = messages[0]['content'] + '\\n\\n' %}{% set rest = messages[1:] %}"
+    "{% set head = messages[0]['content'] %}"
+    "{% if head is not string %}{% set head = head[0]['text'] %}{% endif %}"
+    "{% set system = head + '\\n\\n' %}{% set rest = messages[1:] %}"
     "{% else %}{% set system = '' %}{% set rest = messages %}{% endif %}"
     "{% for message in rest %}"
     "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
     "{{ '<start_of_turn>' + role + '\\n' }}"
     "{% if loop.first %}{{ system }}{% endif %}"
-    "{{ message['content'] | trim }}{{ '<end_of_turn>\\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] | trim }}"
+    "{% elif message['content'] %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<start_of_image>' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] | trim }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<end_of_turn>\\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
 )

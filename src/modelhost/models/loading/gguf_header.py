@@ -249,7 +249,7 @@ def _parse_header(
     start = -(-at // alignment) * alignment
     # A tensor's size from its type, or (a type `gguf` does not know) up to the next one.
     by_offset = sorted(tensors, key=lambda t: t["offset"])
-    ends = [t["offset"] for t in by_offset[1:]] + [file_size - start]
+    ends = [t["offset"] for t in by_offset[1:]] + [file_size - start] if by_offset else []
     for tensor, end in zip(by_offset, ends, strict=True):
         known = _known_bytes(tensor["type"], tensor["shape"])
         tensor["nbytes"] = known if known is not None else end - tensor["offset"]
