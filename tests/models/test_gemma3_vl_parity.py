@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from prompt_logits import ImageRows, placeholders, prompt_logits
 from tiny_gemma3_vl import (
     make_tiny_gemma3_vl,
     reference_gemma3,
@@ -19,8 +20,7 @@ from tiny_gemma3_vl import (
 
 from modelhost.engine.engine import Engine, EngineConfig
 from modelhost.engine.sampling.sampling_params import SamplingParams
-from modelhost.engine.scheduler import ScheduledRow, SchedulerOutput
-from modelhost.engine.sequence import ImageSpan, Sequence
+from modelhost.engine.sequence import ImageSpan
 from modelhost.models.loaded import LoadedModel
 from modelhost.models.loading.loader import load_model
 
@@ -80,27 +80,10 @@ def reference_inputs(ids: list[int], soft_token: int, image: Image.Image) -> dic
 
 def merged_logits(model: LoadedModel, ids: list[int], rows: torch.Tensor) -> torch.Tensor:
     """Logits at every position of one prefill, the soft tokens' rows in place and attending
-    to each other both ways (the block ORed into the masks, as the engine does)."""
+    to each other both ways."""
     assert model.vision is not None
-    engine = Engine(model, EngineConfig(batch=1))
-    try:
-        seq = Sequence.from_prompt(0, ids, SamplingParams())
-        engine.block_manager.append_slots(seq, len(ids))
-        batch = engine.runner.build_batch(
-            SchedulerOutput(rows=[ScheduledRow(seq, 0, len(ids), True)])
-        )
-        batch.logits_index = torch.arange(len(ids))
-        at = torch.tensor([i for i, t in enumerate(ids) if t == model.vision.image_token_id])
-        batch.embed_override = (at, rows)
-        block = torch.zeros_like(batch.attn_mask)
-        block[0, 0, at[:, None], at[None, :]] = True
-        batch.attn_mask = batch.attn_mask | block
-        if batch.sliding_mask is not None:
-            batch.sliding_mask = batch.sliding_mask | block
-        batch.bidirectional = True
-        return model.network(batch, engine.runner.kv)
-    finally:
-        engine.close()
+    at = placeholders(ids, model.vision.image_token_id)
+    return prompt_logits(model, ids, ImageRows(at, rows, both_ways=True))
 
 
 @pytest.mark.parametrize("size", [(120, 200), (300, 90)])

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from prompt_logits import ImageRows, prompt_logits
 from tiny_qwen_vl import (
     make_tiny_qwen_vl,
     reference_inputs,
@@ -88,20 +89,10 @@ def logits_with_image(model: LoadedModel, ids: list[int], image: Placed) -> torc
     """Next-token logits at every position, one prefill through the paged KV cache, the
     tower's rows in place of the placeholders and the row's M-RoPE positions."""
     assert model.vision is not None
-    engine = Engine(model, EngineConfig(batch=1))
-    try:
-        seq = Sequence.from_prompt(0, ids, SamplingParams())
-        engine.block_manager.append_slots(seq, len(ids))
-        batch = engine.runner.build_batch(
-            SchedulerOutput(rows=[ScheduledRow(seq, 0, len(ids), True)])
-        )
-        batch.logits_index = torch.arange(len(ids))
-        at = torch.arange(image.start, image.start + image.plan.n_tokens)
-        batch.embed_override = (at, model.vision.encode(image.plan))
-        batch.mrope_positions = step_mrope_positions(batch.positions, [len(ids)], [[image]])
-        return model.network(batch, engine.runner.kv)
-    finally:
-        engine.close()
+    at = torch.arange(image.start, image.start + image.plan.n_tokens)
+    rows = model.vision.encode(image.plan)
+    mrope = lambda positions: step_mrope_positions(positions, [len(ids)], [[image]])  # noqa: E731
+    return prompt_logits(model, ids, ImageRows(at, rows, mrope=mrope))
 
 
 @pytest.mark.parametrize("size", SIZES)

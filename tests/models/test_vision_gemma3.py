@@ -15,12 +15,12 @@ import pytest
 import torch
 import transformers
 from PIL import Image
+from prompt_logits import ImageRows, placeholders, prompt_logits
 from tiny_gemma3_vl import write_gemma3_mmproj
 
 from modelhost.engine.engine import Engine, EngineConfig
 from modelhost.engine.sampling.sampling_params import SamplingParams
-from modelhost.engine.scheduler import ScheduledRow, SchedulerOutput
-from modelhost.engine.sequence import ImageSpan, Sequence
+from modelhost.engine.sequence import ImageSpan
 from modelhost.models.loading.hf_config import config_from_hf
 from modelhost.models.loading.load_safetensors import safetensors_tensors
 from modelhost.models.loading.loader import build_network
@@ -134,26 +134,9 @@ TEXT_IDS = [2, 17, 45, 101, 7, 64, 200, 33]
 
 def merged_logits(model, tower, ids: list[int], rows: torch.Tensor) -> torch.Tensor:
     """One prefill of `ids`, the soft tokens' rows in place and attending to each other both
-    ways (the block ORed into the masks, as the engine is to do for a bidirectional tower)."""
-    engine = Engine(model, EngineConfig(batch=1))
-    try:
-        seq = Sequence.from_prompt(0, ids, SamplingParams())
-        engine.block_manager.append_slots(seq, len(ids))
-        batch = engine.runner.build_batch(
-            SchedulerOutput(rows=[ScheduledRow(seq, 0, len(ids), True)])
-        )
-        batch.logits_index = torch.arange(len(ids))
-        at = torch.tensor([i for i, t in enumerate(ids) if t == tower.image_token_id])
-        batch.embed_override = (at, rows)
-        block = torch.zeros_like(batch.attn_mask)
-        block[0, 0, at[:, None], at[None, :]] = True
-        batch.attn_mask = batch.attn_mask | block
-        if batch.sliding_mask is not None:
-            batch.sliding_mask = batch.sliding_mask | block
-        batch.bidirectional = tower.bidirectional
-        return model.network(batch, engine.runner.kv)
-    finally:
-        engine.close()
+    ways when the tower is bidirectional."""
+    at = placeholders(ids, tower.image_token_id)
+    return prompt_logits(model, ids, ImageRows(at, rows, both_ways=tower.bidirectional))
 
 
 def test_gemma3_merged_sequence_logits_match_transformers(tower, checkpoint, text_model):

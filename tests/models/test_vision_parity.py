@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from prompt_logits import ImageRows, placeholders, prompt_logits
 from tiny_vision import (
     make_tiny_smolvlm,
     reference_processor,
@@ -18,10 +19,6 @@ from tiny_vision import (
     write_smolvlm_gguf,
 )
 
-from modelhost.engine.engine import Engine, EngineConfig
-from modelhost.engine.sampling.sampling_params import SamplingParams
-from modelhost.engine.scheduler import ScheduledRow, SchedulerOutput
-from modelhost.engine.sequence import Sequence
 from modelhost.models.loaded import LoadedModel
 from modelhost.models.loading.loader import load_model
 
@@ -72,19 +69,8 @@ def logits_with_image(model: LoadedModel, ids: list[int], rows: torch.Tensor) ->
     """Next-token logits at every position, one prefill through the paged KV cache, the
     image rows overwriting the placeholders' embeddings."""
     assert model.vision is not None
-    engine = Engine(model, EngineConfig(batch=1))
-    try:
-        seq = Sequence.from_prompt(0, ids, SamplingParams())
-        engine.block_manager.append_slots(seq, len(ids))
-        batch = engine.runner.build_batch(
-            SchedulerOutput(rows=[ScheduledRow(seq, 0, len(ids), True)])
-        )
-        batch.logits_index = torch.arange(len(ids))
-        at = torch.tensor([i for i, t in enumerate(ids) if t == model.vision.image_token_id])
-        batch.embed_override = (at, rows)
-        return model.network(batch, engine.runner.kv)
-    finally:
-        engine.close()
+    at = placeholders(ids, model.vision.image_token_id)
+    return prompt_logits(model, ids, ImageRows(at, rows))
 
 
 @pytest.mark.parametrize("size", SIZES)
