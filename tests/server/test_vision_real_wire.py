@@ -147,41 +147,48 @@ def oai(server: Any) -> Iterator[openai.OpenAI]:
         yield client
 
 
-def test_smolvlm_answers_each_surface_as_the_engine_does(
-    smolvlm: LoadedModel, server: Any, oai: openai.OpenAI
+def answers_each_surface_as_the_engine_does(
+    client: openai.OpenAI, model: LoadedModel, name: str, image: bytes
 ) -> None:
-    image = picture(1)
-    expected = engine_answer(smolvlm, image)
-    assert expected != engine_answer(smolvlm, picture(2))  # the image decides the answer
-    model = smolvlm.id
+    """OpenAI chat (whole and streamed), Anthropic image blocks and Ollama images all answer
+    as the engine does on the same image."""
+    expected = engine_answer(model, image)
     ask: Any = [openai_user(image)]
-    whole = oai.chat.completions.create(
-        model=model, messages=ask, max_tokens=MAX_TOKENS, temperature=0
+    whole = client.chat.completions.create(
+        model=name, messages=ask, max_tokens=MAX_TOKENS, temperature=0
     )
     assert whole.choices[0].message.content == expected
-    chunks = oai.chat.completions.create(
-        model=model, messages=ask, max_tokens=MAX_TOKENS, temperature=0, stream=True
+    chunks = client.chat.completions.create(
+        model=name, messages=ask, max_tokens=MAX_TOKENS, temperature=0, stream=True
     )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
 
+    base_url = str(client.base_url).removesuffix("/").removesuffix("/v1")
     source = {"type": "base64", "media_type": "image/png", "data": base64_of(image)}
     blocks: Any = [{"type": "text", "text": ASK}, {"type": "image", "source": source}]
-    with anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0) as claude:
+    with anthropic.Anthropic(base_url=base_url, api_key="unused", max_retries=0) as claude:
         message = claude.messages.create(
-            model=model,
+            model=name,
             max_tokens=MAX_TOKENS,
             messages=[{"role": "user", "content": blocks}],
             extra_body={"temperature": 0},
         )
     assert message.content[0].text == expected  # type: ignore[union-attr]
-
-    with ollama.Client(host=server.base_url, timeout=120) as client:
-        answer = client.chat(
-            model=model,
+    with ollama.Client(host=base_url, timeout=120) as local:
+        answer = local.chat(
+            model=name,
             messages=[{"role": "user", "content": ASK, "images": [image]}],
             options={"temperature": 0, "num_predict": MAX_TOKENS},
         )
-    assert answer.message.content == engine_answer(smolvlm, image, image_first=True)
+    assert answer.message.content == engine_answer(model, image, image_first=True)
+
+
+def test_smolvlm_answers_each_surface_as_the_engine_does(
+    smolvlm: LoadedModel, oai: openai.OpenAI
+) -> None:
+    image = picture(1)
+    assert engine_answer(smolvlm, image) != engine_answer(smolvlm, picture(2))  # the image decides
+    answers_each_surface_as_the_engine_does(oai, smolvlm, smolvlm.id, image)
 
 
 def test_smolvlm_second_turn_about_an_image_is_served_from_the_cache(
@@ -288,35 +295,8 @@ def test_gemma3_gguf_served_with_its_named_mmproj_answers_each_surface_as_the_en
     assert expected != engine_answer(ours, plain(6, (200, 150)))  # the image decides it
     argv = [str(model_path), "--mmproj", str(mmproj)]
     with served(argv, tmp_path / "serve.log") as (client, model):
-        ask: Any = [openai_user(image)]
-        whole = client.chat.completions.create(
-            model=model, messages=ask, max_tokens=MAX_TOKENS, temperature=0
-        )
-        assert whole.choices[0].message.content == expected
-        chunks = client.chat.completions.create(
-            model=model, messages=ask, max_tokens=MAX_TOKENS, temperature=0, stream=True
-        )
-        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
+        answers_each_surface_as_the_engine_does(client, ours, model, image)
         second_turn_caches_the_image(client, model, image)
-
-        base_url = str(client.base_url).removesuffix("/").removesuffix("/v1")
-        source = {"type": "base64", "media_type": "image/png", "data": base64_of(image)}
-        blocks: Any = [{"type": "text", "text": ASK}, {"type": "image", "source": source}]
-        with anthropic.Anthropic(base_url=base_url, api_key="unused", max_retries=0) as claude:
-            message = claude.messages.create(
-                model=model,
-                max_tokens=MAX_TOKENS,
-                messages=[{"role": "user", "content": blocks}],
-                extra_body={"temperature": 0},
-            )
-        assert message.content[0].text == expected  # type: ignore[union-attr]
-        with ollama.Client(host=base_url, timeout=120) as local:
-            answer = local.chat(
-                model=model,
-                messages=[{"role": "user", "content": ASK, "images": [image]}],
-                options={"temperature": 0, "num_predict": MAX_TOKENS},
-            )
-        assert answer.message.content == engine_answer(ours, image, image_first=True)
 
 
 def test_gemma3_gguf_without_a_template_finds_its_mmproj_beside_it_and_places_the_image(
