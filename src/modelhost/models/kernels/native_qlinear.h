@@ -300,11 +300,23 @@ void q_blocks(const Rows& x, int64_t row0, const QLinear& w, int64_t b, float* y
                 const int32_t* q = reinterpret_cast<const int32_t*>(x.q + row * x.padded + 32 * g);
                 const __m512 scaled = _mm512_set1_ps(x.scales[row * groups + g]);
                 const float* sums = x.sums + row * sixteens + 2 * g;
-                __m512i xb[8];
-                for (int k = 0; k < 8; ++k) xb[k] = _mm512_set1_epi32(q[k]);
+                __m512i dots[NB][2];
+                if constexpr (NB == 1) {
+                    __m512i xb[8];
+                    for (int k = 0; k < 8; ++k) xb[k] = _mm512_set1_epi32(q[k]);
+                    dots[0][0] = quads_dot<T::bits>(levels[0], xb, 0);
+                    dots[0][1] = quads_dot<T::bits>(levels[0], xb, 1);
+                } else {  // each broadcast feeds both blocks as soon as it is made
+                    for (int n = 0; n < NB; ++n) dots[n][0] = dots[n][1] = _mm512_setzero_si512();
+                    for (int k = 0; k < 8; k += 2) {
+                        const __m512i x0 = _mm512_set1_epi32(q[k]), x1 = _mm512_set1_epi32(q[k + 1]);
+                        for (int n = 0; n < NB; ++n)
+                            dots[n][k / 4] = dpbusd_nibble_pair(dots[n][k / 4], levels[n][k], x0,
+                                                                levels[n][k + 1], x1);
+                    }
+                }
                 for (int n = 0; n < NB; ++n) {
-                    const __m512i d0 = quads_dot<T::bits>(levels[n], xb, 0);
-                    const __m512i d1 = quads_dot<T::bits>(levels[n], xb, 1);
+                    const __m512i d0 = dots[n][0], d1 = dots[n][1];
                     if constexpr (T::halves) {
                         acc[n][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0),
                                                     _mm512_mul_ps(scale[n][0], scaled), acc[n][r]);
