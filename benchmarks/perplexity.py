@@ -101,7 +101,7 @@ def prompt_logits(model: LoadedModel, ids: list[int]) -> torch.Tensor:
         engine.close()
 
 
-WINDOW = 32  # positions scored together in the prompt-activation perplexity
+WINDOW = 128  # positions scored together in the prompt-activation perplexity
 
 
 def windowed_logits(model: LoadedModel, ids: list[int], coarse_context: bool) -> torch.Tensor:
