@@ -1,12 +1,21 @@
 """Quality of the CPU linear modes (models/loading/quant.py): perplexity and greedy agreement.
 
     .venv/bin/python benchmarks/perplexity.py [--models ...] [--modes none int8 auto int4]
+    .venv/bin/python benchmarks/perplexity.py --modes auto --prompt-activations 16 8
 
 For each model and mode: perplexity of a fixed public-domain text (one pass through the
 model's own forward and paged cache, every position computed as generated tokens are), and
 greedy continuations of the engine's correctness prompts compared token by token with mode
 `none` (fp32, the reference maths). Prints a table and writes JSON (default
 benchmarks/results/perplexity-<time>.json).
+
+With `--prompt-activations`, each mode also runs at those bits of the prompt rows whose logits
+nobody reads (`modelhost serve --prompt-activations`): the text is scored in windows of
+WINDOW positions, each predicted from a context whose tokens before the window ran at those
+bits and whose window rows (the ones scored) at 16, as a prompt's last token is; and once with
+every row at 8 bits, the LM head's included (llama.cpp's way, a bound). The greedy
+continuations then come from an engine with that setting (the prompts' tokens before their last
+at those bits), compared with the mode's own 16-bit ones.
 """
 
 from __future__ import annotations
@@ -92,6 +101,59 @@ def prompt_logits(model: LoadedModel, ids: list[int]) -> torch.Tensor:
         engine.close()
 
 
+WINDOW = 128  # positions scored together in the prompt-activation perplexity
+
+
+def windowed_logits(model: LoadedModel, ids: list[int], coarse_context: bool) -> torch.Tensor:
+    """Logits at every position but the last, window by window: positions [a, a + WINDOW)
+    from one forward over ids[: a + WINDOW] whose rows before a are coarse (8-bit
+    activations) where `coarse_context`, the window's rows at 16 bits."""
+    engine = Engine(model, EngineConfig(batch=1, max_num_batched_tokens=len(ids)))
+    try:
+        out = []
+        for a in range(0, len(ids) - 1, WINDOW):
+            end = min(a + WINDOW, len(ids) - 1)
+            seq = Sequence.from_prompt(a, ids[:end], SamplingParams())
+            engine.block_manager.append_slots(seq, end)
+            batch = engine.runner.build_batch(
+                SchedulerOutput(rows=[ScheduledRow(seq, 0, end, True)])
+            )
+            batch.logits_index = torch.arange(a, end)
+            if coarse_context and a > 0:
+                batch.coarse_rows = batch.positions < a
+            out.append(model.network(batch, engine.runner.kv))
+            engine.block_manager.free(seq)
+        return torch.cat(out)
+    finally:
+        engine.close()
+
+
+def prompt_perplexity(model: LoadedModel, bits: int) -> float:
+    ids = model.tokenizer.encode(TEXT)
+    logits = windowed_logits(model, ids, coarse_context=bits == 8)
+    nll = torch.nn.functional.cross_entropy(logits.float(), torch.tensor(ids[1:]))
+    return math.exp(nll.item())
+
+
+def all_coarse_perplexity(model: LoadedModel) -> float:
+    """Every row of the text at 8 bits, the LM head's included."""
+    ids = model.tokenizer.encode(TEXT)
+    engine = Engine(model, EngineConfig(batch=1, max_num_batched_tokens=len(ids)))
+    try:
+        seq = Sequence.from_prompt(0, ids, SamplingParams())
+        engine.block_manager.append_slots(seq, len(ids))
+        batch = engine.runner.build_batch(
+            SchedulerOutput(rows=[ScheduledRow(seq, 0, len(ids), True)])
+        )
+        batch.logits_index = torch.arange(len(ids))
+        batch.coarse_rows = torch.ones(len(ids), dtype=torch.bool)
+        logits = model.network(batch, engine.runner.kv)
+    finally:
+        engine.close()
+    nll = torch.nn.functional.cross_entropy(logits[:-1].float(), torch.tensor(ids[1:]))
+    return math.exp(nll.item())
+
+
 def perplexity(model: LoadedModel) -> tuple[float, int]:
     ids = model.tokenizer.encode(TEXT)
     logits = prompt_logits(model, ids)
@@ -99,9 +161,9 @@ def perplexity(model: LoadedModel) -> tuple[float, int]:
     return math.exp(nll.item()), len(ids)
 
 
-def greedy(model: LoadedModel, num_tokens: int) -> list[list[int]]:
+def greedy(model: LoadedModel, num_tokens: int, bits: int = 16) -> list[list[int]]:
     async def run() -> list[list[int]]:
-        engine = Engine(model, EngineConfig(batch=8))
+        engine = Engine(model, EngineConfig(batch=8, prompt_activations=bits))
         params = SamplingParams(temperature=0, max_tokens=num_tokens, ignore_eos=True)
         try:
             out = []
@@ -126,12 +188,34 @@ def agreement(ours: list[list[int]], reference: list[list[int]]) -> tuple[int, f
     return same, sum(prefix) / len(prefix)
 
 
+def by_bits(
+    model: LoadedModel, bits: list[int], tokens: int, reference: list[list[int]]
+) -> dict[int, dict]:
+    """The windowed perplexity and greedy agreement (with the mode's 16-bit continuations) at
+    each of `bits`, and at 8 the perplexity with every row at 8 bits."""
+    figures: dict[int, dict] = {}
+    for b in bits:
+        same, prefix = agreement(greedy(model, tokens, b), reference)
+        figures[b] = {
+            "windowed_perplexity": prompt_perplexity(model, b),
+            "greedy_identical": same,
+            "mean_tokens_before_divergence": prefix,
+        }
+        if b == 8:
+            figures[b]["all_rows_perplexity"] = all_coarse_perplexity(model)
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["smollm2-135m-instruct", "gemma-3-270m"])
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--tokens", type=int, default=32, help="greedy tokens per prompt")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--prompt-activations", nargs="+", type=int, choices=(8, 16), default=[],
+        help="also score each mode with these bits of unread prompt rows (see above)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     share_the_gil_with_the_engine()  # as `modelhost serve` does where engines run
@@ -155,6 +239,10 @@ def main() -> None:
                 "weights_mb": model.weights_bytes / 1e6,
                 "linears": describe(model.network),
             }
+            if args.prompt_activations:
+                results[name][mode]["prompt_activations"] = by_bits(
+                    model, args.prompt_activations, args.tokens, continuations
+                )
             del model
     print(f"{'model':<24}{'mode':>6}{'ppl':>10}{'greedy same':>13}{'agree tok':>11}{'MB':>9}")
     for name, modes in results.items():
@@ -164,6 +252,20 @@ def main() -> None:
                 f"{row['greedy_identical']:>9}/{row['greedy_prompts']:<3}"
                 f"{row['mean_tokens_before_divergence']:>11.1f}{row['weights_mb']:>9.0f}"
             )
+    for name, modes in results.items():
+        for mode, row in modes.items():
+            for bits, figures in row.get("prompt_activations", {}).items():
+                print(
+                    f"{name:<24}{mode:>6} prompt rows at {bits:>2} bits: windowed ppl "
+                    f"{figures['windowed_perplexity']:.3f}, greedy same "
+                    f"{figures['greedy_identical']}/{len(PROMPTS)} "
+                    f"({figures['mean_tokens_before_divergence']:.1f} tokens agree)"
+                    + (
+                        f", every row at 8 bits: ppl {figures['all_rows_perplexity']:.3f}"
+                        if "all_rows_perplexity" in figures
+                        else ""
+                    )
+                )
     out = args.out or Path(__file__).parent / "results" / f"perplexity-{int(time.time())}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"tokens": args.tokens, "threads": args.threads, "torch": torch.__version__}

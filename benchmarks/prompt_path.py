@@ -2,7 +2,7 @@
 first token on the same GGUF files.
 
     python benchmarks/prompt_path.py [MODEL ...] [--prefill 512 1200] [--short 12] [--repeats 3]
-        [--llama-server PATH] [--json PATH]
+        [--llama-server PATH] [--json PATH] [--prompt-activations 16 8]
 
 MODEL: a GGUF path or an embedded model's name (default: smollm2-135m-instruct and the
 synthetic 1B and 3B Q4_K_M files under /tmp/synth-models). For each model, modelhost's engine
@@ -12,6 +12,9 @@ runs in this process (no HTTP: the prompt path alone, greedy, one token), then l
 first token (modelhost) and over llama-server's own `timings.prompt_ms`; the short prompt: the
 median time to the first token, client-side for both (llama-server's includes its HTTP round
 trip, a millisecond or two). Every prompt starts with a different token: no prefix cache helps.
+`--prompt-activations 16 8` runs modelhost's engine once at each (`modelhost serve
+--prompt-activations`: the bits of a prompt's unread rows' activations), reported as
+`modelhost` (16) and `modelhost_8bit_prompts`, with their ratio.
 Writes JSON (default benchmarks/results/prompt-path-<time>.json). Shared machines are noisy:
 compare the ratios within one run.
 """
@@ -61,11 +64,13 @@ async def modelhost_first_token(engine: Engine, ids: list[int]) -> float:
     return time.perf_counter() - started
 
 
-def measure_modelhost(name: str, args: argparse.Namespace) -> dict[str, Any]:
+def measure_modelhost(name: str, args: argparse.Namespace, bits: int = 16) -> dict[str, Any]:
     model = load_model(name)
     vocab = model.config.vocab_size
     cores = os.cpu_count() or 1
-    config = EngineConfig(batch=16, max_num_batched_tokens=512, prompt_threads=cores)
+    config = EngineConfig(
+        batch=16, max_num_batched_tokens=512, prompt_threads=cores, prompt_activations=bits
+    )
     engine = Engine(model, config)
     result: dict[str, Any] = {}
     variant = 1
@@ -163,20 +168,34 @@ def main() -> None:
     parser.add_argument("--llama-server", type=Path, default=LLAMA_SERVER)
     parser.add_argument("--no-llama", action="store_true", help="modelhost alone")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--prompt-activations", nargs="+", type=int, choices=(8, 16), default=[16],
+        help="the engine's bits for unread prompt rows, one run each (default: 16)",
+    )  # fmt: skip
     args = parser.parse_args()
     share_the_gil_with_the_engine()  # as `modelhost serve` does where engines run
     torch.set_num_threads(max(1, (os.cpu_count() or 1) - 1))
     report: dict[str, Any] = {"meta": {"cores": os.cpu_count(), "args": vars(args)}, "models": {}}
     report["meta"]["args"] = {k: str(v) for k, v in vars(args).items()}
     for name in args.models:
-        row: dict[str, Any] = {"modelhost": measure_modelhost(name, args)}
+        row: dict[str, Any] = {}
+        for bits in args.prompt_activations:
+            key = "modelhost" if bits == 16 else f"modelhost_{bits}bit_prompts"
+            row[key] = measure_modelhost(name, args, bits)
+        if "modelhost" in row and "modelhost_8bit_prompts" in row:
+            row["ratio_8bit_to_16bit"] = {
+                key: row["modelhost_8bit_prompts"][key] / row["modelhost"][key]
+                for key in row["modelhost"]
+            }
         if not args.no_llama:
             path = resolve(name).path
             vocab = load_model(name).config.vocab_size
             row["llama-server"] = measure_llama(Path(path), vocab, args)
-            row["ratio"] = {
-                key: row["modelhost"][key] / row["llama-server"][key] for key in row["modelhost"]
-            }
+            for key in [k for k in row if k.startswith("modelhost")]:
+                suffix = key.removeprefix("modelhost")
+                row[f"ratio{suffix}"] = {
+                    name: row[key][name] / row["llama-server"][name] for name in row[key]
+                }
         report["models"][name] = row
         print(name, json.dumps(row, indent=1), flush=True)
     report["meta"]["loadavg_end"] = os.getloadavg()

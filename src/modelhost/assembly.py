@@ -129,6 +129,7 @@ def build_stage(
         max_num_batched_tokens=settings.chunk_tokens,
         context_length=settings.context_length,
         prompt_threads=settings.prompt_threads,
+        prompt_activations=settings.prompt_activations,
         speculate=speculate_mode(settings.speculate),
     )
     prefix_store = prefix_store_opener(model, KVDiskStore(budget_bytes=settings.kv_disk_bytes))

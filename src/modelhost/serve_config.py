@@ -49,6 +49,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         ),
         log_format=args.log_format,
         prompt_threads=args.prompt_threads,
+        prompt_activations=getattr(args, "prompt_activations", 16),
         kv_disk_bytes=kv_disk_bytes(args),
         speculate=getattr(args, "speculate", "auto"),
         console=not getattr(args, "no_console", False),

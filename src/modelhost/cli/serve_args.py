@@ -122,6 +122,14 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         help="CPU threads for engine steps that compute many prompt tokens, and for the native "
         "weight kernels of every step (default: all cores)",
     )  # fmt: skip
+    # A prompt's linears are bound by integer products: 8-bit activations (llama.cpp's) do half
+    # of them; benchmarks/README.md has the speed and the perplexity each costs.
+    parser.add_argument(
+        "--prompt-activations", type=int, choices=(8, 16), default=16, metavar="{8,16}",
+        help="bits of the quantized linears' activations for prompt tokens whose logits are not "
+        "read: 16 (default: every token alike) or 8 (one scale each 32 inputs, as llama.cpp: "
+        "faster prompts, a little less precise; generated tokens and sampled rows stay at 16)",
+    )  # fmt: skip
     # Where a decode step has spare rows, guessed tokens ride in them for little more than the
     # weights' read (engine/speculation.py); exact either way.
     parser.add_argument(

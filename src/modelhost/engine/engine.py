@@ -105,6 +105,10 @@ class EngineConfig:
     # Guess tokens ahead and verify them in one step (engine/speculation.py): auto where the
     # steps' measured cost says they pay, ngram for every decoding row, none never.
     speculate: SpeculateMode = "auto"
+    # Bits of the quantized linears' activations for prompt tokens whose logits nobody reads:
+    # 16 (every row alike), or 8 (llama.cpp's: ~1.6x the prompt's linears, a little less
+    # precise; decode, sampled and verifying rows stay at 16). --prompt-activations.
+    prompt_activations: int = 16
 
     def num_blocks(self, model: LoadedModel, context_length: int) -> int:
         token_bytes = model.config.kv_bytes_per_token(model.cache_dtype.itemsize)
@@ -215,6 +219,7 @@ class Engine:
             block_size=config.block_size,
             prompt_threads=config.prompt_threads,
             grows=grows,
+            coarse_prompts=config.prompt_activations == 8,
         )
         self.draft: DraftModel | None = None
         if draft is not None:
@@ -232,7 +237,10 @@ class Engine:
         )
         self.persistence: PrefixPersistence | None = None
         if prefix_store is not None:
-            store = prefix_store(kv_layout(self.runner.kv))
+            layout = kv_layout(self.runner.kv)
+            if config.prompt_activations == 8:  # its prompts' blocks differ from 16-bit ones
+                layout += ";prompt_activations=8"
+            store = prefix_store(layout)
             self.persistence = PrefixPersistence(store, self.runner.kv, self.block_manager)
         self._idle_keep_blocks = config.idle_kv_bytes // self._block_bytes
         self._ids = itertools.count(1)

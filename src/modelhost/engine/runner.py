@@ -28,8 +28,12 @@ class ModelRunner:
         block_size: int,
         prompt_threads: int | None = None,
         grows: bool = False,
+        coarse_prompts: bool = False,
     ) -> None:
         self.model = model
+        # --prompt-activations 8: a prompt's tokens before its last, whose logits nobody
+        # reads, run the quantized linears with 8-bit activations (models/kernels/packed.py).
+        self.coarse_prompts = coarse_prompts
         self.prompt_threads = prompt_threads
         kernels = native.kernels()
         if kernels is not None and prompt_threads is not None:
@@ -221,6 +225,9 @@ class ModelRunner:
         ]
         # Rows that want prompt logprobs get logits at their prompt positions too, after these.
         sample_last += prompt_logits_index(rows)
+        coarse = None
+        if self.coarse_prompts:
+            coarse = self._coarse_rows(rows, positions, row_of_token, sample_last)
         device = self.model.device
         return ForwardBatch(
             input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
@@ -237,7 +244,24 @@ class ModelRunner:
             embed_override=self.images.override(rows) if self.images is not None else None,
             mrope_positions=self._mrope_positions(positions, counts, rows),
             bidirectional=bidirectional,
+            coarse_rows=None if coarse is None else coarse.to(device),
         )
+
+    @staticmethod
+    def _coarse_rows(
+        rows: list[ScheduledRow],
+        positions: torch.Tensor,
+        row_of_token: torch.Tensor,
+        wanted: list[int],
+    ) -> torch.Tensor | None:
+        """[T] bool: the step's prompt tokens before each prompt's last, less those whose
+        logits are wanted (prompt logprobs); None when there are none. Whether a token is one
+        depends on its request alone, not on how the prompt was chunked or cached."""
+        last = torch.tensor([row.seq.num_prompt_tokens - 1 for row in rows], dtype=torch.long)
+        coarse = positions < last[row_of_token]
+        if wanted:
+            coarse[torch.tensor(wanted, dtype=torch.long)] = False
+        return coarse if bool(coarse.any()) else None
 
     @staticmethod
     def _image_blocks(rows: list[ScheduledRow], max_q: int, max_kv: int) -> torch.Tensor | None:

@@ -42,6 +42,9 @@ class ForwardBatch:
     # tokens attend to each other both ways). The native kernels attend causally by position,
     # so such a step takes the masked path.
     bidirectional: bool = False
+    # [T] bool: prompt tokens whose logits nobody reads, which the quantized linears may compute
+    # with 8-bit activations (--prompt-activations 8, models/kernels/packed.py); None: none.
+    coarse_rows: torch.Tensor | None = None
 
 
 @dataclass(slots=True)

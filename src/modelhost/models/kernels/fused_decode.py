@@ -59,9 +59,11 @@ class FusedDecode:
 
     def can_run(self, batch: ForwardBatch, kv: KVCache) -> bool:
         """Whether this step is one the fused path computes: one token a row (generated, or a
-        prompt's only one), over an fp32 or fp16 CPU pool."""
+        prompt's only one), over an fp32 or fp16 CPU pool, all of it at 16 bits (a step with
+        coarse prompt rows takes the module path, which rounds them to 8)."""
         return (
             batch.dense
+            and batch.coarse_rows is None
             and batch.query_index.shape[1] == 1
             and not batch.bidirectional
             and native.cache_readable(kv.pools[0])

@@ -2,9 +2,11 @@
 
 Linear weights stay in the quantization of the file they came from, repacked losslessly into
 tiles (native_qlinear.h, native_repack.h): every row of activations, a prompt token's or a
-generated token's, is rounded to 16 bits (two int8 halves under one scale) and multiplied by
-the weights' integer levels with AVX-512 VNNI dot products (on CPUs without it, such as AMD's
-Zen 3, the same source built for AVX2: native_avx2.h); each weight is read once for up to 8
+generated token's, is rounded to 16 bits (two int8 halves under one scale; with
+`--prompt-activations 8`, a prompt's rows whose logits nobody reads to 8 bits a 32-input
+group, models/kernels/packed.py) and multiplied by the weights' integer levels with AVX-512
+VNNI dot products (on CPUs without it, such as AMD's Zen 3, the same source built for AVX2:
+native_avx2.h); each weight is read once for up to 8
 rows, with the outputs split among all cores (one core alone cannot read memory at full
 speed). `paged_attention`, `rms_norm` and `gated_activation` replace a handful of small
 PyTorch ops each, and models/kernels/fused_decode.py runs a whole decode step through them. The
@@ -87,6 +89,9 @@ class Kernels:
         self._qmatmul = library.mh_qmatmul
         self._qmatmul.argtypes = [p, i64, desc, p, i64, ctypes.c_int]
         self._qmatmul.restype = None
+        self._qmatmul_bytes = library.mh_qmatmul_bytes
+        self._qmatmul_bytes.argtypes = self._qmatmul.argtypes
+        self._qmatmul_bytes.restype = None
         self._qrows = library.mh_qrows
         self._qrows.argtypes = [desc, p, i64, p, ctypes.c_int]
         self._qrows.restype = None
@@ -120,13 +125,21 @@ class Kernels:
         # Threads per call: weights stream from memory, and one core alone cannot saturate it.
         self.threads = os.cpu_count() or 1
 
-    def qmatmul(self, x: torch.Tensor, weight: QLinearDesc, y: torch.Tensor, column: int) -> None:
+    def qmatmul(
+        self,
+        x: torch.Tensor,
+        weight: QLinearDesc,
+        y: torch.Tensor,
+        column: int,
+        coarse: bool = False,
+    ) -> None:
         """y[:, column : column + weight.out] = x @ weight.T: x [rows, weight.padded] fp32
-        contiguous (zeros beyond the weight's inputs), y [rows, n] fp32 contiguous."""
+        contiguous (zeros beyond the weight's inputs), y [rows, n] fp32 contiguous. A quantized
+        weight takes x rounded to 16 bits a row, or with `coarse` to 8 bits each 32 inputs
+        (llama.cpp's Q8_0 activations: about 1.6x the speed, a little less precise)."""
         address = y.data_ptr() + 4 * column
-        self._qmatmul(
-            x.data_ptr(), x.shape[0], ctypes.byref(weight), address, y.shape[1], self.threads
-        )
+        matmul = self._qmatmul_bytes if coarse else self._qmatmul
+        matmul(x.data_ptr(), x.shape[0], ctypes.byref(weight), address, y.shape[1], self.threads)
 
     def qrows(self, weight: QLinearDesc, ids: torch.Tensor) -> torch.Tensor:
         """The weight's rows `ids` (int64), dequantized: [len(ids), weight.padded] fp32."""

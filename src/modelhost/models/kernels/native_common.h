@@ -131,6 +131,51 @@ RoundedRows round_rows(const float* x, int64_t rows, int64_t padded) {
     return RoundedRows{padded / kGroup, padded, high, low, scales, sums};
 }
 
+// Activations rounded to 8 bits, for prompt rows whose logits nobody reads (models/kernels/
+// packed.py's coarse rows): each 32 inputs of a row as int8 with one scale (their largest
+// magnitude / 127), as llama.cpp's Q8_0, so a product of 4 weights and 4 inputs is one VNNI
+// instruction where RoundedRows takes two. Per row: the int8 inputs; each group's scale; and
+// each 16 rounded inputs' sum times their group's scale, which the weights' minimums multiply.
+struct ByteRows {
+    int64_t groups, padded;
+    const int8_t* q;       // [rows, padded]
+    const float* scales;   // [rows, groups]
+    const float* sums;     // [rows, padded / 16]
+};
+
+thread_local std::vector<uint8_t> byte_buffer;
+
+ByteRows byte_rows(const float* x, int64_t rows, int64_t padded) {
+    const int64_t groups = padded / kGroup, sixteens = padded / 16;
+    const size_t per_row = padded + 4 * groups + 4 * sixteens;
+    std::vector<uint8_t>& buffer = byte_buffer;
+    if (buffer.size() < rows * per_row + 64) buffer.resize(rows * per_row + 64);
+    uint8_t* base = buffer.data() + (64 - reinterpret_cast<uintptr_t>(buffer.data()) % 64) % 64;
+    int8_t* q = reinterpret_cast<int8_t*>(base);
+    float* scales = reinterpret_cast<float*>(q + rows * padded);
+    float* sums = scales + rows * groups;
+    const __m512 magnitude = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+    for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t g = 0; g < groups; ++g) {
+            const float* in = x + r * padded + kGroup * g;
+            const __m512 a = _mm512_loadu_ps(in), b = _mm512_loadu_ps(in + 16);
+            const float amax = _mm512_reduce_max_ps(
+                _mm512_max_ps(_mm512_and_ps(a, magnitude), _mm512_and_ps(b, magnitude)));
+            const float scale = amax / 127.0f;
+            const __m512 inverse = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+            scales[r * groups + g] = scale;
+            for (int half = 0; half < 2; ++half) {
+                const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(half ? b : a, inverse));
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(q + r * padded + kGroup * g + 16 * half),
+                                 _mm512_cvtepi32_epi8(v));
+                sums[r * sixteens + 2 * g + half] =
+                    static_cast<float>(_mm512_reduce_add_epi32(v)) * scale;
+            }
+        }
+    }
+    return ByteRows{groups, padded, q, scales, sums};
+}
+
 // Calls tile(row0, rows-in-tile, first output, end output) over all rows and outputs, the
 // outputs split among `threads` (weights stream from memory: one core alone cannot saturate
 // it). Which thread computes an output never changes its value.

@@ -200,6 +200,24 @@ inline __m512i half_dot(const __m512i* w, const int32_t* x, int h) {
     return acc;
 }
 
+// half_dot over inputs already broadcast (xb[q]: quad q of a row's 8-bit inputs in every
+// lane), for 8-bit activations (ByteRows): each block of a pair reuses the broadcasts.
+template <int bits>
+inline __m512i quads_dot(const __m512i* w, const __m512i* xb, int h) {
+    const int q = 4 * h;
+    __m512i acc = dpbusd_nibble_pair(_mm512_setzero_si512(), w[q], xb[q], w[q + 1], xb[q + 1]);
+    acc = dpbusd_nibble_pair(acc, w[q + 2], xb[q + 2], w[q + 3], xb[q + 3]);
+#ifdef MH_AVX2
+    if constexpr (bits == 8) {
+        __m512i high = dpbusd_nibble_pair(_mm512_setzero_si512(), w[8 + q], xb[q], w[9 + q],
+                                          xb[q + 1]);
+        high = dpbusd_nibble_pair(high, w[10 + q], xb[q + 2], w[11 + q], xb[q + 3]);
+        acc = _mm512_add_epi32(acc, _mm512_slli_epi32(high, 4));
+    }
+#endif
+    return acc;
+}
+
 inline __m512 int8_to_ps(const uint8_t* p) {
     return _mm512_cvtepi32_ps(
         _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
@@ -239,9 +257,14 @@ inline void tile_params(const uint8_t* p, __m512 d, __m512 dmin, __m512* scale, 
 // With NB = 2 each of a row's broadcast inputs feeds both blocks' levels (16 registers): half
 // the broadcasts and row bookkeeping per product, for the same sums in the same order (a
 // block's outputs do not depend on NB, nor on R).
-template <int R, int F, int NB>
-void q_blocks(const RoundedRows& x, int64_t row0, const QLinear& w, int64_t b, float* y,
+//
+// Rows is RoundedRows (16-bit activations under one scale a row) or ByteRows (8-bit ones under
+// one scale each 32 inputs: one VNNI product a multiply-add instead of two, a group's integer
+// sums scaled by the row's group scale before they join the row's float sums).
+template <int R, int F, int NB, typename Rows>
+void q_blocks(const Rows& x, int64_t row0, const QLinear& w, int64_t b, float* y,
               int64_t ldy) {
+    constexpr bool bytes = std::is_same_v<Rows, ByteRows>;
     using T = Format<F>;
     constexpr int64_t tile = tile_bytes(T::bits), pbytes = param_bytes<F>();
     const int64_t groups = x.groups, sixteens = x.padded / 16;
@@ -273,6 +296,43 @@ void q_blocks(const RoundedRows& x, int64_t row0, const QLinear& w, int64_t b, f
         }
         for (int r = 0; r < R; ++r) {
             const int64_t row = row0 + r;
+            if constexpr (bytes) {
+                const int32_t* q = reinterpret_cast<const int32_t*>(x.q + row * x.padded + 32 * g);
+                const __m512 scaled = _mm512_set1_ps(x.scales[row * groups + g]);
+                const float* sums = x.sums + row * sixteens + 2 * g;
+                __m512i dots[NB][2];
+                if constexpr (NB == 1) {
+                    __m512i xb[8];
+                    for (int k = 0; k < 8; ++k) xb[k] = _mm512_set1_epi32(q[k]);
+                    dots[0][0] = quads_dot<T::bits>(levels[0], xb, 0);
+                    dots[0][1] = quads_dot<T::bits>(levels[0], xb, 1);
+                } else {  // each broadcast feeds both blocks as soon as it is made
+                    for (int n = 0; n < NB; ++n) dots[n][0] = dots[n][1] = _mm512_setzero_si512();
+                    for (int k = 0; k < 8; k += 2) {
+                        const __m512i x0 = _mm512_set1_epi32(q[k]), x1 = _mm512_set1_epi32(q[k + 1]);
+                        for (int n = 0; n < NB; ++n)
+                            dots[n][k / 4] = dpbusd_nibble_pair(dots[n][k / 4], levels[n][k], x0,
+                                                                levels[n][k + 1], x1);
+                    }
+                }
+                for (int n = 0; n < NB; ++n) {
+                    const __m512i d0 = dots[n][0], d1 = dots[n][1];
+                    if constexpr (T::halves) {
+                        acc[n][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0),
+                                                    _mm512_mul_ps(scale[n][0], scaled), acc[n][r]);
+                        acc[n][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1),
+                                                    _mm512_mul_ps(scale[n][1], scaled), acc[n][r]);
+                        acc[n][r] = _mm512_fmadd_ps(min[n][0], _mm512_set1_ps(sums[0]), acc[n][r]);
+                        acc[n][r] = _mm512_fmadd_ps(min[n][1], _mm512_set1_ps(sums[1]), acc[n][r]);
+                    } else {
+                        acc[n][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1)),
+                                                    _mm512_mul_ps(scale[n][0], scaled), acc[n][r]);
+                        acc[n][r] = _mm512_fmadd_ps(min[n][0], _mm512_set1_ps(sums[0] + sums[1]),
+                                                    acc[n][r]);
+                    }
+                }
+                continue;
+            } else {
             const int32_t* high =
                 reinterpret_cast<const int32_t*>(x.high + row * x.padded + 32 * g);
             const int32_t* low = reinterpret_cast<const int32_t*>(x.low + row * x.padded + 32 * g);
@@ -337,13 +397,19 @@ void q_blocks(const RoundedRows& x, int64_t row0, const QLinear& w, int64_t b, f
                     }
                 }
             }
+            }
         }
     }
     for (int n = 0; n < NB; ++n) {
         const __mmask16 live = tail_mask(w.out - 16 * (b + n));
-        for (int r = 0; r < R; ++r)
-            _mm512_mask_storeu_ps(y + (row0 + r) * ldy + 16 * (b + n), live,
-                                  _mm512_mul_ps(acc[n][r], _mm512_set1_ps(x.scales[row0 + r])));
+        for (int r = 0; r < R; ++r) {
+            float* out = y + (row0 + r) * ldy + 16 * (b + n);
+            if constexpr (bytes)
+                _mm512_mask_storeu_ps(out, live, acc[n][r]);
+            else
+                _mm512_mask_storeu_ps(out, live,
+                                      _mm512_mul_ps(acc[n][r], _mm512_set1_ps(x.scales[row0 + r])));
+        }
     }
 }
 
@@ -358,8 +424,8 @@ constexpr int kPairedBlocks =
 #endif
 
 // R rows times the blocks of outputs begin .. end (block-aligned begin) of this linear.
-template <int R, int F>
-void q_tile(const RoundedRows& x, int64_t row0, const QLinear& w, int64_t begin, int64_t end,
+template <int R, int F, typename Rows>
+void q_tile(const Rows& x, int64_t row0, const QLinear& w, int64_t begin, int64_t end,
             float* y, int64_t ldy) {
     constexpr int NB = kPairedBlocks<F>;
     const int64_t last = (end + 15) / 16;
@@ -406,8 +472,8 @@ void float_tile(const float* x, int64_t row0, const QLinear& w, int64_t begin, i
     }
 }
 
-template <int F>
-void q_matmul(const RoundedRows& x, int64_t rows, const QLinear& w, float* y, int64_t ldy,
+template <int F, typename Rows>
+void q_matmul(const Rows& x, int64_t rows, const QLinear& w, float* y, int64_t ldy,
               int threads) {
     by_tiles(rows, w.out, threads, [&](int64_t row0, auto r, int64_t begin, int64_t end) {
         q_tile<decltype(r)::value, F>(x, row0, w, begin, end, y, ldy);
@@ -426,8 +492,10 @@ bool is_float_format(int32_t format) {
     return format == kF32 || format == kF16 || format == kBF16;
 }
 
-// y[:, 0 .. w.out) (rows of ldy floats) = x @ w.T for a quantized w, x already rounded.
-void qlinear_rounded(const RoundedRows& x, int64_t rows, const QLinear& w, float* y,
+// y[:, 0 .. w.out) (rows of ldy floats) = x @ w.T for a quantized w, x already rounded (to
+// 16 bits, RoundedRows, or to 8, ByteRows).
+template <typename Rows>
+void qlinear_rounded(const Rows& x, int64_t rows, const QLinear& w, float* y,
                      int64_t ldy, int threads) {
     switch (w.format) {
         case kQ4_0: return q_matmul<kQ4_0>(x, rows, w, y, ldy, threads);
@@ -451,6 +519,14 @@ void qlinear(const float* x, int64_t rows, const QLinear& w, float* y, int64_t l
     if (w.format == kF16) return float_matmul<kF16>(x, rows, w, y, ldy, threads);
     if (w.format == kBF16) return float_matmul<kBF16>(x, rows, w, y, ldy, threads);
     qlinear_rounded(round_rows(x, rows, w.padded), rows, w, y, ldy, threads);
+}
+
+// qlinear with a quantized w's activations rounded to 8 bits (ByteRows); float weights as
+// qlinear's.
+void qlinear_bytes(const float* x, int64_t rows, const QLinear& w, float* y, int64_t ldy,
+                   int threads) {
+    if (is_float_format(w.format)) return qlinear(x, rows, w, y, ldy, threads);
+    qlinear_rounded(byte_rows(x, rows, w.padded), rows, w, y, ldy, threads);
 }
 
 // Level i (0 .. 31) of output o (0 .. 15) in a tile of `bits` levels (scalar: row lookups).
@@ -532,6 +608,13 @@ void float_row(const QLinear& w, int64_t row, float* out) {
 extern "C" void mh_qmatmul(const float* x, int64_t rows, const QLinear* w, float* y,
                            int64_t ldy, int threads) {
     qlinear(x, rows, *w, y, ldy, threads);
+}
+
+// mh_qmatmul with 8-bit activations (ByteRows: one scale each 32 inputs) for a quantized w:
+// prompt rows whose logits are not read (models/kernels/packed.py).
+extern "C" void mh_qmatmul_bytes(const float* x, int64_t rows, const QLinear* w, float* y,
+                                 int64_t ldy, int threads) {
+    qlinear_bytes(x, rows, *w, y, ldy, threads);
 }
 
 // out [count, w->padded] = the dequantized weight's rows `ids` (embedding lookups).

@@ -8,9 +8,20 @@ against 6.5625), and every token, a prompt's or a generated one, runs through th
 kernel: its activations rounded to 16 bits, the weights' integer levels multiplied exactly.
 Prompt rows and generated rows therefore take the same path, and a row's result never
 depends on the rows beside it.
+
+The one exception is asked for (`--prompt-activations 8`): a step's `coarse_rows`, the prompt
+tokens whose logits nobody reads (engine/runner.py marks them), run with their activations
+rounded to 8 bits each 32 inputs, as llama.cpp's, which does half the integer products. Their
+keys and values then differ a little from a 16-bit prompt's; sampled rows (decode, a prompt's
+last token, speculation's verification) stay at 16 bits, and a row's result still depends only
+on the row.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 from torch import nn
@@ -96,6 +107,22 @@ class PackedWeight:
         return self.rows(torch.arange(self.out))
 
 
+# The step's tokens (all of its T rows) whose activations may round to 8 bits: [T] bool, or None.
+_coarse_rows: ContextVar[torch.Tensor | None] = ContextVar("coarse_rows", default=None)
+
+
+@contextmanager
+def coarse_rows(mask: torch.Tensor | None) -> Iterator[None]:
+    """Within it, a QuantLinear given the step's T rows (mask [T] bool) computes the rows
+    marked True with 8-bit activations; inputs of another row count (the last layer's kept
+    tokens, the LM head: the rows whose logits are wanted) stay at 16 bits."""
+    token = _coarse_rows.set(mask if mask is not None and bool(mask.any()) else None)
+    try:
+        yield
+    finally:
+        _coarse_rows.reset(token)
+
+
 class QuantLinear(nn.Module):
     """y = x @ W.T + bias for W one or more packed weights whose outputs sit side by side
     (fused q/k/v, or gate/up, where their formats differ)."""
@@ -117,13 +144,36 @@ class QuantLinear(nn.Module):
         shape = x.shape
         rows = native.padded_rows(x.reshape(-1, shape[-1]), self.padded)
         y = torch.empty((rows.shape[0], self.out_features), dtype=torch.float32)
-        column = 0
-        for part in self.parts:
-            kernels.qmatmul(rows, part.desc, y, column)
-            column += part.out
+        coarse = _coarse_rows.get()
+        if coarse is not None and coarse.shape[0] == rows.shape[0]:
+            self._mixed(kernels, rows, coarse, y)
+        else:
+            self._matmul(kernels, rows, y, coarse=False)
         if self.bias is not None:
             y += self.bias
         return y.view(*shape[:-1], self.out_features)
+
+    def _matmul(
+        self, kernels: native.Kernels, rows: torch.Tensor, y: torch.Tensor, coarse: bool
+    ) -> None:
+        column = 0
+        for part in self.parts:
+            kernels.qmatmul(rows, part.desc, y, column, coarse=coarse)
+            column += part.out
+
+    def _mixed(
+        self, kernels: native.Kernels, rows: torch.Tensor, coarse: torch.Tensor, y: torch.Tensor
+    ) -> None:
+        """The coarse rows at 8 bits, the others at 16: each row's result is the one it gets
+        alone (rows never depend on each other), so the two sets are computed apart."""
+        if bool(coarse.all()):
+            self._matmul(kernels, rows, y, coarse=True)
+            return
+        for wanted, is_coarse in ((coarse, True), (~coarse, False)):
+            index = wanted.nonzero().view(-1)
+            part = torch.empty((index.numel(), y.shape[1]), dtype=torch.float32)
+            self._matmul(kernels, rows.index_select(0, index).contiguous(), part, is_coarse)
+            y.index_copy_(0, index, part)
 
 
 class PackedEmbedding(nn.Module):

@@ -11,6 +11,7 @@ from torch import nn
 from modelhost.models.batch import ForwardBatch, KVCache
 from modelhost.models.config import ModelConfig
 from modelhost.models.kernels.fused_decode import FusedDecode
+from modelhost.models.kernels.packed import coarse_rows
 from modelhost.models.networks.layers import Attention, GatedMLP, RMSNorm, Rotary
 from modelhost.models.networks.moe import SparseMoE
 
@@ -163,12 +164,15 @@ class DecoderLM(nn.Module):
             if before_layers is not None:
                 before_layers()
             blocks = self.model.blocks()
-            for index, layer in enumerate(blocks):
-                # The last layer stores every token's keys and values but goes on (output
-                # projection, MLP) only with the tokens whose logits are wanted: a prompt's
-                # other tokens would be dropped after it (1/layers of a prompt's work saved).
-                keep = batch.logits_index if index == len(blocks) - 1 else None
-                hidden = layer(hidden, ropes[self.config.rope_kind(index)], batch, kv, keep)
+            # Prompt tokens whose logits nobody reads may take 8-bit activations
+            # (--prompt-activations 8, models/kernels/packed.py); the kept rows stay at 16.
+            with coarse_rows(batch.coarse_rows):
+                for index, layer in enumerate(blocks):
+                    # The last layer stores every token's keys and values but goes on (output
+                    # projection, MLP) only with the tokens whose logits are wanted: a prompt's
+                    # other tokens would be dropped after it (1/layers of a prompt's work saved).
+                    keep = batch.logits_index if index == len(blocks) - 1 else None
+                    hidden = layer(hidden, ropes[self.config.rope_kind(index)], batch, kv, keep)
         hidden = self.model.norm(hidden)
         logits = self.lm_head(hidden)
         if self.config.logits_scaling != 1.0:

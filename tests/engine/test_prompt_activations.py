@@ -1,0 +1,110 @@
+"""The engine with --prompt-activations 8 (EngineConfig.prompt_activations) on the real SmolLM2:
+which tokens its steps mark coarse (a prompt's tokens before its last, whatever the chunking),
+and the answers and guarantees that hold with them."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from modelhost.engine.engine import Engine, EngineConfig
+from modelhost.engine.events import EngineEvent
+from modelhost.engine.sampling.sampling_params import SamplingParams
+from modelhost.models.kernels import native
+
+pytestmark = pytest.mark.skipif(native.kernels() is None, reason="no native kernels here")
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+PROMPTS = [
+    "The capital of France is",
+    "Once upon a time, in a small village,",
+    "def fibonacci(n):",
+    "The three primary colors are",
+]
+
+
+@pytest.fixture
+def coarse_engine(smollm2):
+    engine = Engine(smollm2, EngineConfig(batch=4, prompt_activations=8))
+    yield engine
+    engine.close()
+
+
+async def collect(engine: Engine, prompt_ids: list[int], params: SamplingParams):
+    events: list[EngineEvent] = [event async for event in engine.submit(prompt_ids, params)]
+    tokens = [token for event in events for token in event.token_ids]
+    return tokens, "".join(event.text for event in events), events[-1]
+
+
+def record_batches(engine: Engine) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """Each step's (positions, coarse_rows) as the runner builds them."""
+    seen: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+    build = engine.runner.build_batch
+
+    def recording(out):
+        batch = build(out)
+        seen.append((batch.positions.clone(), batch.coarse_rows))
+        return batch
+
+    engine.runner.build_batch = recording  # type: ignore[method-assign]
+    return seen
+
+
+async def test_a_chunked_prompts_tokens_before_its_last_are_coarse_and_generated_ones_never(
+    smollm2,
+):
+    engine = Engine(smollm2, EngineConfig(max_num_batched_tokens=32, prompt_activations=8))
+    try:
+        seen = record_batches(engine)
+        prompt = smollm2.tokenizer.encode("The history of the Roman Empire begins " * 10)
+        tokens, _, last = await collect(engine, prompt, GREEDY)
+    finally:
+        engine.close()
+    assert len(prompt) > 64  # three chunks or more
+    coarse = [int(p) for positions, mask in seen if mask is not None for p in positions[mask]]
+    assert sorted(coarse) == list(range(len(prompt) - 1))
+    assert len(tokens) == last.usage.completion_tokens == 16
+
+
+async def test_sixteen_bit_prompts_mark_no_coarse_rows(smollm2):
+    engine = Engine(smollm2, EngineConfig(prompt_activations=16))
+    try:
+        seen = record_batches(engine)
+        await collect(engine, smollm2.tokenizer.encode("A good breakfast includes " * 8), GREEDY)
+    finally:
+        engine.close()
+    assert seen and all(mask is None for _, mask in seen)
+
+
+async def test_a_one_token_prompt_answers_at_eight_bits_as_at_sixteen(coarse_engine, smollm2):
+    # Its only token is its last, whose logits are read: no coarse row, the same tokens.
+    prompt = smollm2.tokenizer.encode("The")[-1:]
+    engine = Engine(smollm2, EngineConfig(batch=4, prompt_activations=16))
+    try:
+        fine, _, _ = await collect(engine, prompt, GREEDY)
+    finally:
+        engine.close()
+    coarse, _, last = await collect(coarse_engine, prompt, GREEDY)
+    assert coarse == fine
+    assert last.usage.prompt_tokens == 1
+
+
+async def test_with_eight_bit_prompts_a_cached_prompt_gives_its_cold_greedy_tokens(
+    coarse_engine, smollm2
+):
+    prompt = smollm2.tokenizer.encode("The history of the Roman Empire begins " * 6)
+    cold, _, _ = await collect(coarse_engine, prompt, GREEDY)
+    warm, _, last = await collect(coarse_engine, prompt, GREEDY)
+    assert last.usage.cached_tokens > 0
+    assert warm == cold
+
+
+async def test_with_eight_bit_prompts_rows_run_together_equal_each_run_alone(
+    coarse_engine, smollm2
+):
+    prompts = [smollm2.tokenizer.encode(p) for p in PROMPTS]
+    alone = [(await collect(coarse_engine, p, GREEDY))[0] for p in prompts]
+    together = await asyncio.gather(*(collect(coarse_engine, p, GREEDY) for p in prompts))
+    assert [tokens for tokens, _, _ in together] == alone
