@@ -17,7 +17,7 @@ script), on the same model file:
   with `--spec-type ngram-simple|ngram-mod` (8 slots).
 
 Each is asked, greedy, for `--tokens` tokens (EOS ignored) of two answers: one that copies from
-its context (a few hundred tokens of code shown back with a rename) and a free story, by 1 stream
+its context (a few hundred tokens of code to show back with a rename) and a free story, by 1 stream
 and by 8 concurrent streams (`--streams`). Per answer: decode tok/s (one stream: tokens after the
 first over the time from the first to the last, read from the SSE stream; N streams: all their
 tokens over the time from the first token to the last, aggregate), the guesses made and accepted
@@ -86,8 +86,13 @@ def customers_owing(orders):
             owing[order.customer] = owing.get(order.customer, 0.0) + order.amount
     return sorted(owing.items(), key=lambda item: item[1], reverse=True)
 """
+# The copy request asks for the code back whole: phrased as "print the full code" after the
+# code, SmolLM2-135M writes a loose paraphrase of it (about half its guesses land, at most
+# 1.4x fewer steps whatever verification costs); asked first and shown the code in a fence, it
+# shows the code back and then repeats its own lines, which its context guesses as well.
 REQUESTS = {
-    "copy": CODE + "\nRename load_orders to read_orders in the code above and print the full code.",
+    "copy": "Rename the function load_orders to read_orders in this code. Reply with the "
+    "complete updated code only.\n\n```python\n" + CODE + "```",
     "story": "Write a long story about a lighthouse keeper who finds a message in a bottle.",
 }
 

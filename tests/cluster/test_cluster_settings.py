@@ -1,14 +1,18 @@
 """What `--cluster` adds without starting a cluster: single-machine serving never imports Ray,
-and the cluster's flags refuse what they cannot use."""
+the cluster's flags refuse what they cannot use, and so does `--cluster` itself (a draft model,
+which no node would hold)."""
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from modelhost.cli import serve as cli_serve
+from modelhost.cli import serve_args as cli_serve_args
 from modelhost.serve_config import parse_replicas
 from modelhost.server.edge.cluster_secret import read_token_file
 
@@ -41,3 +45,27 @@ def test_a_token_file_others_can_read_is_refused(tmp_path: Path):
         read_token_file(token)
     token.chmod(0o600)
     assert read_token_file(token) == "s3cret-of-the-cluster-0123456789"
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="modelhost")
+    cli_serve_args.add_serve_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["serve", *argv])
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ("--draft-model", "smollm2-135m-instruct"),
+            "--draft-model is not available with --cluster",
+        ),
+        (("--speculate", "draft"), "--speculate draft needs --draft-model"),
+    ],
+)
+def test_a_draft_model_is_refused_with_cluster_before_joining_it(
+    flags: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]
+):
+    # Nothing listens at this address: a refusal that came after joining would say so instead.
+    assert cli_serve.run_serve(parse("--cluster", "127.0.0.1:9", *flags)) == 2
+    assert message in capsys.readouterr().err

@@ -1,5 +1,5 @@
-"""A worker's load as the front sees it: its progress, its quantization mode, and a model that
-cannot be served at all."""
+"""A worker's load as the front sees it: its progress, its quantization mode, the draft model
+it loads beside its model, and a model that cannot be served at all."""
 
 from __future__ import annotations
 
@@ -53,6 +53,21 @@ async def test_a_worker_holds_its_weights_in_the_mode_quantize_names(tiny_f16, t
     as_stored, _ = await weights_held(tiny_f16, tmp_path, None)
     in_int8, _ = await weights_held(tiny_f16, tmp_path, "int8")
     assert in_int8 < 0.6 * as_stored  # Q8_0's 8.5 bits a weight against F16's 16
+
+
+async def test_a_worker_loads_the_draft_model_beside_its_model_and_says_so(tiny_f16, tmp_path):
+    draft = write_tiny(tmp_path / "tiny-draft.gguf", "F16", layers=1)  # SmolLM2's vocabulary too
+    settings = ServeSettings(
+        speculate="draft", draft_model_id="tiny-draft", draft_model_path=str(draft)
+    )
+    unit = await worker_loader(settings, batch=2)(entry_for(tiny_f16, tmp_path), LoadProgress("x"))
+    try:
+        stats = await unit.get_json("/stats")
+        assert stats is not None
+        assert stats["speculation"]["mode"] == "draft"
+        assert stats["speculation"]["draft_model"] == "tiny-draft"
+    finally:
+        await unit.close()
 
 
 def test_serve_refuses_a_startup_model_with_a_tensor_type_it_cannot_run(tmp_path):

@@ -54,6 +54,10 @@ def run_serve(args: argparse.Namespace) -> int:
     )
     settings = settings_from_args(args)
     if getattr(args, "cluster", None):  # the only path that imports Ray
+        refused = cluster_refusal(args)
+        if refused is not None:
+            print(f"modelhost serve: {refused}", file=sys.stderr)
+            return 2
         return serve_cluster(args, settings)
     names = list(args.models) or [DEFAULT_MODEL]
     registry = ModelRegistry(shape=serving_shape(args, settings))
@@ -173,6 +177,17 @@ async def show_load(host: ResidencyHost[Any], model_id: str) -> None:
             await asyncio.sleep(0.2)
     finally:
         models_log.removeFilter(_without_progress_lines)
+
+
+def cluster_refusal(args: argparse.Namespace) -> str | None:
+    """Why `--cluster` cannot serve these flags, or None. A draft model is not placed on a
+    cluster's nodes (each node would need its file and room for it in its budget): refused
+    before joining, rather than served without guesses."""
+    if getattr(args, "draft_model", None) is not None:
+        return "--draft-model is not available with --cluster (serve it on one machine)"
+    if getattr(args, "speculate", "auto") == "draft":
+        return "--speculate draft needs --draft-model, which --cluster does not serve"
+    return None
 
 
 def with_draft_model(

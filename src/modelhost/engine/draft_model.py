@@ -33,10 +33,10 @@ from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.engine.sampling.speculative_sampling import draw_from
 from modelhost.engine.scheduler import ScheduledRow, SchedulerOutput
 from modelhost.engine.sequence import Sequence
+from modelhost.engine.step_costs import StepCosts
 from modelhost.models.loaded import LoadedModel
 
 CATCH_UP_CHUNK = 512  # tokens of a row the draft computes per forward before its first guess
-STEP_TIME_WEIGHT = 0.25  # of a draft forward's latest time in its running average
 
 
 class DraftMismatch(ValueError):
@@ -105,8 +105,13 @@ class DraftModel:
             grows=grows,
         )
         self._mirrors: dict[int, _Mirror] = {}
-        self.step_seconds = 0.0  # running average of one draft forward; 0 until one ran
+        self._costs = StepCosts()  # the draft's forwards, all as one size (step_costs.py)
         self.num_forwards = 0
+
+    @property
+    def step_seconds(self) -> float:
+        """What one draft forward costs lately (its least recent time); 0 until one ran."""
+        return self._costs.known(1) or 0.0
 
     def forget(self, seq_id: int) -> None:
         """The row ended: its mirror's blocks go back to the draft's pool."""
@@ -225,10 +230,7 @@ class DraftModel:
         logits = self.runner.execute(SchedulerOutput(rows=rows))
         seconds = time.perf_counter() - started
         self.num_forwards += 1
-        if self.step_seconds == 0.0:
-            self.step_seconds = seconds
-        else:
-            self.step_seconds += STEP_TIME_WEIGHT * (seconds - self.step_seconds)
+        self._costs.record(1, seconds)
         return logits
 
 

@@ -442,18 +442,21 @@ class Engine:
             self._finish(seq, EngineEvent(), seq.finish_reason or "abort", None)
         if out.is_empty:
             return
-        if self.speculator.plan(
+        planned = self.speculator.plan(
             out,
             self.block_manager,
             self.scheduler.config.max_num_batched_tokens,
             lambda seq: _output(seq).sampling,
-        ):
+        )
+        # A step's cost for speculation: the forward, and sampling and emitting each position
+        # (a draft model's forwards in `plan` are counted apart, engine/speculation.py).
+        started = time.perf_counter()
+        if planned:
             self._verify_step(out, before_layers)
+            self.speculator.observe(out, time.perf_counter() - started)
             return
         sampling_rows = [row.seq for row in out.rows if row.samples]
-        started = time.perf_counter()
         logits = self.runner.execute(out, before_layers)
-        self.speculator.observe(out, time.perf_counter() - started)
         self._num_steps += 1
         logits = self._score_prompts(out, logits, len(sampling_rows))
         tokens = sample(logits, [_output(seq).sampling for seq in sampling_rows])
@@ -463,13 +466,12 @@ class Engine:
         self.scheduler.update(out, sampled)
         for seq, token in zip(sampling_rows, tokens, strict=True):
             self._emit(seq, token)
+        self.speculator.observe(out, time.perf_counter() - started)
 
     def _verify_step(self, out: SchedulerOutput, before_layers: Callable[[], None]) -> None:
         """A decode step where some rows carry guesses: every row's positions have logits,
         in row order; rows without a draft are sampled together as in `_step_rows`."""
-        started = time.perf_counter()
         logits = self.runner.execute(out, before_layers)
-        self.speculator.observe(out, time.perf_counter() - started)
         self._num_steps += 1
         plain: list[int] = []
         spans: list[tuple[ScheduledRow, int]] = []

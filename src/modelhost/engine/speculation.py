@@ -29,16 +29,17 @@ nothing accepted it stops guessing for a pause that doubles each time (up to MAX
 and then tries again.
 
 Per step (`auto`): a cost model decides how many guesses are worth verifying. The engine reports
-each decode step's forward time by its number of token rows (`observe`); a guess at depth i of a
-row whose guesses land at rate p yields p ** i tokens on average; the step verifies the guesses
-that maximise the expected tokens a second. Where extra rows are nearly free (on the native
-kernels each weight is read once for up to 8 token rows, and a step of a big model is bound by
-that read) most guesses are worth it; where they are not (a tiny model on few cores is bound by
-arithmetic, and a full batch already fills the rows), few or none are. A draft model's guesses
-also cost its forwards (one per depth, measured): `auto` counts them. In `auto` a row guesses
-from its context where that finds a match (free), else from the draft model where one is
-configured. `ngram` verifies every row's context guesses whatever they cost, `draft` every
-row's draft-model guesses. Steps that prefill a prompt, or preempted a row, never guess:
+each decode step's time (forward, sampling, emitting) by its number of token rows (`observe`),
+and a step size costs the least of its recent times (engine/step_costs.py); a guess at depth i
+of a row whose guesses land at rate p yields p ** i tokens on average; the step verifies the
+guesses that maximise the expected tokens a second. Where extra rows are nearly free (on the
+native kernels each weight is read once for up to 8 token rows, and a step of a big model is
+bound by that read) most guesses are worth it; where they are not (a tiny model on few cores is
+bound by arithmetic, and a full batch already fills the rows), few or none are. A draft model's
+guesses also cost its forwards (one per depth, measured): `auto` counts them. In `auto` a row
+guesses from its context where that finds a match (free), else from the draft model where one is
+configured. `ngram` verifies every row's context guesses whatever they cost, `draft` every row's
+draft-model guesses. Steps that prefill a prompt, or preempted a row, never guess:
 they are not decode steps. Rows with a readout never guess (their answers are one token).
 Rows with a grammar do (a schema's keys and a quoted value copy well): their positions are
 sampled one after the other under the grammar's mask, the state advanced by each kept token, so
@@ -56,6 +57,7 @@ from modelhost.engine.kv.block_manager import BlockManager
 from modelhost.engine.ngram_draft import NgramIndex
 from modelhost.engine.scheduler import ScheduledRow, SchedulerOutput
 from modelhost.engine.sequence import Sequence
+from modelhost.engine.step_costs import StepCosts
 
 if TYPE_CHECKING:
     from modelhost.engine.draft_model import DraftModel
@@ -75,7 +77,6 @@ def speculate_mode(name: str) -> SpeculateMode:
     raise ValueError(f"speculate must be one of {', '.join(SPECULATE_MODES)}, not {name!r}")
 
 
-STEP_TIME_WEIGHT = 0.25  # of a decode step's latest time in its running average
 FIRST_RATE = 0.5  # a new row's guesses are assumed to land this often
 RATE_WEIGHT = 0.3  # of a verification's acceptance in the row's running rate
 RATE_RECOVERY = 0.05  # a step without guessing moves a row's rate this far back to FIRST_RATE
@@ -163,7 +164,7 @@ class Speculator:
         self.draft = draft if self.mode in ("auto", "draft") else None
         self.counts = SpeculationCounts()
         self._rows: dict[int, RowSpeculation] = {}
-        self._step_s: dict[int, float] = {}  # a decode step's recent seconds, by token rows
+        self.step_costs = StepCosts()  # a decode step's recent seconds, by token rows
 
     @property
     def enabled(self) -> bool:
@@ -281,9 +282,10 @@ class Speculator:
         """How many of each candidate's guesses to verify: the number that maximises the
         expected tokens a second. A guess at depth i of a row whose guesses land at rate p
         yields p ** i more tokens (it counts only if those before it landed), and a step of t
-        token rows takes the time such steps took lately (`observe`), or, for a size not seen
-        yet, that of the largest size seen below it: optimistic, so each size is tried once
-        and then judged by what it cost. Draft-model guesses add a forward of the draft per
+        token rows takes the least time such steps took lately (engine/step_costs.py: steady
+        on a busy machine, where a step's time swings), or, for a size not seen lately, that
+        of the dearest size seen below it: optimistic, so each size is tried and then judged
+        by what it cost. Draft-model guesses add a forward of the draft per
         depth (its measured time; none until one ran)."""
         gains = sorted(
             (
@@ -308,14 +310,11 @@ class Speculator:
         return counts
 
     def _step_seconds(self, num_tokens: int) -> float:
-        seen = self._step_s
-        if num_tokens in seen:
-            return seen[num_tokens]
-        below = [seconds for size, seconds in seen.items() if size < num_tokens]
-        return max(below) if below else 1.0
+        return self.step_costs.seconds(num_tokens)
 
     def observe(self, out: SchedulerOutput, seconds: float) -> None:
-        """Record how long a step's forward took, if it was a decode step (guesses or not)."""
+        """Record how long a step took, forward, sampling and emitting, if it was a decode
+        step (guesses or not)."""
         if not self.enabled or not out.rows:
             return
         if any(row.num_tokens != 1 + len(row.draft) or not _generated(row) for row in out.rows):
@@ -324,11 +323,7 @@ class Speculator:
 
     def record_step(self, num_tokens: int, seconds: float) -> None:
         """A decode step of `num_tokens` token rows took `seconds`."""
-        last = self._step_s.get(num_tokens)
-        if last is None:
-            self._step_s[num_tokens] = seconds
-        else:
-            self._step_s[num_tokens] = last + STEP_TIME_WEIGHT * (seconds - last)
+        self.step_costs.record(num_tokens, seconds)
 
     def learn(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
         counts = self.counts
