@@ -4,15 +4,11 @@ native matmul's byte path (models/kernels/native_qlinear.h) and QuantLinear's co
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import torch
 from gguf.quants import dequantize
-from gguf_blocks import ALL_TYPES, FLOATS, K_TYPES, LEGACY, T, random_tensor
+from gguf_blocks import FLOATS, K_TYPES, LEGACY, T, random_tensor
 
 from modelhost.models.kernels import native
 from modelhost.models.kernels.packed import PackedWeight, QuantLinear, coarse_rows
@@ -107,37 +103,3 @@ def test_quant_linear_computes_coarse_rows_at_eight_bits_and_the_others_at_sixte
     assert torch.equal(mixed[~mask], fine[~mask])
     assert torch.equal(fewer_rows, fine[:4])
     assert torch.equal(linear(x), fine)  # outside the context: 16 bits again
-
-
-_AVX2_CHECK = """
-import sys, torch
-sys.path.insert(0, "tests")
-from gguf_blocks import ALL_TYPES, random_tensor
-from modelhost.models.kernels import native
-from modelhost.models.kernels.packed import PackedWeight
-kernels = native.kernels()
-torch.manual_seed(0)
-x = torch.randn(11, 512)
-for qtype in ALL_TYPES:
-    raw = random_tensor(qtype, 48, 512)
-    weight = PackedWeight.repack(kernels, int(qtype), raw.ctypes.data, 48, 512)
-    y = torch.empty(11, 48)
-    kernels.qmatmul(x, weight.desc, y, 0, coarse=True)
-    torch.save(y, f"{sys.argv[1]}/{qtype.name}.pt")
-"""
-
-
-@pytest.mark.skipif(not native.avx512_vnni(), reason="this CPU runs the AVX2 build already")
-def test_the_avx2_builds_eight_bit_path_computes_what_the_avx512_builds_does(tmp_path):
-    results = {}
-    for variant in ("avx512", "avx2"):
-        folder = tmp_path / variant
-        folder.mkdir()
-        env = {**os.environ, "MODELHOST_NATIVE": variant}
-        subprocess.run(
-            [sys.executable, "-c", _AVX2_CHECK, str(folder)], env=env, check=True, timeout=600
-        )
-        results[variant] = {path.stem: torch.load(path) for path in folder.glob("*.pt")}
-    assert results["avx2"].keys() == results["avx512"].keys() == {t.name for t in ALL_TYPES}
-    for name, expected in results["avx512"].items():
-        assert relative_error(results["avx2"][name], expected) < 1e-6, name

@@ -152,14 +152,15 @@ x = torch.randn(11, 512)
 for qtype in ALL_TYPES:
     raw = random_tensor(qtype, 48, 512)
     weight = PackedWeight.repack(kernels, int(qtype), raw.ctypes.data, 48, 512)
-    y = torch.empty(11, 48)
-    kernels.qmatmul(x, weight.desc, y, 0)
-    torch.save(y, f"{sys.argv[1]}/{qtype.name}.pt")
+    for coarse in (False, True):  # 16-bit rows, and a prompt's rows rounded to 8 bits
+        y = torch.empty(11, 48)
+        kernels.qmatmul(x, weight.desc, y, 0, coarse=coarse)
+        torch.save(y, f"{sys.argv[1]}/{qtype.name}{'-8bit' if coarse else ''}.pt")
 """
 
 
 @pytest.mark.skipif(not native.avx512_vnni(), reason="this CPU runs the AVX2 build already")
-def test_the_avx2_build_computes_what_the_avx512_build_does(tmp_path):
+def test_the_avx2_build_computes_what_the_avx512_build_does_at_16_and_8_bits(tmp_path):
     results = {}
     for variant in ("avx512", "avx2"):
         folder = tmp_path / variant
@@ -169,7 +170,8 @@ def test_the_avx2_build_computes_what_the_avx512_build_does(tmp_path):
             [sys.executable, "-c", _AVX2_CHECK, str(folder)], env=env, check=True, timeout=600
         )
         results[variant] = {path.stem: torch.load(path) for path in folder.glob("*.pt")}
-    assert results["avx2"].keys() == results["avx512"].keys() == {t.name for t in ALL_TYPES}
+    names = {f"{t.name}{bits}" for t in ALL_TYPES for bits in ("", "-8bit")}
+    assert results["avx2"].keys() == results["avx512"].keys() == names
     for name, expected in results["avx512"].items():
         # Integer products are exact on both; only the order of fp32 sums may differ.
         assert relative_error(results["avx2"][name], expected) < 1e-6, name
