@@ -87,7 +87,9 @@ PROMPTS = [
 ]
 
 
-def prompt_logits(model: LoadedModel, ids: list[int]) -> torch.Tensor:
+def prompt_logits(model: LoadedModel, ids: list[int], coarse: bool = False) -> torch.Tensor:
+    """Logits at every position of one forward; with `coarse` every row at 8 bits (the LM
+    head's included)."""
     engine = Engine(model, EngineConfig(batch=1, max_num_batched_tokens=len(ids)))
     try:
         seq = Sequence.from_prompt(0, ids, SamplingParams())
@@ -96,6 +98,8 @@ def prompt_logits(model: LoadedModel, ids: list[int]) -> torch.Tensor:
             SchedulerOutput(rows=[ScheduledRow(seq, 0, len(ids), True)])
         )
         batch.logits_index = torch.arange(len(ids))
+        if coarse:
+            batch.coarse_rows = torch.ones(len(ids), dtype=torch.bool)
         return model.network(batch, engine.runner.kv)
     finally:
         engine.close()
@@ -138,18 +142,7 @@ def prompt_perplexity(model: LoadedModel, bits: int) -> float:
 def all_coarse_perplexity(model: LoadedModel) -> float:
     """Every row of the text at 8 bits, the LM head's included."""
     ids = model.tokenizer.encode(TEXT)
-    engine = Engine(model, EngineConfig(batch=1, max_num_batched_tokens=len(ids)))
-    try:
-        seq = Sequence.from_prompt(0, ids, SamplingParams())
-        engine.block_manager.append_slots(seq, len(ids))
-        batch = engine.runner.build_batch(
-            SchedulerOutput(rows=[ScheduledRow(seq, 0, len(ids), True)])
-        )
-        batch.logits_index = torch.arange(len(ids))
-        batch.coarse_rows = torch.ones(len(ids), dtype=torch.bool)
-        logits = model.network(batch, engine.runner.kv)
-    finally:
-        engine.close()
+    logits = prompt_logits(model, ids, coarse=True)
     nll = torch.nn.functional.cross_entropy(logits[:-1].float(), torch.tensor(ids[1:]))
     return math.exp(nll.item())
 
