@@ -8,9 +8,9 @@ import asyncio
 
 import pytest
 import torch
+from test_engine import collect
 
 from modelhost.engine.engine import Engine, EngineConfig
-from modelhost.engine.events import EngineEvent
 from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.models.kernels import native
 
@@ -30,12 +30,6 @@ def coarse_engine(smollm2):
     engine = Engine(smollm2, EngineConfig(batch=4, prompt_activations=8))
     yield engine
     engine.close()
-
-
-async def collect(engine: Engine, prompt_ids: list[int], params: SamplingParams):
-    events: list[EngineEvent] = [event async for event in engine.submit(prompt_ids, params)]
-    tokens = [token for event in events for token in event.token_ids]
-    return tokens, "".join(event.text for event in events), events[-1]
 
 
 def record_batches(engine: Engine) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
