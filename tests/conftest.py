@@ -8,8 +8,12 @@ from pathlib import Path
 import pytest
 
 # Converted models are cached under MODELHOST_HOME; a repo-local one keeps the suite off the
-# user's home and lets later runs skip the one-time GGUF conversion.
-os.environ.setdefault("MODELHOST_HOME", str(Path(__file__).resolve().parents[1] / ".modelhost"))
+# user's home and lets later runs skip the one-time GGUF conversion. Each pytest-xdist worker
+# (PYTEST_XDIST_WORKER is set before this file loads) has its own, so one worker's KV store or
+# converted files never show in another's tests; a worker inherits the controller's "main".
+_REPO_HOME = Path(__file__).resolve().parents[1] / ".modelhost"
+if os.environ.get("MODELHOST_HOME") in (None, str(_REPO_HOME / "main")):
+    os.environ["MODELHOST_HOME"] = str(_REPO_HOME / os.environ.get("PYTEST_XDIST_WORKER", "main"))
 
 import torch  # noqa: E402
 
@@ -42,3 +46,12 @@ def models_dir(smollm2: LoadedModel, tmp_path_factory: pytest.TempPathFactory) -
     make_tiny_checkpoint(root / "tiny-a", "llama", smollm2)
     make_tiny_checkpoint(root / "tiny-b", "qwen2", smollm2)
     return root
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`make test` runs on two pytest-xdist workers with `--dist loadgroup`: a module's tests stay
+    on one worker (its module-scoped servers start once), and every Ray-cluster test shares one
+    worker so two simulated clusters never run at once."""
+    for item in items:
+        group = "cluster" if item.get_closest_marker("cluster") else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))

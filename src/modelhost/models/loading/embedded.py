@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import os
 from pathlib import Path
 
 from modelhost.paths import modelhost_home
@@ -27,7 +28,8 @@ def _gemma3() -> Path:
     expected = sum(p.stat().st_size for p in package.chunk_paths())
     if not (target.is_file() and target.stat().st_size == expected):
         target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_suffix(".partial")
+        # One partial file per process: two servers (or test workers) may join it at once.
+        partial = target.with_suffix(f".partial-{os.getpid()}")
         package.assemble(partial, overwrite=True)
         partial.replace(target)
     return target
