@@ -28,6 +28,7 @@ from modelhost.server.settings import ServeSettings
 
 pytestmark = pytest.mark.slow
 START_TIMEOUT_S = 25.0  # a tiny model's worker starts well within it, even on a busy machine
+HANG_TIMEOUT_S = 6.0  # `hangs` never answers: how long the test waits to see it given up on
 
 
 @pytest.fixture
@@ -54,10 +55,14 @@ def faulty(models_dir, tmp_path) -> Iterator[dict[str, Any]]:
         "hangs": replace(good, id="hangs", path=hangs),
         "cut": replace(good, id="cut", path=cut),
     }
+    loaders = [
+        worker_loader(ServeSettings(), batch=2, start_timeout_s=timeout)
+        for timeout in (START_TIMEOUT_S, HANG_TIMEOUT_S)
+    ]
     host: ResidencyHost[WorkerUnit] = ResidencyHost(
         budget_bytes=10**12,
         source=FakeRegistry(entries).get,
-        load=worker_loader(ServeSettings(), batch=2, start_timeout_s=START_TIMEOUT_S),
+        load=lambda entry, progress: loaders[entry.id == "hangs"](entry, progress),
     )
     router = ModelRouter(host, FakeRegistry(entries), current="tiny-a")
     before = set(_children())
