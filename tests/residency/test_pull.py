@@ -49,7 +49,9 @@ def test_a_reference_names_a_repo_and_a_quantization():
 
 def test_a_gguf_repo_gives_the_file_of_the_quantization_asked_in_any_case(hub, tmp_path, capsys):
     assert main(["pull", f"hf.co/{GGUF_REPO}:q8_0"]) == 0
-    assert capsys.readouterr().out.strip() == "Tiny-Q8_0"
+    said = capsys.readouterr()
+    assert said.out.strip() == "Tiny-Q8_0"
+    assert "pulling Tiny-Q8_0.gguf (" in said.err  # off a terminal: a line naming each file
     assert got(hub, GGUF_REPO) == {"Tiny-Q8_0.gguf"}
     assert listed(tmp_path) == {"Tiny-Q8_0": None}
 
@@ -172,6 +174,20 @@ def test_files_a_pull_is_still_writing_are_not_listed(hub, tmp_path):
 def test_the_cli_says_why_a_pull_is_refused(hub, capsys):
     assert main(["pull", "nobody/nothing"]) == 1
     assert "modelhost pull: repo 'nobody/nothing' was not found" in capsys.readouterr().err
+
+
+def test_a_cache_that_cannot_be_written_is_a_503_naming_it_and_nothing_is_listed(
+    hub, monkeypatch, tmp_path, capsys
+):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("HF_HOME", str(blocker / "hf"))  # every mkdir below it fails
+    with pytest.raises(PullError) as error:
+        pull(GGUF_REPO)
+    assert error.value.status == 503
+    assert str(blocker / "hf" / "hub") in error.value.message and "HF_HOME" in error.value.message
+    assert main(["pull", GGUF_REPO]) == 1  # the CLI says so, no traceback
+    assert "could not write the Hugging Face cache" in capsys.readouterr().err
 
 
 def test_offline_a_pull_is_a_503_that_says_why(hub, monkeypatch):
