@@ -166,3 +166,13 @@ async def test_a_prompt_beyond_the_context_is_a_400_in_ollamas_shape(
     )
     assert refused.status_code == 400 and "context" in refused.json()["error"]
     assert engine.submissions == []
+
+
+def test_the_clients_ollama_host_and_api_key_variables_reach_a_keyed_server(
+    make_app: AppFactory, live_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = live_server(make_app(ScriptedEngine(("Hi",)), api_key="sesame"))
+    monkeypatch.setenv("OLLAMA_HOST", server.base_url.removeprefix("http://"))
+    monkeypatch.setenv("OLLAMA_API_KEY", "sesame")
+    with ollama.Client() as client:
+        assert client.chat(model=MODEL, messages=ASK).message.content == "Hi"
