@@ -118,6 +118,10 @@ def test_a_model_pulled_by_the_cli_is_served_by_the_running_server_at_once(serve
         model=HF_REPO, messages=[{"role": "user", "content": "hi"}], options={"num_predict": 2}
     )
     assert reply.done
+    shown = client.show(HF_REPO)  # resident now: its sampling defaults are known
+    assert shown.capabilities is not None and {"completion", "tools"} <= set(shown.capabilities)
+    assert shown.parameters is not None
+    assert shown.parameters.splitlines() == ["temperature 0.6", "top_k 20"]
 
 
 def test_pull_is_an_operator_action_a_cors_page_cannot_reach(served):
