@@ -162,6 +162,20 @@ def test_the_same_seed_samples_the_same_answer(client: ollama.Client) -> None:
     assert first.message.content and first.message.content == again.message.content
 
 
+def test_logprobs_come_with_each_token_streamed_and_not(client: ollama.Client) -> None:
+    asked: dict[str, Any] = {"options": GREEDY, "logprobs": True, "top_logprobs": 3}
+    whole = client.chat(model=SMOL, messages=ASK, **asked)
+    parts = list(client.chat(model=SMOL, messages=ASK, stream=True, **asked))
+    assert whole.logprobs is not None and len(whole.logprobs) == 4
+    assert "".join(lp.token for lp in whole.logprobs) == whole.message.content
+    for lp in whole.logprobs:
+        assert lp.top_logprobs is not None and len(lp.top_logprobs) == 3
+        assert lp.logprob == pytest.approx(lp.top_logprobs[0].logprob)  # greedy: the likeliest
+    streamed = [lp for p in parts for lp in p.logprobs or []]
+    assert [lp.token for lp in streamed] == [lp.token for lp in whole.logprobs]
+    assert client.chat(model=SMOL, messages=ASK, options=GREEDY).logprobs is None
+
+
 def test_options_stop_ends_the_answer_at_the_stop_string(client: ollama.Client) -> None:
     options = {"temperature": 0, "num_predict": 24, "stop": ["."]}
     reply = client.chat(model=SMOL, messages=ASK, options=options)

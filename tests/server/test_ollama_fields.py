@@ -47,11 +47,13 @@ RUNNER_OPTIONS: dict[str, Any] = {
 
 
 @pytest.fixture
-def scripted(make_app: AppFactory, live_server: Any) -> Iterator[tuple[ollama.Client, Any]]:
+def scripted(
+    make_app: AppFactory, live_server: Any
+) -> Iterator[tuple[ollama.Client, ScriptedEngine, str]]:
     engine = ScriptedEngine(("<think>", "Plan.", "</think>", "Done", "."))
     server = live_server(make_app(engine, scripted_model(family="qwen3")))
     with ollama.Client(host=server.base_url) as client:
-        yield client, engine
+        yield client, engine, server.base_url
 
 
 def sent(engine: ScriptedEngine) -> SamplingParams:
@@ -74,25 +76,25 @@ def sampler_fields(params: SamplingParams) -> dict[str, Any]:
 
 
 def test_every_sampler_option_of_a_chat_reaches_the_engine(scripted: Any) -> None:
-    client, engine = scripted
+    client, engine, _ = scripted
     client.chat(model=MODEL, messages=ASK, options={**SAMPLER_OPTIONS, **RUNNER_OPTIONS})
     assert sampler_fields(sent(engine)) == SAMPLER_OPTIONS
 
 
 def test_every_sampler_option_of_a_generate_reaches_the_engine_streamed(scripted: Any) -> None:
-    client, engine = scripted
+    client, engine, _ = scripted
     list(client.generate(model=MODEL, prompt="Hi", options=SAMPLER_OPTIONS, stream=True))
     assert sampler_fields(sent(engine)) == SAMPLER_OPTIONS
 
 
 def test_options_as_the_clients_typed_options_object_reach_the_engine(scripted: Any) -> None:
-    client, engine = scripted
+    client, engine, _ = scripted
     client.chat(model=MODEL, messages=ASK, options=ollama.Options(top_k=5, seed=3, num_ctx=2048))
     assert (sent(engine).top_k, sent(engine).seed) == (5, 3)
 
 
 def test_think_on_generate_gives_the_thinking_field_streamed_and_not(scripted: Any) -> None:
-    client, _ = scripted
+    client, _, _ = scripted
     whole = client.generate(model=MODEL, prompt="Hi", think=True)
     assert (whole.thinking, whole.response) == ("Plan.", "Done.")
     parts = list(client.generate(model=MODEL, prompt="Hi", think=True, stream=True))
@@ -101,9 +103,24 @@ def test_think_on_generate_gives_the_thinking_field_streamed_and_not(scripted: A
 
 
 def test_think_takes_an_effort_level(scripted: Any) -> None:
-    client, _ = scripted
+    client, _, _ = scripted
     reply = client.chat(model=MODEL, messages=ASK, think="high")
     assert reply.message.thinking == "Plan." and reply.message.content == "Done."
+
+
+@pytest.mark.parametrize(
+    ("body", "words"), [({"top_logprobs": 21}, "top_logprobs"), ({"logprobs": "yes"}, "logprobs")]
+)
+def test_logprobs_fields_out_of_range_are_400s_naming_them(
+    scripted: Any, body: dict[str, Any], words: str
+) -> None:
+    _, engine, base_url = scripted
+    response = httpx.post(
+        f"{base_url}/api/chat",
+        json={"model": MODEL, "messages": ASK, "stream": False, **body},
+    )
+    assert response.status_code == 400 and words in response.json()["error"]
+    assert engine.submissions == []
 
 
 @pytest.mark.parametrize(
@@ -121,7 +138,7 @@ def test_think_takes_an_effort_level(scripted: Any) -> None:
 def test_an_option_out_of_its_range_is_a_400_naming_it(
     scripted: Any, options: dict[str, Any], words: str
 ) -> None:
-    client, engine = scripted
+    client, engine, _ = scripted
     with pytest.raises(ollama.ResponseError) as raised:
         client.chat(model=MODEL, messages=ASK, options=options)
     assert raised.value.status_code == 400 and words in raised.value.error

@@ -198,6 +198,7 @@ def _request(
         sampling=wire.sampling(opts),
         max_tokens=wire.max_tokens(opts),
         stop=wire.stop(opts),
+        logprobs=wire.logprobs(body),
         stream=stream is not False,  # Ollama streams unless told not to
         thinking=thinking,
         has_media=bool(media),
@@ -268,6 +269,8 @@ def reply_json(kind: str, model: str, result: InferenceResult, clock: Clock) -> 
         out["response"] = result.text
         if result.reasoning:
             out["thinking"] = result.reasoning
+    if result.logprobs is not None:
+        out["logprobs"] = wire.logprobs_json(result.logprobs)
     out.update(done=True, done_reason=done_reason(result.finish_reason))
     return {**out, **clock.durations(result.usage)}
 
@@ -296,7 +299,10 @@ class OllamaLines:
         lines = []
         if event.reasoning:
             lines.append(self._thinking(event.reasoning))
-        if event.text:
+        if event.logprobs:  # asked for: the text's line carries its tokens' log probabilities
+            logprobs = wire.logprobs_json(event.logprobs)
+            lines.append(wire.line({**self._delta("content", event.text), "logprobs": logprobs}))
+        elif event.text:
             lines.append(self._text(event.text))
         return lines
 
