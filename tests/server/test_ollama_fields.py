@@ -193,3 +193,12 @@ def test_the_clients_ollama_host_and_api_key_variables_reach_a_keyed_server(
     monkeypatch.setenv("OLLAMA_API_KEY", "sesame")
     with ollama.Client() as client:
         assert client.chat(model=MODEL, messages=ASK).message.content == "Hi"
+
+
+def test_image_generation_fields_are_a_400_this_model_draws_nothing(scripted: Any) -> None:
+    client, engine, _ = scripted
+    with pytest.raises(ollama.ResponseError) as raised:
+        client.generate(model=MODEL, prompt="a cat", width=512, height=512)
+    assert raised.value.status_code == 400
+    assert "does not generate images (width, height)" in raised.value.error
+    assert engine.submissions == []

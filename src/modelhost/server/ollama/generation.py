@@ -11,7 +11,8 @@ front applies `keep_alive` itself (`surfaces.Route.keep_alive`).
 
 `generate` honours `prompt`, `system`, `raw` (the prompt as it is, without the template) and
 `images`; a custom `template`, a `suffix` (fill-in-the-middle: no family here declares it) and
-a `context` from an older API are refused with a 400 that says so.
+a `context` from an older API are refused with a 400 that says so, as are the image
+generation fields (`width`, `height`, `steps`): no model here draws.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
 CHAT_ROUTE = "POST /api/chat"
 GENERATE_ROUTE = "POST /api/generate"
 NS = 1_000_000_000
+IMAGE_GENERATION = ("width", "height", "steps")  # Ollama's experimental image models' fields
 
 
 async def create_chat(request: Request) -> Response | EventStreamResponse:
@@ -159,6 +161,10 @@ def parse_generate(body: dict[str, Any], request_id: str) -> InferenceRequest:
         raise InvalidRequest(message, param="suffix")
     if body.get("context"):
         raise InvalidRequest("context is not supported: send the conversation", param="context")
+    drawn = [key for key in IMAGE_GENERATION if body.get(key) is not None]
+    if drawn:
+        message = f'"{body.get("model")}" does not generate images ({", ".join(drawn)})'
+        raise InvalidRequest(message, param=drawn[0])
     prompt = fields.field(body, "prompt", str) or ""
     system = fields.field(body, "system", str)
     pictures = wire.images(body.get("images"), "images")
