@@ -242,6 +242,21 @@ def test_keep_alive_zero_with_an_empty_prompt_unloads_the_model(
     assert f"{GEMMA}:latest" not in [m.model for m in client.ps().models]
 
 
+def test_load_duration_counts_loading_a_model_that_was_not_resident(
+    client: ollama.Client, served: Any
+) -> None:
+    client.generate(model=GEMMA, keep_alive=0)
+    for _ in range(200):  # the drain runs after the response has ended
+        if GEMMA not in resident(served[1]):
+            break
+        time.sleep(0.05)
+    reply = client.generate(model=GEMMA, prompt="Hi", options=GREEDY)
+    unit = served[1].peek(GEMMA)
+    assert unit is not None and unit.load_ms > 0
+    assert reply.load_duration is not None and reply.load_duration >= unit.load_ms * 1_000_000
+    assert reply.total_duration is not None and reply.total_duration >= reply.load_duration
+
+
 def test_keep_alive_zero_with_a_prompt_answers_then_unloads_the_model(
     client: ollama.Client, served: Any
 ) -> None:

@@ -41,6 +41,7 @@ from modelhost.server.http import (
     EventStreamResponse,
     RequestLog,
     error_response,
+    front_waited_s,
     read_json_object,
     serving_stage,
 )
@@ -83,7 +84,9 @@ async def _answer(request: Request, route: str, kind: str) -> Response | EventSt
         request,
         log,
         wire.ollama_error,
-        lambda body: _prepared(parse(body, log.request_id), body, kind, log),
+        lambda body: _prepared(
+            parse(body, log.request_id), body, kind, log, front_waited_s(request)
+        ),
         heartbeat=wire.HEARTBEAT,
         content_type=wire.NDJSON,
     )
@@ -225,14 +228,16 @@ class Clock:
 
     log: RequestLog
     admitted: AdmittedRequest
+    front_waited_s: float = 0.0  # a worker's: what its front spent leasing before it came
 
     def durations(self, usage: Usage) -> dict[str, int]:
         now = time.monotonic()
         arrived, admitted = self.log.started_at, self.admitted.arrived_at
         first = self.admitted.first_token_at or now
+        waited = self.front_waited_s
         return {
-            "total_duration": _ns(now - arrived),
-            "load_duration": _ns(admitted - arrived),  # leasing (a load) and waiting
+            "total_duration": _ns(now - arrived + waited),
+            "load_duration": _ns(admitted - arrived + waited),  # leasing (a load) and waiting
             "prompt_eval_count": usage.prompt_tokens,
             "prompt_eval_duration": _ns(first - admitted),
             "eval_count": usage.completion_tokens,
@@ -245,11 +250,11 @@ def _ns(seconds: float) -> int:
 
 
 def _prepared(
-    inference: InferenceRequest, body: dict[str, Any], kind: str, log: RequestLog
+    inference: InferenceRequest, body: dict[str, Any], kind: str, log: RequestLog, waited: float
 ) -> Prepared:
     def reply(stage: InferenceStage, admitted: AdmittedRequest) -> Reply:
         model = body.get("model") or stage.model_id
-        clock = Clock(log, admitted)
+        clock = Clock(log, admitted, waited)
         return Reply(
             lambda result: reply_json(kind, model, result, clock),
             lambda: OllamaLines(kind, model, clock),
