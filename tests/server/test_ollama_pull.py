@@ -88,6 +88,9 @@ def test_a_pull_without_streaming_answers_success_once(served):
     reply = served["client"].pull(HF_REPO, stream=False)
     assert reply.status == "success"
     assert f"{HF_REPO}:latest" in names(served["client"])
+    # Older clients (Open WebUI's first versions) name the model `name`.
+    again = httpx.post(f"{served['url']}/api/pull", json={"name": HF_REPO, "stream": False})
+    assert again.status_code == 200 and again.json() == {"status": "success"}
 
 
 def test_pull_errors_come_in_ollama_shape_with_their_status(served):
