@@ -2,8 +2,9 @@
 a download: `GET /api/models/{repo}[/revision/{rev}]` (the file list with sizes, git blob ids
 and LFS sha256s) and `HEAD`/`GET /{repo}/resolve/{rev}/{file}` (X-Repo-Commit, ETag and
 X-Linked-Etag, X-Linked-Size, ranges). Errors carry the hub's `X-Error-Code` (RepoNotFound,
-GatedRepo, EntryNotFound). A test can gate a repo, advertise a wrong checksum for a file, or
-have a file's first download cut short; every request is logged with the bytes sent."""
+GatedRepo, EntryNotFound). A test can gate a repo, advertise a wrong checksum for a file, have a
+file's first download cut short, or stall it until released; every request is logged with the
+bytes sent."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ class StandInRepo:
     gated: bool = False
     wrong_sha256: set[str] = field(default_factory=set)  # advertised, not what is served
     cut_once: dict[str, int] = field(default_factory=dict)  # name -> bytes its first GET sends
+    # name -> bytes a whole GET sends before it waits for the hub's `release`
+    stall_at: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -48,6 +51,7 @@ class StandInHub:
         self.repos: dict[str, StandInRepo] = {}
         self.fetches: list[Fetch] = []
         self.token = token
+        self.release = threading.Event()  # lets a stalled download go on
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -193,6 +197,12 @@ def _handler(hub: StandInHub) -> type[BaseHTTPRequestHandler]:
                 self.connection.shutdown(2)  # the connection drops mid-body
                 return
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # it had enough
+                if name in repo.stall_at and status == 200:
+                    head = repo.stall_at.pop(name)
+                    self.wfile.write(part[:head])
+                    self.wfile.flush()
+                    hub.release.wait(timeout=60)
+                    part = part[head:]
                 self.wfile.write(part)
             hub.fetches.append(Fetch("GET", repo_id, name, wanted, len(part)))
 

@@ -20,6 +20,7 @@ ODD_REPO = "tester/Odd-GGUF"  # an IQ4_XS tensor: a type modelhost does not run
 HF_REPO = "tester/tiny-llama"
 ALIEN_REPO = "tester/tiny-rwkv"  # an architecture no family covers
 IQ4_XS = 23
+GENERATION = json.dumps({"temperature": 0.6, "top_k": 20}).encode()  # the HF repo's defaults
 
 
 @pytest.fixture(scope="session")
@@ -45,7 +46,7 @@ def hub_files(smollm2: LoadedModel, tmp_path_factory: pytest.TempPathFactory) ->
             "README.md": b"# tiny\n",
         },
         ODD_REPO: {"Odd-IQ4_XS.gguf": odd},
-        HF_REPO: {**hf, "README.md": b"# tiny llama\n"},
+        HF_REPO: {**hf, "README.md": b"# tiny llama\n", "generation_config.json": GENERATION},
         ALIEN_REPO: alien,
     }
 

@@ -4,7 +4,16 @@ the checks before any weight is fetched, resumption, checksums, and what a faile
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import os
+import pty
+import select
+import signal
+import struct
+import subprocess
+import sys
+import termios
 import threading
 from pathlib import Path
 
@@ -49,7 +58,9 @@ def test_a_reference_names_a_repo_and_a_quantization():
 
 def test_a_gguf_repo_gives_the_file_of_the_quantization_asked_in_any_case(hub, tmp_path, capsys):
     assert main(["pull", f"hf.co/{GGUF_REPO}:q8_0"]) == 0
-    assert capsys.readouterr().out.strip() == "Tiny-Q8_0"
+    said = capsys.readouterr()
+    assert said.out.strip() == "Tiny-Q8_0"
+    assert "pulling Tiny-Q8_0.gguf (" in said.err  # off a terminal: a line naming each file
     assert got(hub, GGUF_REPO) == {"Tiny-Q8_0.gguf"}
     assert listed(tmp_path) == {"Tiny-Q8_0": None}
 
@@ -174,6 +185,20 @@ def test_the_cli_says_why_a_pull_is_refused(hub, capsys):
     assert "modelhost pull: repo 'nobody/nothing' was not found" in capsys.readouterr().err
 
 
+def test_a_cache_that_cannot_be_written_is_a_503_naming_it_and_nothing_is_listed(
+    hub, monkeypatch, tmp_path, capsys
+):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("HF_HOME", str(blocker / "hf"))  # every mkdir below it fails
+    with pytest.raises(PullError) as error:
+        pull(GGUF_REPO)
+    assert error.value.status == 503
+    assert str(blocker / "hf" / "hub") in error.value.message and "HF_HOME" in error.value.message
+    assert main(["pull", GGUF_REPO]) == 1  # the CLI says so, no traceback
+    assert "could not write the Hugging Face cache" in capsys.readouterr().err
+
+
 def test_offline_a_pull_is_a_503_that_says_why(hub, monkeypatch):
     from huggingface_hub import constants
 
@@ -220,3 +245,57 @@ def test_the_name_a_pull_took_finds_the_pulled_model(hub, tmp_path):
         entry = registry.get(name)
         assert entry is not None and entry.id == model_id, name
     assert registry.get(f"{GGUF_REPO}:Q4_K_M") is None  # not pulled
+
+
+class Terminal:
+    """`modelhost pull` run on a pseudo-terminal 100 columns wide; what it drew so far."""
+
+    def __init__(self, *args: str) -> None:
+        self.master, child = pty.openpty()
+        fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "modelhost", "pull", *args],
+            stdin=child, stdout=child, stderr=child, start_new_session=True,
+        )  # fmt: skip
+        os.close(child)
+        self.shown = b""
+
+    def read_until(self, wanted: bytes) -> bool:
+        while wanted not in self.shown:
+            ready, _, _ = select.select([self.master], [], [], 60)
+            try:
+                chunk = os.read(self.master, 4096) if ready else b""
+            except OSError:  # the child closed its end
+                chunk = b""
+            if not chunk:
+                return False
+            self.shown += chunk
+        return True
+
+    def finish(self) -> int:
+        self.read_until(b"\0")  # to the end
+        os.close(self.master)
+        return self.process.wait(timeout=60)
+
+
+def test_on_a_terminal_a_pull_draws_a_bar_named_by_its_file(hub, tmp_path):
+    terminal = Terminal(GGUF_REPO)
+    assert terminal.finish() == 0
+    shown = terminal.shown.decode(errors="replace")
+    assert "Tiny-Q4_K_M.gguf: 100%|" in shown and "/resolve/" not in shown
+    assert shown.rstrip().endswith("Tiny-Q4_K_M")
+    assert listed(tmp_path) == {"Tiny-Q4_K_M": None}
+
+
+def test_ctrl_c_in_a_terminal_stops_the_pull_and_nothing_is_listed(hub, tmp_path):
+    hub.repos[GGUF_REPO].stall_at["Tiny-Q4_K_M.gguf"] = 4096
+    terminal = Terminal(GGUF_REPO)
+    try:
+        assert terminal.read_until(b"Tiny-Q4_K_M.gguf:")  # the download has begun
+        terminal.process.send_signal(signal.SIGINT)
+        assert terminal.finish() == 130
+    finally:
+        hub.release.set()
+    assert b"cancelled; nothing was kept" in terminal.shown
+    assert listed(tmp_path) == {}
+    assert not list(hub_cache(tmp_path).rglob(".modelhost-pull-*"))

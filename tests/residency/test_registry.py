@@ -16,7 +16,7 @@ from modelhost.inference.admission import working_bytes
 from modelhost.models.loading.embedded import DEFAULT_MODEL, embedded_path
 from modelhost.models.loading.hf_config import config_from_hf
 from modelhost.models.loading.loader import load_model
-from modelhost.residency.registry import ModelRegistry, ServingShape
+from modelhost.residency.registry import ModelRegistry, ServingShape, hf_hub_dir
 
 
 @pytest.fixture(scope="module")
@@ -122,3 +122,18 @@ def test_a_path_given_to_serve_joins_the_registry(tmp_path, tiny):
     assert entry is not None and entry.id == "tiny-llama"
     assert reg.get("tiny-llama") == entry
     assert reg.resolve_argument(str(tmp_path / "missing")) is None
+
+
+def test_the_hugging_face_cache_is_where_huggingface_hub_keeps_it(monkeypatch, tmp_path):
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert hf_hub_dir() == tmp_path / ".cache" / "huggingface" / "hub"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert hf_hub_dir() == tmp_path / "xdg" / "huggingface" / "hub"
+    monkeypatch.setenv("HF_HOME", "~/hf")
+    assert hf_hub_dir() == tmp_path / "hf" / "hub"
+    monkeypatch.setenv("HUGGINGFACE_HUB_CACHE", str(tmp_path / "old"))
+    assert hf_hub_dir() == tmp_path / "old"
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "new"))
+    assert hf_hub_dir() == tmp_path / "new"

@@ -155,6 +155,27 @@ def test_generate_raw_sends_the_prompt_without_the_template(client: ollama.Clien
     assert raw.prompt_eval_count < templated.prompt_eval_count
 
 
+def test_the_same_seed_samples_the_same_answer(client: ollama.Client) -> None:
+    options = {"temperature": 1.0, "top_p": 0.95, "seed": 7, "num_predict": 8}
+    first = client.chat(model=SMOL, messages=ASK, options=options)
+    again = client.chat(model=SMOL, messages=ASK, options=options)
+    assert first.message.content and first.message.content == again.message.content
+
+
+def test_logprobs_come_with_each_token_streamed_and_not(client: ollama.Client) -> None:
+    asked: dict[str, Any] = {"options": GREEDY, "logprobs": True, "top_logprobs": 3}
+    whole = client.chat(model=SMOL, messages=ASK, **asked)
+    parts = list(client.chat(model=SMOL, messages=ASK, stream=True, **asked))
+    assert whole.logprobs is not None and len(whole.logprobs) == 4
+    assert "".join(lp.token for lp in whole.logprobs) == whole.message.content
+    for lp in whole.logprobs:
+        assert lp.top_logprobs is not None and len(lp.top_logprobs) == 3
+        assert lp.logprob == pytest.approx(lp.top_logprobs[0].logprob)  # greedy: the likeliest
+    streamed = [lp for p in parts for lp in p.logprobs or []]
+    assert [lp.token for lp in streamed] == [lp.token for lp in whole.logprobs]
+    assert client.chat(model=SMOL, messages=ASK, options=GREEDY).logprobs is None
+
+
 def test_options_stop_ends_the_answer_at_the_stop_string(client: ollama.Client) -> None:
     options = {"temperature": 0, "num_predict": 24, "stop": ["."]}
     reply = client.chat(model=SMOL, messages=ASK, options=options)
@@ -219,6 +240,33 @@ def test_keep_alive_zero_with_an_empty_prompt_unloads_the_model(
         time.sleep(0.05)
     assert GEMMA not in resident(served[1])
     assert f"{GEMMA}:latest" not in [m.model for m in client.ps().models]
+
+
+def test_load_duration_counts_loading_a_model_that_was_not_resident(
+    client: ollama.Client, served: Any
+) -> None:
+    client.generate(model=GEMMA, keep_alive=0)
+    for _ in range(200):  # the drain runs after the response has ended
+        if GEMMA not in resident(served[1]):
+            break
+        time.sleep(0.05)
+    reply = client.generate(model=GEMMA, prompt="Hi", options=GREEDY)
+    unit = served[1].peek(GEMMA)
+    assert unit is not None and unit.load_ms > 0
+    assert reply.load_duration is not None and reply.load_duration >= unit.load_ms * 1_000_000
+    assert reply.total_duration is not None and reply.total_duration >= reply.load_duration
+
+
+def test_keep_alive_zero_with_a_prompt_answers_then_unloads_the_model(
+    client: ollama.Client, served: Any
+) -> None:
+    reply = client.generate(model=GEMMA, prompt="Hi", options=GREEDY, keep_alive=0)
+    assert reply.done and reply.eval_count == 4 and reply.response
+    for _ in range(200):  # the drain runs after the response has ended
+        if GEMMA not in resident(served[1]):
+            break
+        time.sleep(0.05)
+    assert GEMMA not in resident(served[1])
 
 
 def test_an_empty_chat_loads_the_model(client: ollama.Client, served: Any) -> None:
@@ -299,6 +347,12 @@ def test_generate_refuses_what_it_cannot_honour(
     response = httpx.post(f"{served[0]}/api/generate", json=request, timeout=60)
     assert response.status_code == 400, response.text
     assert words in response.json()["error"]
+
+
+def test_embedding_with_an_unknown_model_is_a_404_naming_it(client: ollama.Client) -> None:
+    with pytest.raises(ollama.ResponseError) as raised:
+        client.embed(model="nomic-embed-text", input="hi")
+    assert raised.value.status_code == 404 and "nomic-embed-text" in raised.value.error
 
 
 def test_embedding_with_a_chat_model_is_a_400(client: ollama.Client) -> None:

@@ -4,14 +4,16 @@ and answers at once, in the same running server; a pull by `modelhost pull` too.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import ollama
 import pytest
 from live_server import LiveServer
-from pull_world import GGUF_REPO, HF_REPO, ODD_REPO, hub, hub_files
+from pull_world import GGUF_REPO, HF_REPO, ODD_REPO, hub, hub_cache, hub_files
 
 from modelhost.assembly import build_stage
 from modelhost.cli.main import main
@@ -44,7 +46,11 @@ def served(hub, models_dir, tmp_path) -> Iterator[dict[str, Any]]:
         LiveServer(create_routed_app(router, settings)) as server,
         ollama.Client(host=server.base_url, timeout=120) as client,
     ):
-        yield {"client": client, "url": server.base_url, "hub": hub}
+        yield {"client": client, "url": server.base_url, "hub": hub, "tmp": tmp_path}
+
+
+def hub_cache_dir(served: dict[str, Any]) -> Path:
+    return hub_cache(served["tmp"])
 
 
 def names(client: ollama.Client) -> set[str]:
@@ -82,6 +88,9 @@ def test_a_pull_without_streaming_answers_success_once(served):
     reply = served["client"].pull(HF_REPO, stream=False)
     assert reply.status == "success"
     assert f"{HF_REPO}:latest" in names(served["client"])
+    # Older clients (Open WebUI's first versions) name the model `name`.
+    again = httpx.post(f"{served['url']}/api/pull", json={"name": HF_REPO, "stream": False})
+    assert again.status_code == 200 and again.json() == {"status": "success"}
 
 
 def test_pull_errors_come_in_ollama_shape_with_their_status(served):
@@ -109,6 +118,26 @@ def test_a_checksum_mismatch_ends_the_stream_with_an_error_line_and_lists_nothin
     assert "Tiny-Q4_K_M:latest" not in names(served["client"])
 
 
+def test_a_client_that_leaves_mid_pull_cancels_it_and_nothing_is_listed(served):
+    hub, url = served["hub"], served["url"]
+    hub.repos[GGUF_REPO].stall_at["Tiny-Q4_K_M.gguf"] = 4096
+    with httpx.stream("POST", f"{url}/api/pull", json={"model": GGUF_REPO}) as response:
+        for line in response.iter_lines():
+            if '"digest"' in line:  # the file's download has begun
+                break
+    for _ in range(600):  # the server ends the pull's request once it sees the client gone
+        if 'route="/api/pull"' in httpx.get(f"{url}/metrics").text:
+            break
+        time.sleep(0.05)
+    hub.release.set()  # the rest of the file arrives: the pull must not keep it
+    for _ in range(600):
+        if not list(hub_cache_dir(served).rglob(".modelhost-pull-*")):
+            break
+        time.sleep(0.05)
+    assert "Tiny-Q4_K_M:latest" not in names(served["client"])
+    assert not [p for p in hub_cache_dir(served).rglob("*") if p.suffix == ".gguf"]
+
+
 def test_a_model_pulled_by_the_cli_is_served_by_the_running_server_at_once(served, capsys):
     client = served["client"]
     assert f"{HF_REPO}:latest" not in names(client)  # the server has just scanned
@@ -118,6 +147,10 @@ def test_a_model_pulled_by_the_cli_is_served_by_the_running_server_at_once(serve
         model=HF_REPO, messages=[{"role": "user", "content": "hi"}], options={"num_predict": 2}
     )
     assert reply.done
+    shown = client.show(HF_REPO)  # resident now: its sampling defaults are known
+    assert shown.capabilities is not None and {"completion", "tools"} <= set(shown.capabilities)
+    assert shown.parameters is not None
+    assert shown.parameters.splitlines() == ["temperature 0.6", "top_k 20"]
 
 
 def test_pull_is_an_operator_action_a_cors_page_cannot_reach(served):

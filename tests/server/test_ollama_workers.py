@@ -1,5 +1,6 @@
 """Ollama's API through `modelhost serve`'s default process model: the front resolves the name
-and the keep-alive, the model's worker process answers, NDJSON streams come through."""
+and the keep-alive, the model's worker process answers, NDJSON streams come through, and the
+load the front waited for counts in the worker's load_duration."""
 
 from __future__ import annotations
 
@@ -22,6 +23,14 @@ ASK = [{"role": "user", "content": "Hi"}]
 def workers(base_url: str) -> list[object]:
     listed: list[object] = httpx.get(f"{base_url}/engine").json()["workers"]
     return listed
+
+
+def load_seconds(base_url: str) -> float:
+    """The front's total of model load seconds, from its metrics."""
+    for row in httpx.get(f"{base_url}/metrics").text.splitlines():
+        if row.startswith("modelhost_model_load_seconds_sum"):
+            return float(row.split()[-1])
+    return 0.0
 
 
 def test_a_worker_served_model_streams_ndjson_and_goes_with_keep_alive_zero(
@@ -53,6 +62,12 @@ def test_a_worker_served_model_streams_ndjson_and_goes_with_keep_alive_zero(
                 time.sleep(0.1)
             assert workers(base_url) == []
             assert client.ps().models == []
+            loaded_before = load_seconds(base_url)
+            again = client.chat(model=MODEL, messages=ASK, options=options)  # a worker loads it
+            loaded = load_seconds(base_url) - loaded_before
+            assert loaded > 0 and again.load_duration is not None
+            assert again.load_duration >= loaded * 1e9  # the front's wait, counted by the worker
+            assert again.total_duration is not None and again.total_duration >= again.load_duration
     finally:
         process.terminate()
         process.wait(timeout=60)

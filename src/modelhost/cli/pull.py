@@ -1,9 +1,10 @@
 """`modelhost pull hf.co/USER/REPO[:QUANT]`: a model from the Hugging Face hub into its shared
 cache, where `modelhost ls` and a running server find it (residency/pull/puller.py).
 
-Progress goes to stderr: huggingface_hub's bars on a terminal, elsewhere a line per step and
-per file. The pulled model's id goes to stdout. Exit 1 on a refusal or failure (the reason on
-stderr), 130 when interrupted (nothing that lists as a model is left behind)."""
+Progress goes to stderr: huggingface_hub's bars (one per file, named) on a terminal,
+elsewhere a line per step and per file. The pulled model's id goes to stdout. Exit 1 on a
+refusal or failure (the reason on stderr), 130 when interrupted (nothing that lists as a model
+is left behind)."""
 
 from __future__ import annotations
 
@@ -37,8 +38,9 @@ def run_pull(args: argparse.Namespace) -> int:
         if progress.digest is not None and (terminal or progress.status in said):
             return
         said.add(progress.status)
+        shown = f"pulling {progress.file}" if progress.file else progress.status
         extra = f" ({progress.total / 1e6:.1f} MB)" if progress.total is not None else ""
-        print(f"{progress.status}{extra}", file=sys.stderr, flush=True)
+        print(f"{shown}{extra}", file=sys.stderr, flush=True)
 
     try:
         plan = prepare(args.model, report)

@@ -5,7 +5,8 @@ Places, in order (the first to claim an id keeps it):
 - the embedded models that ship as package dependencies;
 - paths given to `serve` (a .gguf file, a Hugging Face directory, or a folder of models);
 - `MODELHOST_HOME/models`: loose .gguf files and Hugging Face directories (`name/` or `org/name/`);
-- the Hugging Face cache (`HF_HUB_CACHE`, `HF_HOME/hub`, or ~/.cache/huggingface/hub):
+- the Hugging Face cache where `huggingface_hub` keeps it (`HF_HUB_CACHE`, `HF_HOME/hub`,
+  `XDG_CACHE_HOME/huggingface/hub`, else ~/.cache/huggingface/hub):
   `models--org--name/snapshots/<rev>/`, the revision `refs/main` names (else the newest).
 
 Ids: `org/name` for Hugging Face layouts, the file stem for GGUF, the embedded ids as they are;
@@ -130,11 +131,15 @@ def with_draft(entry: ModelEntry, draft: ModelEntry) -> ModelEntry:
 
 
 def hf_hub_dir() -> Path:
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"])
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]) / "hub"
-    return Path.home() / ".cache" / "huggingface" / "hub"
+    """The Hugging Face cache as `huggingface_hub` places it (HF_HUB_CACHE, the older
+    HUGGINGFACE_HUB_CACHE, HF_HOME/hub, XDG_CACHE_HOME/huggingface/hub, ~/.cache/...), read
+    from the environment at each call, so a pull lands where every other tool looks."""
+    env = os.environ
+    cache = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE")
+    if not cache:
+        xdg = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        cache = os.path.join(env.get("HF_HOME") or os.path.join(xdg, "huggingface"), "hub")
+    return Path(os.path.expandvars(os.path.expanduser(cache)))
 
 
 class ModelRegistry:

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
@@ -62,6 +63,10 @@ class ErrorShape:
 
 
 STAGE_KEY = "modelhost.stage"  # where the leasing middleware leaves the leased unit's stage
+# What the front spent on a request before its worker got it (leasing: a load, a wait for
+# room), in milliseconds: the front sends it, a worker's surface counts it in the durations it
+# reports (Ollama's load_duration and total_duration).
+FRONT_WAITED_HEADER = "x-modelhost-front-waited-ms"
 
 
 def serving_stage(request: Request, model: str | None = None) -> InferenceStage:
@@ -145,6 +150,18 @@ def warning_headers(admitted: AdmittedRequest | None) -> dict[str, str]:
     if admitted is None or not admitted.warnings:
         return {}
     return {"warning": ", ".join(admitted.warnings)}
+
+
+def front_waited_s(request: Request) -> float:
+    """Seconds the front held this request before forwarding it to this worker (0 elsewhere:
+    a client's header of that name means nothing)."""
+    if request.app.state.settings.owner != "worker":
+        return 0.0
+    try:
+        waited = float(request.headers.get(FRONT_WAITED_HEADER, "0")) / 1000
+    except ValueError:
+        return 0.0
+    return waited if math.isfinite(waited) and waited > 0 else 0.0
 
 
 # ---------------------------------------------------------------------------------------------

@@ -61,7 +61,8 @@ def safetensors_refusal(plan: PullPlan) -> str | None:
     for weights in plan.files:
         if not weights.name.endswith(".safetensors"):
             continue
-        (length,) = struct.unpack("<Q", read_range(plan.reference, plan.commit, weights.name, 0, 8))
+        start = read_range(plan.reference, plan.commit, weights.name, 0, 8)
+        (length,) = struct.unpack("<Q", start) if len(start) == 8 else (MAX_HEADER + 1,)
         if length > MAX_HEADER:
             raise PullError(400, f"{weights.name} is not a readable safetensors file")
         header = read_range(plan.reference, plan.commit, weights.name, 8, 8 + length)

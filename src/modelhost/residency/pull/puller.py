@@ -10,11 +10,13 @@
   at the end the hub folder is touched, so a running server's next lookup rescans.
 
 Cancelling (`cancel` set, or an interrupt) stops the download at its next chunk; the hub
-client removes its temporary file.
+client removes its temporary file. A cache that cannot be written is a 507 when its disk is full,
+else a 503 naming the folder: never an unexplained failure.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import threading
@@ -45,6 +47,7 @@ class PullProgress:
     digest: str | None = None
     total: int | None = None
     completed: int | None = None
+    file: str | None = None  # the file's path in the repo (for people; not in Ollama's JSON)
 
     def as_json(self) -> dict[str, Any]:
         row: dict[str, Any] = {"status": self.status}
@@ -90,18 +93,32 @@ def fetch(
     repo_dir = cache_dir / f"models--{plan.reference.repo_id.replace('/', '--')}"
     stop = cancel or threading.Event()
     paths: dict[str, Path] = {}
-    with pulling(repo_dir, (f.name for f in plan.files)):
-        for hub_file in plan.files:
-            if stop.is_set():
-                raise PullCancelled(f"the pull of {plan.reference} was cancelled")
-            paths[hub_file.name] = _download(plan, hub_file, cache_dir, report, stop, show_bars)
-        report(PullProgress("verifying sha256 digest"))
-        for hub_file in plan.files:
-            _verify(plan, hub_file, paths[hub_file.name])
-        report(PullProgress("writing manifest"))
-    os.utime(cache_dir)  # a running server's registry rescans at its next unknown id
+    try:
+        with pulling(repo_dir, (f.name for f in plan.files)):
+            for hub_file in plan.files:
+                if stop.is_set():
+                    raise PullCancelled(f"the pull of {plan.reference} was cancelled")
+                paths[hub_file.name] = _download(plan, hub_file, cache_dir, report, stop, show_bars)
+            report(PullProgress("verifying sha256 digest"))
+            for hub_file in plan.files:
+                _verify(plan, hub_file, paths[hub_file.name])
+            report(PullProgress("writing manifest"))
+        os.utime(cache_dir)  # a running server's registry rescans at its next unknown id
+    except OSError as error:
+        raise _cache_error(plan, cache_dir, error) from error
     pulled = paths[plan.files[0].name]
     return pulled if plan.kind == "gguf" else pulled.parent
+
+
+def _cache_error(plan: PullPlan, cache_dir: Path, error: OSError) -> PullError:
+    """A write into the cache that failed, as a pull's error: 507 for a full disk, else 503."""
+    full = error.errno in (errno.ENOSPC, errno.EDQUOT)
+    return PullError(
+        507 if full else 503,
+        f"the pull of {plan.reference} could not write the Hugging Face cache at {cache_dir} "
+        f"({error.strerror or error}): "
+        + ("free some disk" if full else "set HF_HUB_CACHE or HF_HOME to a writable folder"),
+    )
 
 
 def _download(
@@ -115,7 +132,8 @@ def _download(
     def bytes_done(done: int) -> None:
         if stop.is_set():
             raise PullCancelled(f"the pull of {plan.reference} was cancelled")
-        report(PullProgress(f"pulling {digest12}", hub_file.digest, hub_file.size, done))
+        status = f"pulling {digest12}"
+        report(PullProgress(status, hub_file.digest, hub_file.size, done, hub_file.name))
 
     digest12 = hub_file.digest.partition(":")[2][:12]
     bytes_done(0)
@@ -126,20 +144,22 @@ def _download(
             revision=plan.reference.revision,
             cache_dir=cache_dir,
             endpoint=hub_endpoint(),
-            tqdm_class=_reporting_bar(bytes_done, show_bars),
+            tqdm_class=_reporting_bar(bytes_done, show_bars, hub_file.name),
         )
     bytes_done(hub_file.size)
     return Path(path)
 
 
-def _reporting_bar(bytes_done: Callable[[int], None], show: bool) -> type[hub_tqdm]:
-    """huggingface_hub's progress bar (drawn on a terminal when `show`) that also reports
-    each chunk's bytes; raising from it stops the download."""
+def _reporting_bar(bytes_done: Callable[[int], None], show: bool, label: str) -> type[hub_tqdm]:
+    """huggingface_hub's progress bar (drawn on a terminal when `show`, labelled with the
+    file's name rather than its URL) that also reports each chunk's bytes; raising from it
+    stops the download."""
 
     class ReportingBar(hub_tqdm):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             if not show:
                 kwargs["disable"] = True
+            kwargs["desc"] = label
             self.done = int(kwargs.get("initial") or 0)
             super().__init__(*args, **kwargs)
 

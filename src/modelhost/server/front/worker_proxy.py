@@ -1,6 +1,7 @@
 """The front's reverse proxy to a worker process: a request in, the worker's answer out.
 
-The worker's response streams through unchanged (hop-by-hop headers stripped, an
+The request goes with the time the front held it (`FRONT_WAITED_HEADER`: leasing, a load);
+the worker's response streams through unchanged (hop-by-hop headers stripped, an
 `x-modelhost-worker-pid` header added); an event stream's body the worker writes to the
 client's socket itself, once the proxy has handed that over (`stream_handoff`). A worker that
 cannot be reached answers 502 `engine_unavailable` in the calling protocol's error shape; a
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +34,12 @@ from modelhost.server.front.stream_handoff import (
     is_stream_type,
     pass_socket,
 )
-from modelhost.server.http import ErrorShape, stream_status, wait_for_disconnect
+from modelhost.server.http import (
+    FRONT_WAITED_HEADER,
+    ErrorShape,
+    stream_status,
+    wait_for_disconnect,
+)
 from modelhost.server.http_server import TRANSPORT_EXTENSION
 
 
@@ -60,6 +67,7 @@ HOP_BY_HOP = frozenset(
         "host",
         "content-length",
         SECRET_HEADER,  # the front's own, to a cluster's worker; never a client's
+        FRONT_WAITED_HEADER,  # the front's own too
     }
 )
 # Set again by the front server on every response: relayed too, a client would see two of each.
@@ -103,6 +111,10 @@ async def proxy(
     token = secrets.token_hex(16).encode() if hands_off else None
     if token is not None:
         headers.append((HANDOFF_HEADER, token))
+    context = current_request()
+    if context is not None:  # what leasing took before the worker sees the request
+        waited_ms = (time.monotonic() - context.arrived_at) * 1000
+        headers.append((FRONT_WAITED_HEADER.encode(), f"{waited_ms:.3f}".encode()))
     query = scope.get("query_string", b"").decode("latin-1")
     url = path + (f"?{query}" if query else "")
     for attempt in range(2):

@@ -11,7 +11,8 @@ front applies `keep_alive` itself (`surfaces.Route.keep_alive`).
 
 `generate` honours `prompt`, `system`, `raw` (the prompt as it is, without the template) and
 `images`; a custom `template`, a `suffix` (fill-in-the-middle: no family here declares it) and
-a `context` from an older API are refused with a 400 that says so.
+a `context` from an older API are refused with a 400 that says so, as are the image
+generation fields (`width`, `height`, `steps`): no model here draws.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from modelhost.server.http import (
     EventStreamResponse,
     RequestLog,
     error_response,
+    front_waited_s,
     read_json_object,
     serving_stage,
 )
@@ -53,6 +55,7 @@ if TYPE_CHECKING:
 CHAT_ROUTE = "POST /api/chat"
 GENERATE_ROUTE = "POST /api/generate"
 NS = 1_000_000_000
+IMAGE_GENERATION = ("width", "height", "steps")  # Ollama's experimental image models' fields
 
 
 async def create_chat(request: Request) -> Response | EventStreamResponse:
@@ -81,7 +84,9 @@ async def _answer(request: Request, route: str, kind: str) -> Response | EventSt
         request,
         log,
         wire.ollama_error,
-        lambda body: _prepared(parse(body, log.request_id), body, kind, log),
+        lambda body: _prepared(
+            parse(body, log.request_id), body, kind, log, front_waited_s(request)
+        ),
         heartbeat=wire.HEARTBEAT,
         content_type=wire.NDJSON,
     )
@@ -159,6 +164,10 @@ def parse_generate(body: dict[str, Any], request_id: str) -> InferenceRequest:
         raise InvalidRequest(message, param="suffix")
     if body.get("context"):
         raise InvalidRequest("context is not supported: send the conversation", param="context")
+    drawn = [key for key in IMAGE_GENERATION if body.get(key) is not None]
+    if drawn:
+        message = f'"{body.get("model")}" does not generate images ({", ".join(drawn)})'
+        raise InvalidRequest(message, param=drawn[0])
     prompt = fields.field(body, "prompt", str) or ""
     system = fields.field(body, "system", str)
     pictures = wire.images(body.get("images"), "images")
@@ -198,6 +207,7 @@ def _request(
         sampling=wire.sampling(opts),
         max_tokens=wire.max_tokens(opts),
         stop=wire.stop(opts),
+        logprobs=wire.logprobs(body),
         stream=stream is not False,  # Ollama streams unless told not to
         thinking=thinking,
         has_media=bool(media),
@@ -218,14 +228,16 @@ class Clock:
 
     log: RequestLog
     admitted: AdmittedRequest
+    front_waited_s: float = 0.0  # a worker's: what its front spent leasing before it came
 
     def durations(self, usage: Usage) -> dict[str, int]:
         now = time.monotonic()
         arrived, admitted = self.log.started_at, self.admitted.arrived_at
         first = self.admitted.first_token_at or now
+        waited = self.front_waited_s
         return {
-            "total_duration": _ns(now - arrived),
-            "load_duration": _ns(admitted - arrived),  # leasing (a load) and waiting
+            "total_duration": _ns(now - arrived + waited),
+            "load_duration": _ns(admitted - arrived + waited),  # leasing (a load) and waiting
             "prompt_eval_count": usage.prompt_tokens,
             "prompt_eval_duration": _ns(first - admitted),
             "eval_count": usage.completion_tokens,
@@ -238,11 +250,11 @@ def _ns(seconds: float) -> int:
 
 
 def _prepared(
-    inference: InferenceRequest, body: dict[str, Any], kind: str, log: RequestLog
+    inference: InferenceRequest, body: dict[str, Any], kind: str, log: RequestLog, waited: float
 ) -> Prepared:
     def reply(stage: InferenceStage, admitted: AdmittedRequest) -> Reply:
         model = body.get("model") or stage.model_id
-        clock = Clock(log, admitted)
+        clock = Clock(log, admitted, waited)
         return Reply(
             lambda result: reply_json(kind, model, result, clock),
             lambda: OllamaLines(kind, model, clock),
@@ -268,6 +280,8 @@ def reply_json(kind: str, model: str, result: InferenceResult, clock: Clock) -> 
         out["response"] = result.text
         if result.reasoning:
             out["thinking"] = result.reasoning
+    if result.logprobs is not None:
+        out["logprobs"] = wire.logprobs_json(result.logprobs)
     out.update(done=True, done_reason=done_reason(result.finish_reason))
     return {**out, **clock.durations(result.usage)}
 
@@ -296,7 +310,10 @@ class OllamaLines:
         lines = []
         if event.reasoning:
             lines.append(self._thinking(event.reasoning))
-        if event.text:
+        if event.logprobs:  # asked for: the text's line carries its tokens' log probabilities
+            logprobs = wire.logprobs_json(event.logprobs)
+            lines.append(wire.line({**self._delta("content", event.text), "logprobs": logprobs}))
+        elif event.text:
             lines.append(self._text(event.text))
         return lines
 

@@ -161,7 +161,11 @@ def _parameters(request: Request, entry: ModelEntry) -> str:
         defaults = dict(stage.card().gen_defaults)
     elif unit is not None:  # a worker: the row it gave when it started
         defaults = dict((getattr(unit, "card_row", None) or {}).get("gen_defaults") or {})
-    return "\n".join(f"{key} {value}" for key, value in defaults.items() if value is not None)
+    return "\n".join(
+        f"{key} {value:g}" if isinstance(value, float) else f"{key} {value}"
+        for key, value in defaults.items()
+        if value is not None
+    )
 
 
 async def show(request: Request) -> Response:

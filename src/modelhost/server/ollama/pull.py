@@ -124,7 +124,5 @@ async def _download(
         ended = _Ended(error)
     except PullCancelled as cancelled:
         ended = _Ended(PullError(499, str(cancelled)))
-    except OSError as error:  # the cache's disk
-        ended = _Ended(PullError(500, f"the pull of {plan.reference} failed: {error}"))
     queue.put_nowait(ended)
     return ended

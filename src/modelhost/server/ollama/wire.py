@@ -6,7 +6,9 @@ model is found by its modelhost id, with or without `:latest`. `options` map to 
 (temperature, top_p, top_k, min_p, num_predict, seed, stop, repeat_penalty, presence and
 frequency penalties); runtime options that only tune Ollama's own runner (num_gpu, num_thread,
 num_batch, use_mmap, ...) are accepted and ignored; sampler options this server does not have
-(mirostat, typical_p, tfs_z) are refused unless set to their neutral values.
+(mirostat, typical_p, tfs_z) are refused unless set to their neutral values. `logprobs` and
+`top_logprobs` come back as Ollama's `logprobs` list on the reply (on each streamed line, for its
+tokens).
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ RUNNER_OPTIONS = frozenset(
 )  # fmt: skip
 # Sampler options this server does not have, and the value at which each changes nothing.
 NEUTRAL_OPTIONS = {"mirostat": 0, "typical_p": 1.0, "tfs_z": 1.0}
+MAX_TOP_LOGPROBS = 20
+LOGPROB_FLOOR = -9999.0  # JSON has no -inf
 
 
 def new_id() -> str:
@@ -200,6 +204,30 @@ def num_ctx(opts: dict[str, Any]) -> int | None:
 
 def stop(opts: dict[str, Any]) -> tuple[str, ...]:
     return fields.stop(opts)
+
+
+def logprobs(body: Mapping[str, Any]) -> int | None:
+    """`logprobs` (true: each answer token's log probability) and `top_logprobs` (0..20: that
+    many alternatives beside it); None: off."""
+    wanted = fields.field(dict(body), "logprobs", bool)
+    top = fields.number(dict(body), "top_logprobs", int, at_least=0, at_most=MAX_TOP_LOGPROBS)
+    if not wanted and not top:
+        return None
+    return int(top or 0)
+
+
+def logprobs_json(tokens: Any) -> list[dict[str, Any]]:
+    """The engine's token log probabilities as Ollama writes them: token, logprob, bytes and
+    `top_logprobs` of the same shape."""
+
+    def one(token: str, logprob: float) -> dict[str, Any]:
+        finite = logprob if math.isfinite(logprob) else LOGPROB_FLOOR
+        return {"token": token, "logprob": finite, "bytes": list(token.encode("utf-8"))}
+
+    return [
+        {**one(lp.token, lp.logprob), "top_logprobs": [one(t.token, t.logprob) for t in lp.top]}
+        for lp in tokens
+    ]
 
 
 def output_format(body: Mapping[str, Any]) -> tuple[GrammarSpec | None, str | None]:
