@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -52,6 +53,9 @@ class RayNodes:
         self.address = f"127.0.0.1:{self.port}"
         self.processes: list[subprocess.Popen[bytes]] = []
         self.homes: list[Path] = []
+        # Ray's sockets live under its temp dir and a socket's path may not pass 107 bytes: a
+        # short folder of /tmp, not the test's (pytest-xdist's tmp paths are longer).
+        self.ray_dir = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
 
     def start(self) -> RayNodes:
         try:
@@ -71,7 +75,7 @@ class RayNodes:
         resources = f'{{"modelhost_budget_mb": {self.budgets_mb[index]}}}'
         if index == 0:
             where = ["--head", "--port", str(self.port), "--include-dashboard", "false"]
-            where += ["--temp-dir", str(self.root / "ray")]
+            where += ["--temp-dir", str(self.ray_dir)]
         else:
             where = ["--address", self.address]
         log_path = self.root / f"node{index}.log"
@@ -110,6 +114,7 @@ class RayNodes:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+        shutil.rmtree(self.ray_dir, ignore_errors=True)
 
 
 class ClusterFront:
@@ -137,7 +142,7 @@ class ClusterFront:
                 start_new_session=True,
             )
 
-    def wait_ready(self, timeout_s: float = 180.0) -> ClusterFront:
+    def wait_ready(self, timeout_s: float = 420.0) -> ClusterFront:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
