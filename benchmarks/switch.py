@@ -347,12 +347,14 @@ def run_server(
                 row.update(model=model, kind=kind, step=step)
                 if name.startswith("modelhost") and kind != "start":
                     row.update(where_it_went(url, model, other, row, log, asked))
-                elif kind != "start":
-                    row.update(llama_phases(log, offset, model, other, row["first_token_s"]))
                 result["visits"].append(row)
                 again = stream_completion(client, url, model, prompt, args.tokens)
                 again.update(model=model, kind="resident", step=step)
                 result["visits"].append(again)
+                if not name.startswith("modelhost") and kind != "start":
+                    # Read once the next request has ended: an instance logs a request's
+                    # timings after its last frame (the first ones read are the visit's own).
+                    row.update(llama_phases(log, offset, model, other, row["first_token_s"]))
                 print(f"  {kind:8} {model:24} first token {row['first_token_s']:7.2f} s  "
                       f"cached {row.get('cached_tokens')}  resident {again['first_token_s']:.2f} s",
                       flush=True)  # fmt: skip
