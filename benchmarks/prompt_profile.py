@@ -4,11 +4,13 @@ gated activations) and what ran outside them (PyTorch's attention past 256 token
 gathers, Python).
 
     python benchmarks/prompt_profile.py MODEL [--tokens 1200] [--chunk 512] [--warm 0]
+        [--prompt-activations 16]
 
 MODEL: a GGUF path or an embedded model's name. The kernels' entry points are wrapped with
 timers (a few microseconds a call); a linear's GOPS count a multiply-add as 2. Compare them
-with benchmarks/machine_peaks.cpp's: the activations are 16 bits (two int8 halves), so a
-linear's ceiling is half the vpdpbusd figure.
+with benchmarks/machine_peaks.cpp's: at 16 bits (two int8 halves) a linear's ceiling is half
+the vpdpbusd figure, at `--prompt-activations 8` the whole of it. The process's CPU time (user
++ system) is printed beside the wall time: on a shared machine it is the steadier figure.
 """
 
 from __future__ import annotations
@@ -34,9 +36,9 @@ calls: collections.Counter[str] = collections.Counter()
 
 
 def timed(key: Callable[..., str], call: Callable[..., Any], ops: Callable[..., float] | None):
-    def wrapper(*args: Any) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
-        result = call(*args)
+        result = call(*args, **kwargs)
         name = key(*args)
         seconds[name] += time.perf_counter() - started
         calls[name] += 1
@@ -53,6 +55,10 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=1200)
     parser.add_argument("--chunk", type=int, default=512, help="prompt tokens a step")
     parser.add_argument("--warm", type=int, default=0, help="prompts run first, unmeasured")
+    parser.add_argument(
+        "--prompt-activations", type=int, choices=(8, 16), default=16,
+        help="bits of the prompt rows' activations whose logits are not read",
+    )  # fmt: skip
     args = parser.parse_args()
     share_the_gil_with_the_engine()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) - 1))
@@ -70,7 +76,10 @@ def main() -> None:
     k.gated_activation = timed(lambda *a: "gated activation", kernels.gated_activation, None)
     vocab = model.config.vocab_size
     config = EngineConfig(
-        batch=16, max_num_batched_tokens=args.chunk, prompt_threads=os.cpu_count() or 1
+        batch=16,
+        max_num_batched_tokens=args.chunk,
+        prompt_threads=os.cpu_count() or 1,
+        prompt_activations=args.prompt_activations,
     )
     engine = Engine(model, config)
 
@@ -88,10 +97,17 @@ def main() -> None:
         for variant in range(args.warm):
             asyncio.run(first_token(2 + variant, args.tokens))
         seconds.clear(), work.clear(), calls.clear()
+        cpu_before = os.times()
         total = asyncio.run(first_token(1, args.tokens))
+        cpu_after = os.times()
     finally:
         engine.close()
-    print(f"{args.model}: {args.tokens} tokens, {total:.3f} s ({args.tokens / total:.1f} tok/s)")
+    cpu = (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system)
+    print(
+        f"{args.model} at {args.prompt_activations} bits: {args.tokens} tokens, {total:.3f} s"
+        f" ({args.tokens / total:.1f} tok/s), CPU {cpu:.2f} s"
+        f" ({args.tokens / cpu * (os.cpu_count() or 1):.1f} tok/s on all cores at this CPU time)"
+    )
     for name in sorted(seconds, key=lambda n: -seconds[n]):
         rate = f"  {work[name] / seconds[name] / 1e9:7.1f} GOPS" if work[name] else ""
         share = 100 * seconds[name] / total
