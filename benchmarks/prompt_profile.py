@@ -31,16 +31,18 @@ from modelhost.models.kernels import native
 from modelhost.models.loading.loader import load_model
 
 seconds: dict[str, float] = collections.defaultdict(float)
+cpu_seconds: dict[str, float] = collections.defaultdict(float)  # the process's, all threads
 work: dict[str, float] = collections.defaultdict(float)
 calls: collections.Counter[str] = collections.Counter()
 
 
 def timed(key: Callable[..., str], call: Callable[..., Any], ops: Callable[..., float] | None):
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         result = call(*args, **kwargs)
         name = key(*args)
         seconds[name] += time.perf_counter() - started
+        cpu_seconds[name] += time.process_time() - cpu_started
         calls[name] += 1
         if ops is not None:
             work[name] += ops(*args)
@@ -72,6 +74,7 @@ def main() -> None:
         lambda x, w, y, c: 2.0 * x.shape[0] * w.out * w.padded,
     )
     k.paged_attention = timed(lambda *a: "attention (native)", kernels.paged_attention, None)
+    k.prompt_attention = timed(lambda *a: "attention (tiled)", kernels.prompt_attention, None)
     k.rms_norm = timed(lambda *a: "rms_norm", kernels.rms_norm, None)
     k.gated_activation = timed(lambda *a: "gated activation", kernels.gated_activation, None)
     vocab = model.config.vocab_size
@@ -96,7 +99,7 @@ def main() -> None:
         asyncio.run(first_token(0, 32))
         for variant in range(args.warm):
             asyncio.run(first_token(2 + variant, args.tokens))
-        seconds.clear(), work.clear(), calls.clear()
+        seconds.clear(), cpu_seconds.clear(), work.clear(), calls.clear()
         cpu_before = os.times()
         total = asyncio.run(first_token(1, args.tokens))
         cpu_after = os.times()
@@ -108,12 +111,20 @@ def main() -> None:
         f" ({args.tokens / total:.1f} tok/s), CPU {cpu:.2f} s"
         f" ({args.tokens / cpu * (os.cpu_count() or 1):.1f} tok/s on all cores at this CPU time)"
     )
-    for name in sorted(seconds, key=lambda n: -seconds[n]):
-        rate = f"  {work[name] / seconds[name] / 1e9:7.1f} GOPS" if work[name] else ""
-        share = 100 * seconds[name] / total
-        print(f"  {name:<34} {seconds[name]:7.3f} s {share:5.1f}%  {calls[name]} calls{rate}")
+    print(f"  {'':<34} {'wall':>9} {'share':>6}  {'CPU':>7} {'share':>6}")
+    for name in sorted(cpu_seconds, key=lambda n: -cpu_seconds[n]):
+        rate = f"  {work[name] / cpu_seconds[name] / 1e9:7.1f} GOPS/CPU-s" if work[name] else ""
+        print(
+            f"  {name:<34} {seconds[name]:7.3f} s {100 * seconds[name] / total:5.1f}%"
+            f"  {cpu_seconds[name]:7.3f} s {100 * cpu_seconds[name] / cpu:5.1f}%"
+            f"  {calls[name]} calls{rate}"
+        )
     outside = total - sum(seconds.values())
-    print(f"  {'outside the kernels':<34} {outside:7.3f} s {100 * outside / total:5.1f}%")
+    cpu_outside = cpu - sum(cpu_seconds.values())
+    print(
+        f"  {'outside the kernels':<34} {outside:7.3f} s {100 * outside / total:5.1f}%"
+        f"  {cpu_outside:7.3f} s {100 * cpu_outside / cpu:5.1f}%"
+    )
 
 
 if __name__ == "__main__":
