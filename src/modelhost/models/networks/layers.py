@@ -281,6 +281,7 @@ class Attention(nn.Module):
                 self.scale,
             )
         if native_cache and (max_q == 1 or context <= NATIVE_PROMPT_CONTEXT):
+            assert kernels is not None
             # Every token, a decode row's or a prompt's, attends over its own row's paged keys
             # up to its position, read in place: no gathered context, no mask, and (unlike SDPA
             # with a mask) no work above the causal diagonal.
