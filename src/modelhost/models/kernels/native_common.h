@@ -149,7 +149,7 @@ struct ByteRows {
 
 thread_local std::vector<uint8_t> byte_buffer;
 
-ByteRows byte_rows(const float* x, int64_t rows, int64_t padded, int threads = 1) {
+ByteRows byte_rows(const float* x, int64_t rows, int64_t padded) {
     const int64_t groups = padded / kGroup, sixteens = padded / 16;
     const size_t per_row = padded + 8 * groups + 8 * sixteens;
     std::vector<uint8_t>& buffer = byte_buffer;
@@ -161,9 +161,8 @@ ByteRows byte_rows(const float* x, int64_t rows, int64_t padded, int threads = 1
     float* counts = sums + rows * sixteens;
     float* totals = counts + rows * sixteens;
     const __m512 magnitude = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
-    // A prompt step's hundreds of rows are split among the matmul's threads.
-#pragma omp parallel for num_threads(threads) schedule(static) \
-    if (threads > 1 && rows >= kThreadedRows)
+    // One thread: a parallel region of its own cost more on a loaded machine (a thread
+    // preempted at its barrier) than the rounding, ~2% of the matmul's work, saves.
     for (int64_t r = 0; r < rows; ++r) {
         for (int64_t g = 0; g < groups; ++g) {
             const float* in = x + r * padded + kGroup * g;

@@ -662,7 +662,7 @@ void qlinear(const float* x, int64_t rows, const QLinear& w, float* y, int64_t l
 void qlinear_bytes(const float* x, int64_t rows, const QLinear& w, float* y, int64_t ldy,
                    int threads) {
     if (is_float_format(w.format)) return qlinear(x, rows, w, y, ldy, threads);
-    const ByteRows bytes = byte_rows(x, rows, w.padded, threads);
+    const ByteRows bytes = byte_rows(x, rows, w.padded);
 #ifndef MH_AVX2
     {  // every row count alike: a row's result never depends on the rows beside it
         switch (w.format) {
