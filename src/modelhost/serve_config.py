@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from modelhost.engine.prompt_activations import parse_prompt_activations
 from modelhost.inference.admission import BYTES_PER_GB
 from modelhost.models.modes import default_mode
 from modelhost.residency.kv.kv_store import default_budget_bytes as default_kv_disk_bytes
@@ -49,7 +50,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         ),
         log_format=args.log_format,
         prompt_threads=args.prompt_threads,
-        prompt_activations=getattr(args, "prompt_activations", 16),
+        prompt_activations=parse_prompt_activations(getattr(args, "prompt_activations", "auto")),
         kv_disk_bytes=kv_disk_bytes(args),
         speculate=getattr(args, "speculate", "auto"),
         console=not getattr(args, "no_console", False),

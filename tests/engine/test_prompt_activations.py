@@ -8,11 +8,18 @@ import asyncio
 
 import pytest
 import torch
+from gguf_blocks import T, random_tensor
 from test_engine import collect
 
 from modelhost.engine.engine import Engine, EngineConfig
+from modelhost.engine.prompt_activations import (
+    auto_bits,
+    has_quantized_linears,
+    parse_prompt_activations,
+)
 from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.models.kernels import native
+from modelhost.models.kernels.packed import PackedWeight, QuantLinear
 
 pytestmark = pytest.mark.skipif(native.kernels() is None, reason="no native kernels here")
 
@@ -102,3 +109,40 @@ async def test_with_eight_bit_prompts_rows_run_together_equal_each_run_alone(
     alone = [(await collect(coarse_engine, p, GREEDY))[0] for p in prompts]
     together = await asyncio.gather(*(collect(coarse_engine, p, GREEDY) for p in prompts))
     assert [tokens for tokens, _, _ in together] == alone
+
+
+def test_auto_takes_8_bits_for_quantized_weights_from_a_hidden_size_of_1536():
+    assert auto_bits(2048, quantized=True) == 8  # Llama 3.2 1B
+    assert auto_bits(3072, quantized=True) == 8  # Llama 3.2 3B
+    assert auto_bits(1536, quantized=True) == 8
+    assert auto_bits(576, quantized=True) == 16  # SmolLM2 135M: measured slower at 8
+    assert auto_bits(4096, quantized=False) == 16  # float weights: no integer products
+
+
+@pytest.mark.parametrize(("qtype", "quantized"), [(T.Q4_K, True), (T.F16, False)])
+def test_a_network_has_quantized_linears_where_a_linear_holds_gguf_levels(qtype, quantized):
+    kernels = native.kernels()
+    assert kernels is not None
+    raw = random_tensor(qtype, 32, 256, 0)
+    weight = PackedWeight.repack(kernels, int(qtype), raw.ctypes.data, 32, 256)
+    network = torch.nn.Sequential(QuantLinear([weight], None))
+    assert has_quantized_linears(network) is quantized
+
+
+def test_prompt_activations_other_than_auto_8_or_16_are_refused():
+    assert [parse_prompt_activations(v) for v in ("auto", "8", "16", 8)] == ["auto", 8, 16, 8]
+    with pytest.raises(ValueError, match="auto, 8 or 16"):
+        parse_prompt_activations("4")
+
+
+def test_the_embedded_model_keeps_16_bit_prompts_by_default_and_says_so(smollm2):
+    engine = Engine(smollm2, EngineConfig())
+    try:
+        assert engine.stats().prompt_activations == 16
+    finally:
+        engine.close()
+    engine = Engine(smollm2, EngineConfig(prompt_activations=8))
+    try:
+        assert engine.stats().prompt_activations == 8
+    finally:
+        engine.close()

@@ -20,7 +20,8 @@ from modelhost.models.loaded import LoadedModel
 from modelhost.models.loading.loader import load_model
 from modelhost.models.networks import layers
 
-pytestmark = pytest.mark.skipif(native.kernels() is None, reason="no native kernels here")
+kernels = native.kernels()
+pytestmark = pytest.mark.skipif(kernels is None, reason="no native kernels here")
 
 # As tests/models/test_parity.py's against transformers (observed ~8e-5 apart, both models).
 TOLERANCE = 1e-3
@@ -68,3 +69,50 @@ def test_rows_of_one_prompt_step_attend_to_their_own_keys_only(smollm2_fp32, mon
     for ours, theirs in zip(attended_natively, with_sdpa, strict=True):
         assert [token for token, _ in ours] == [token for token, _ in theirs]
         assert [lp for _, lp in ours] == pytest.approx([lp for _, lp in theirs], abs=1e-4)
+
+
+def a_prompt_step(heads: int, kv_heads: int, dim: int, cached: torch.dtype):
+    """A step of two prompts (37 tokens from position 0; 50 from position 20, its first 20 keys
+    already in the pool) and a decode row at position 44, over scattered blocks of 4: the
+    arguments of paged_attention and prompt_attention, and which tokens are 8-bit prompt rows
+    (each prompt's tokens but its last)."""
+    torch.manual_seed(0)
+    block_size, blocks_per_row = 4, 20
+    spans = [(0, 37), (20, 50), (44, 1)]  # (first position, tokens)
+    pool = torch.zeros((1 + 3 * blocks_per_row) * block_size, 2, kv_heads, dim, dtype=cached)
+    pool[block_size:] = torch.randn(pool.shape[0] - block_size, 2, kv_heads, dim).to(cached)
+    tables = [[1 + r + 3 * j for j in range(blocks_per_row)] for r in range(3)]
+    positions, token_tables, tiled = [], [], []
+    for r, (first, count) in enumerate(spans):
+        positions += range(first, first + count)
+        token_tables += [tables[r]] * count
+        tiled += [True] * (count - 1) + [False]
+    positions_t, blocks = torch.tensor(positions), torch.tensor(token_tables)
+    slots = blocks[torch.arange(len(positions)), positions_t // block_size] * block_size
+    slots += positions_t % block_size
+    qkv = torch.randn(len(positions), (heads + 2 * kv_heads) * dim)
+    cos, sin = layers.Rotary(dim, 10_000.0).cos_sin(positions_t, torch.float32)
+    return qkv, (cos, sin), pool, slots, blocks, block_size, positions_t, torch.tensor(tiled)
+
+
+# Query heads per KV head: 3 (SmolLM2; tiles of 5 tokens), 4 (Llama 3.2 1B; 4 tokens), 1.
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(6, 2, 64), (8, 2, 32), (2, 2, 128)])
+@pytest.mark.parametrize("cached", [torch.float32, torch.float16])
+def test_tiled_prompt_attention_matches_attention_one_token_at_a_time(heads, kv_heads, dim, cached):
+    assert kernels is not None
+    qkv, rope, pool, slots, blocks, block_size, positions, tiled = a_prompt_step(
+        heads, kv_heads, dim, cached
+    )
+    paged_pool, tiled_pool = pool.clone(), pool.clone()
+    one_at_a_time = kernels.paged_attention(
+        qkv.clone(), heads, kv_heads, None, rope, paged_pool, slots, blocks, block_size,
+        positions, 0, 0.125,
+    )  # fmt: skip
+    got = kernels.prompt_attention(
+        qkv.clone(), heads, kv_heads, None, rope, tiled_pool, slots, blocks, block_size,
+        positions, tiled, 0.125,
+    )  # fmt: skip
+    assert torch.allclose(got[tiled], one_at_a_time[tiled], atol=1e-5, rtol=0)
+    # A prompt's last token and the decode row attend as they would in any other step.
+    assert torch.equal(got[~tiled], one_at_a_time[~tiled])
+    assert torch.equal(tiled_pool, paged_pool)  # the step's keys and values stored alike

@@ -1,11 +1,12 @@
-"""`modelhost serve --prompt-activations 8|16`: the flag, its way to a worker, and a server that
-honours it, seen through the official OpenAI SDK."""
+"""`modelhost serve --prompt-activations auto|8|16`: the flag, its way to a worker, and a
+server that honours it, seen through the official OpenAI SDK."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -30,10 +31,12 @@ def parse(*argv: str) -> argparse.Namespace:
     return parser.parse_args(["serve", *argv])
 
 
-def test_prompt_activations_are_16_bits_unless_the_flag_says_8() -> None:
-    assert serve_config.settings_from_args(parse()).prompt_activations == 16
+def test_prompt_activations_are_auto_unless_the_flag_says_8_or_16() -> None:
+    assert serve_config.settings_from_args(parse()).prompt_activations == "auto"
     settings = serve_config.settings_from_args(parse("--prompt-activations", "8"))
     assert settings.prompt_activations == 8
+    settings = serve_config.settings_from_args(parse("--prompt-activations", "16"))
+    assert settings.prompt_activations == 16
 
 
 def test_prompt_activations_other_than_8_or_16_are_refused(capsys) -> None:
@@ -45,6 +48,8 @@ def test_prompt_activations_other_than_8_or_16_are_refused(capsys) -> None:
 def test_a_worker_is_told_the_prompt_activations() -> None:
     config = WorkerConfig(ServeSettings(prompt_activations=8))
     assert WorkerConfig.from_json(config.to_json()).settings.prompt_activations == 8
+    auto = WorkerConfig(ServeSettings())
+    assert WorkerConfig.from_json(auto.to_json()).settings.prompt_activations == "auto"
 
 
 def ask(server: Any, **extra: Any) -> Any:
@@ -70,3 +75,6 @@ def test_a_server_with_8_bit_prompts_answers_with_the_same_usage_and_its_cache_a
     details = again.usage.prompt_tokens_details
     assert details is not None and (details.cached_tokens or 0) > 0
     assert again.choices[0].message.content == first.choices[0].message.content
+    # /stats says which bits each server's prompts take: auto keeps SmolLM2 at 16.
+    assert httpx.get(f"{fine.base_url}/stats").json()["batch"]["prompt_activations"] == 16
+    assert httpx.get(f"{coarse.base_url}/stats").json()["batch"]["prompt_activations"] == 8

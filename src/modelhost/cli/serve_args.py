@@ -9,6 +9,8 @@ import os
 from modelhost.models.modes import HELP as QUANTIZE_HELP
 from modelhost.models.modes import MODES
 
+PROMPT_ACTIVATIONS = ("auto", "8", "16")  # engine/prompt_activations.py's choices, as spelled
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 
@@ -125,10 +127,13 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     # A prompt's linears are bound by integer products: 8-bit activations (llama.cpp's) do half
     # of them; benchmarks/README.md has the speed and the perplexity each costs.
     parser.add_argument(
-        "--prompt-activations", type=int, choices=(8, 16), default=16, metavar="{8,16}",
+        "--prompt-activations", choices=PROMPT_ACTIVATIONS, default="auto",
+        metavar="{auto,8,16}",
         help="bits of the quantized linears' activations for prompt tokens whose logits are not "
-        "read: 16 (default: every token alike) or 8 (one scale each 32 inputs, as llama.cpp: "
-        "faster prompts, a little less precise; generated tokens and sampled rows stay at 16)",
+        "read: 16 (every token alike), 8 (one scale each 32 inputs, as llama.cpp: faster "
+        "prompts, a little less precise; generated tokens and sampled rows stay at 16), or auto "
+        "(default: 8 for quantized weights on models of hidden size 1536 and up, where it is "
+        "measured faster, else 16)",
     )  # fmt: skip
     # Where a decode step has spare rows, guessed tokens ride in them for little more than the
     # weights' read (engine/speculation.py); exact either way.

@@ -40,6 +40,7 @@ from modelhost.engine.kv.kv_memory import grows_on
 from modelhost.engine.kv.kv_pool_size import BLOCK_TOKENS, IDLE_KV_BYTES, default_kv_bytes
 from modelhost.engine.kv.prefix_persistence import PrefixPersistence, kv_layout
 from modelhost.engine.kv.prefix_store import PrefixStoreOpener
+from modelhost.engine.prompt_activations import prompt_activation_bits
 from modelhost.engine.row_output import RowOutput
 from modelhost.engine.runner import ModelRunner
 from modelhost.engine.sampling.prompt_logprobs import PromptScores, prompt_spans
@@ -106,9 +107,10 @@ class EngineConfig:
     # steps' measured cost says they pay, ngram for every decoding row, none never.
     speculate: SpeculateMode = "auto"
     # Bits of the quantized linears' activations for prompt tokens whose logits nobody reads:
-    # 16 (every row alike), or 8 (llama.cpp's: ~1.6x the prompt's linears, a little less
-    # precise; decode, sampled and verifying rows stay at 16). --prompt-activations.
-    prompt_activations: int = 16
+    # 16 (every row alike), 8 (llama.cpp's: ~1.6x the prompt's linears, a little less precise;
+    # decode, sampled and verifying rows stay at 16), or auto: 8 where it is measured faster
+    # (engine/prompt_activations.py). --prompt-activations.
+    prompt_activations: int | str = "auto"
 
     def num_blocks(self, model: LoadedModel, context_length: int) -> int:
         token_bytes = model.config.kv_bytes_per_token(model.cache_dtype.itemsize)
@@ -213,13 +215,15 @@ class Engine:
             ),
             self.block_manager,
         )
+        # The bits this model's prompt rows take (auto resolved against the model).
+        self.prompt_activations = prompt_activation_bits(config.prompt_activations, model)
         self.runner = ModelRunner(
             model,
             num_blocks=num_blocks,
             block_size=config.block_size,
             prompt_threads=config.prompt_threads,
             grows=grows,
-            coarse_prompts=config.prompt_activations == 8,
+            coarse_prompts=self.prompt_activations == 8,
         )
         self.draft: DraftModel | None = None
         if draft is not None:
@@ -238,7 +242,7 @@ class Engine:
         self.persistence: PrefixPersistence | None = None
         if prefix_store is not None:
             layout = kv_layout(self.runner.kv)
-            if config.prompt_activations == 8:  # its prompts' blocks differ from 16-bit ones
+            if self.prompt_activations == 8:  # its prompts' blocks differ from 16-bit ones
                 layout += ";prompt_activations=8"
             store = prefix_store(layout)
             self.persistence = PrefixPersistence(store, self.runner.kv, self.block_manager)
@@ -344,6 +348,7 @@ class Engine:
                 self.persistence.queued_bytes if self.persistence is not None else 0
             ),
             speculate=self.speculator.mode,
+            prompt_activations=self.prompt_activations,
             spec_draft_tokens=self.speculator.counts.draft_tokens,
             spec_accepted_tokens=self.speculator.counts.accepted_tokens,
             spec_verify_steps=self.speculator.counts.verify_steps,

@@ -258,6 +258,7 @@ class InferenceStage:
                 submitted_rows=engine.submitted_rows,
                 kv_bytes=engine.kv_bytes,
                 kv_budget_bytes=engine.kv_budget_bytes,
+                prompt_activations=engine.prompt_activations,
             ),
             prompt_cache=PromptCacheStats(
                 cached_blocks=engine.kv_blocks_cached_free,

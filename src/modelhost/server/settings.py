@@ -31,7 +31,8 @@ class ServeSettings:
     top_k: int | None = None
     chunk_tokens: int = 512  # the engine's max_num_batched_tokens (sizes working memory)
     prompt_threads: int | None = None  # --prompt-threads: the engine's prompt-heavy steps
-    prompt_activations: int = 16  # --prompt-activations: 8 rounds unread prompt rows to 8 bits
+    # --prompt-activations: 8 rounds unread prompt rows to 8 bits, auto where it pays
+    prompt_activations: int | str = "auto"
     kv_disk_bytes: int = 0  # --kv-disk: the prefix KV store's budget (0: off)
     speculate: str = "auto"  # --speculate: the engine's guessing ahead (engine/speculation.py)
     # --draft-model, resolved: the draft's id and its path (a .gguf file or a model folder).

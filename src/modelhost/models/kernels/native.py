@@ -48,6 +48,7 @@ HEADERS = [
         "native_qlinear.h",
         "native_repack.h",
         "native_moe.h",
+        "native_prompt_attention.h",
     )
 ]
 FLAGS = ["-O3", "-shared", "-fPIC", "-std=c++17", "-fopenmp"]
@@ -107,6 +108,14 @@ class Kernels:
         self._attention.argtypes += [i64, i64, p, i64, ctypes.c_float, ctypes.c_float, p]
         self._attention.argtypes += [ctypes.c_int]
         self._attention.restype = None
+        self._prompt_attention = library.mh_prompt_attention
+        self._prompt_attention.argtypes = [p, i64, i64, i64, i64, p, ctypes.c_float, p, p, p]
+        self._prompt_attention.argtypes += [ctypes.c_int, p, p, i64, i64, p, p, ctypes.c_float]
+        self._prompt_attention.argtypes += [p, ctypes.c_int]
+        self._prompt_attention.restype = None
+        self._prompt_groups = library.mh_prompt_attention_groups
+        self._prompt_groups.argtypes = [i64]
+        self._prompt_groups.restype = ctypes.c_int
         self._rms_norm = library.mh_rms_norm
         self._rms_norm.argtypes = [p, p, i64, i64, ctypes.c_float, p, ctypes.c_int]
         self._rms_norm.restype = None
@@ -234,6 +243,45 @@ class Kernels:
             cos.data_ptr(), sin.data_ptr(), pool.data_ptr(), half_pool(pool), slots.data_ptr(),
             blocks.data_ptr(), blocks.shape[1], block_size, positions.data_ptr(), window,
             scale, softcap, out.data_ptr(), self.threads,
+        )  # fmt: skip
+        return out
+
+    def prompt_attention_takes(self, heads: int, kv_heads: int) -> bool:
+        """Whether prompt_attention takes a model with these heads (query heads a KV head: 1 to
+        8, or 16)."""
+        return heads % kv_heads == 0 and bool(self._prompt_groups(heads // kv_heads))
+
+    def prompt_attention(
+        self,
+        qkv: torch.Tensor,
+        heads: int,
+        kv_heads: int,
+        qk_norm: tuple[torch.Tensor, float] | None,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        pool: torch.Tensor,
+        slots: torch.Tensor,
+        blocks: torch.Tensor,
+        block_size: int,
+        positions: torch.Tensor,
+        tiled: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        """paged_attention for a step of causal attention (no window, no soft-cap) whose tokens
+        marked in `tiled` ([tokens] bool) have the queries of a sequence's consecutive tokens
+        tiled against each block of keys (mh_prompt_attention); the others attend as
+        paged_attention's do: [tokens, heads * D]."""
+        tiled = tiled.to(torch.bool).contiguous()
+        rows, width = qkv.shape
+        dim = width // (heads + 2 * kv_heads)
+        out = torch.empty((rows, heads * dim), dtype=torch.float32)
+        norm_weight, eps = qk_norm if qk_norm is not None else (None, 0.0)
+        cos, sin = rope
+        self._prompt_attention(
+            qkv.data_ptr(), rows, heads, kv_heads, dim,
+            None if norm_weight is None else norm_weight.data_ptr(), eps,
+            cos.data_ptr(), sin.data_ptr(), pool.data_ptr(), half_pool(pool), slots.data_ptr(),
+            blocks.data_ptr(), blocks.shape[1], block_size, positions.data_ptr(),
+            tiled.data_ptr(), scale, out.data_ptr(), self.threads,
         )  # fmt: skip
         return out
 

@@ -136,25 +136,33 @@ RoundedRows round_rows(const float* x, int64_t rows, int64_t padded) {
 // magnitude / 127), as llama.cpp's Q8_0, so a product of 4 weights and 4 inputs is one VNNI
 // instruction where RoundedRows takes two. Per row: the int8 inputs; each group's scale; and
 // each 16 rounded inputs' sum times their group's scale, which the weights' minimums multiply.
+// The integer sums alone (per 16 inputs, and per group of 32) serve the panel kernel
+// (native_qlinear.h's byte_panels), which applies the row's group scale once per group.
 struct ByteRows {
     int64_t groups, padded;
     const int8_t* q;       // [rows, padded]
     const float* scales;   // [rows, groups]
     const float* sums;     // [rows, padded / 16]
+    const float* counts;   // [rows, padded / 16]: the rounded inputs' integer sums
+    const float* totals;   // [rows, groups]: the same per group of 32
 };
 
 thread_local std::vector<uint8_t> byte_buffer;
 
 ByteRows byte_rows(const float* x, int64_t rows, int64_t padded) {
     const int64_t groups = padded / kGroup, sixteens = padded / 16;
-    const size_t per_row = padded + 4 * groups + 4 * sixteens;
+    const size_t per_row = padded + 8 * groups + 8 * sixteens;
     std::vector<uint8_t>& buffer = byte_buffer;
     if (buffer.size() < rows * per_row + 64) buffer.resize(rows * per_row + 64);
     uint8_t* base = buffer.data() + (64 - reinterpret_cast<uintptr_t>(buffer.data()) % 64) % 64;
     int8_t* q = reinterpret_cast<int8_t*>(base);
     float* scales = reinterpret_cast<float*>(q + rows * padded);
     float* sums = scales + rows * groups;
+    float* counts = sums + rows * sixteens;
+    float* totals = counts + rows * sixteens;
     const __m512 magnitude = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+    // One thread: a parallel region of its own cost more on a loaded machine (a thread
+    // preempted at its barrier) than the rounding, ~2% of the matmul's work, saves.
     for (int64_t r = 0; r < rows; ++r) {
         for (int64_t g = 0; g < groups; ++g) {
             const float* in = x + r * padded + kGroup * g;
@@ -168,12 +176,14 @@ ByteRows byte_rows(const float* x, int64_t rows, int64_t padded) {
                 const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(half ? b : a, inverse));
                 _mm_storeu_si128(reinterpret_cast<__m128i*>(q + r * padded + kGroup * g + 16 * half),
                                  _mm512_cvtepi32_epi8(v));
-                sums[r * sixteens + 2 * g + half] =
-                    static_cast<float>(_mm512_reduce_add_epi32(v)) * scale;
+                const float count = static_cast<float>(_mm512_reduce_add_epi32(v));
+                sums[r * sixteens + 2 * g + half] = count * scale;
+                counts[r * sixteens + 2 * g + half] = count;
             }
+            totals[r * groups + g] = counts[r * sixteens + 2 * g] + counts[r * sixteens + 2 * g + 1];
         }
     }
-    return ByteRows{groups, padded, q, scales, sums};
+    return ByteRows{groups, padded, q, scales, sums, counts, totals};
 }
 
 // Calls tile(row0, rows-in-tile, first output, end output) over all rows and outputs, the

@@ -261,6 +261,8 @@ extern "C" void mh_paged_attention(float* qkv, int64_t rows, int64_t heads, int6
     }
 }
 
+#include "native_prompt_attention.h"  // a prompt step's attention, tiled
+
 namespace {
 
 constexpr int64_t kDrawBlock = 256;  // logits a draw's block: its mass summed in one pass

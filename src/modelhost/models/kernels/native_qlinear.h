@@ -434,6 +434,142 @@ void q_tile(const Rows& x, int64_t row0, const QLinear& w, int64_t begin, int64_
     for (; b < last; ++b) q_blocks<R, F, 1>(x, row0, w, b, y, ldy);
 }
 
+#ifndef MH_AVX2
+// 8-bit activations (ByteRows) against one block of 16 outputs whose tiles are already
+// unpacked (a panel, see byte_panels): levels [groups, 8 registers of 64 bytes], params
+// [groups, H, scale and minimum of 16 floats] (H = 2 for 16-input sub-blocks). R rows from
+// row0. Each row's group is one chain of VNNI products per sub-block (inputs broadcast from
+// memory), then its float terms in one chain: the minimums times the rounded inputs' integer
+// sums, plus each sub-block's product times its scales, all times the row's group scale
+// (4 vector operations a group where q_blocks takes 5, and no unpacking). The same
+// instructions for a row whatever R and its neighbours are.
+template <int R, int H>
+void byte_panel_rows(const ByteRows& x, int64_t row0, const uint8_t* levels,
+                     const float* params, float* y, int64_t ldy, __mmask16 live) {
+    constexpr int J = R < 4 ? R : 4;  // rows whose product chains interleave
+    const int64_t groups = x.groups, sixteens = x.padded / 16;
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {
+        __m512i w[8];
+        for (int q = 0; q < 8; ++q)
+            w[q] = _mm512_load_si512(levels + 512 * g + 64 * q);
+        const float* p = params + 32 * H * g;
+        const __m512 scale0 = _mm512_load_ps(p), min0 = _mm512_load_ps(p + 16);
+#pragma GCC unroll 16
+        for (int r0 = 0; r0 < R; r0 += J) {
+            const int32_t* q[J];
+            for (int j = 0; j < J; ++j)
+                q[j] = reinterpret_cast<const int32_t*>(x.q + (row0 + r0 + j) * x.padded + 32 * g);
+            // dot[j][h]: row r0 + j's sub-block h (both halves in one chain where H == 1)
+            __m512i dot[J][H];
+            for (int j = 0; j < J; ++j)
+                for (int h = 0; h < H; ++h) dot[j][h] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; ++k)
+#pragma GCC unroll 4
+                for (int j = 0; j < J; ++j) {
+                    const int h = H == 2 ? k / 4 : 0;
+                    dot[j][h] = _mm512_dpbusd_epi32(dot[j][h], w[k], _mm512_set1_epi32(q[j][k]));
+                }
+#pragma GCC unroll 4
+            for (int j = 0; j < J; ++j) {
+                const int64_t row = row0 + r0 + j;
+                const __m512 group_scale = _mm512_set1_ps(x.scales[row * groups + g]);
+                __m512 t;
+                if constexpr (H == 1) {
+                    t = _mm512_mul_ps(min0, _mm512_set1_ps(x.totals[row * groups + g]));
+                    t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[j][0]), scale0, t);
+                } else {
+                    const float* counts = x.counts + row * sixteens + 2 * g;
+                    t = _mm512_mul_ps(min0, _mm512_set1_ps(counts[0]));
+                    t = _mm512_fmadd_ps(_mm512_load_ps(p + 48), _mm512_set1_ps(counts[1]), t);
+                    t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[j][0]), scale0, t);
+                    t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[j][1]), _mm512_load_ps(p + 32), t);
+                }
+                acc[r0 + j] = _mm512_fmadd_ps(t, group_scale, acc[r0 + j]);
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        _mm512_mask_storeu_ps(y + (row0 + r) * ldy, live, acc[r]);
+}
+
+// A block's tiles unpacked into a panel for byte_panel_rows: levels as unpack's registers,
+// scales and minimums as tile_params's.
+template <int F>
+void unpack_panel(const QLinear& w, int64_t b, int64_t groups, uint8_t* levels, float* params) {
+    using T = Format<F>;
+    constexpr int H = T::halves ? 2 : 1;
+    constexpr int64_t tile = tile_bytes(T::bits), pbytes = param_bytes<F>();
+    __m512 d = _mm512_setzero_ps(), dmin = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {
+        const int64_t at = b * groups + g;
+        __m512i unpacked[kRegisters<T::bits>];
+        unpack<T::bits>(w.data + at * tile, unpacked);
+        for (int q = 0; q < 8; ++q) _mm512_store_si512(levels + 512 * g + 64 * q, unpacked[q]);
+        if constexpr (T::params == kSuper) {
+            if (g % 8 == 0) {
+                const uint16_t* s = w.supers + (b * (groups / 8) + g / 8) * 32;
+                d = fp16_to_ps(s);
+                dmin = fp16_to_ps(s + 16);
+            }
+        }
+        __m512 scale[2], min[2];
+        tile_params<F>(w.params + at * pbytes, d, dmin, scale, min);
+        float* p = params + 32 * H * g;
+        _mm512_store_ps(p, scale[0]);
+        _mm512_store_ps(p + 16, min[0]);
+        if constexpr (H == 2) {
+            _mm512_store_ps(p + 32, scale[1]);
+            _mm512_store_ps(p + 48, min[1]);
+        }
+    }
+}
+
+// Rows at a time in byte_panel_rows: 16 accumulators, 8 levels and the group's parameters
+// fill the 32 registers.
+constexpr int kPanelRows = 16;
+
+// y = x @ w.T for 8-bit rows: each task's blocks of outputs are unpacked once per chunk of
+// rows (about 256 KB of the rows' bytes, kept in L2 while the blocks pass over them) and
+// every row of the chunk reads the unpacked panel, where q_blocks unpacks a tile for each 8
+// rows. Tasks are runs of blocks handed out as threads come free, as by_tiles's.
+template <int F>
+void byte_panels(const ByteRows& x, int64_t rows, const QLinear& w, float* y, int64_t ldy,
+                 int threads) {
+    constexpr int H = Format<F>::halves ? 2 : 1;
+    const int64_t groups = x.groups, blocks = (w.out + 15) / 16;
+    const int64_t share = (blocks + 8 * threads - 1) / (8 * threads);
+    const int64_t chunk_rows = std::clamp<int64_t>((256 * 1024 / x.padded) / 16 * 16, 16, 512);
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
+    for (int64_t first = 0; first < blocks; first += share) {
+        thread_local std::vector<uint8_t> panel;
+        const size_t level_bytes = 512 * groups, param_bytes = 128 * H * groups;
+        if (panel.size() < level_bytes + param_bytes + 64) panel.resize(level_bytes + param_bytes + 64);
+        uint8_t* levels =
+            panel.data() + (64 - reinterpret_cast<uintptr_t>(panel.data()) % 64) % 64;
+        float* params = reinterpret_cast<float*>(levels + level_bytes);
+        const int64_t last = std::min(blocks, first + share);
+        for (int64_t row0 = 0; row0 < rows; row0 += chunk_rows) {
+            const int64_t end = std::min(rows, row0 + chunk_rows);
+            for (int64_t b = first; b < last; ++b) {
+                unpack_panel<F>(w, b, groups, levels, params);
+                const __mmask16 live = tail_mask(w.out - 16 * b);
+                float* out = y + 16 * b;
+                int64_t r = row0;
+                for (; r + kPanelRows <= end; r += kPanelRows)
+                    byte_panel_rows<kPanelRows, H>(x, r, levels, params, out, ldy, live);
+                if (r + 8 <= end) byte_panel_rows<8, H>(x, r, levels, params, out, ldy, live), r += 8;
+                if (r + 4 <= end) byte_panel_rows<4, H>(x, r, levels, params, out, ldy, live), r += 4;
+                if (r + 2 <= end) byte_panel_rows<2, H>(x, r, levels, params, out, ldy, live), r += 2;
+                if (r < end) byte_panel_rows<1, H>(x, r, levels, params, out, ldy, live);
+            }
+        }
+    }
+}
+#endif
+
 // R rows of fp32 x [rows, padded] times a block of outputs' 16-bit float weights: exact
 // fp32 products of the weights as stored.
 template <int R, int F>
@@ -526,7 +662,25 @@ void qlinear(const float* x, int64_t rows, const QLinear& w, float* y, int64_t l
 void qlinear_bytes(const float* x, int64_t rows, const QLinear& w, float* y, int64_t ldy,
                    int threads) {
     if (is_float_format(w.format)) return qlinear(x, rows, w, y, ldy, threads);
-    qlinear_rounded(byte_rows(x, rows, w.padded), rows, w, y, ldy, threads);
+    const ByteRows bytes = byte_rows(x, rows, w.padded);
+#ifndef MH_AVX2
+    {  // every row count alike: a row's result never depends on the rows beside it
+        switch (w.format) {
+            case kQ4_0: return byte_panels<kQ4_0>(bytes, rows, w, y, ldy, threads);
+            case kQ4_1: return byte_panels<kQ4_1>(bytes, rows, w, y, ldy, threads);
+            case kQ5_0: return byte_panels<kQ5_0>(bytes, rows, w, y, ldy, threads);
+            case kQ5_1: return byte_panels<kQ5_1>(bytes, rows, w, y, ldy, threads);
+            case kQ8_0: return byte_panels<kQ8_0>(bytes, rows, w, y, ldy, threads);
+            case kQ2_K: return byte_panels<kQ2_K>(bytes, rows, w, y, ldy, threads);
+            case kQ3_K: return byte_panels<kQ3_K>(bytes, rows, w, y, ldy, threads);
+            case kQ4_K: return byte_panels<kQ4_K>(bytes, rows, w, y, ldy, threads);
+            case kQ5_K: return byte_panels<kQ5_K>(bytes, rows, w, y, ldy, threads);
+            case kQ6_K: return byte_panels<kQ6_K>(bytes, rows, w, y, ldy, threads);
+            default: return;
+        }
+    }
+#endif
+    qlinear_rounded(bytes, rows, w, y, ldy, threads);
 }
 
 // Level i (0 .. 31) of output o (0 .. 15) in a tile of `bits` levels (scalar: row lookups).

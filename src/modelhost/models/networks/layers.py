@@ -256,13 +256,32 @@ class Attention(nn.Module):
         rows, max_q = batch.query_index.shape
         kernels = native.kernels()
         context = batch.token_blocks.shape[1] * kv.block_size  # the longest row's, padded
-        if (
+        native_cache = (
             kernels is not None
             and self.native_ready()
             and native.cache_readable(pool)
-            and (max_q == 1 or context <= NATIVE_PROMPT_CONTEXT)
             and not batch.bidirectional
-        ):
+        )
+        if native_cache and self._tiles_prompt(batch, max_q):
+            # 8-bit prompt rows (--prompt-activations 8): their queries tiled against each
+            # block of keys, any context; the step's other rows attend as paged_attention's.
+            assert kernels is not None and batch.coarse_rows is not None
+            return kernels.prompt_attention(
+                qkv.contiguous(),
+                heads,
+                kv_heads,
+                self._native_qk_norm(),
+                rope,
+                pool,
+                batch.slot_mapping,
+                batch.token_blocks,
+                kv.block_size,
+                batch.positions,
+                batch.coarse_rows,
+                self.scale,
+            )
+        if native_cache and (max_q == 1 or context <= NATIVE_PROMPT_CONTEXT):
+            assert kernels is not None
             # Every token, a decode row's or a prompt's, attends over its own row's paged keys
             # up to its position, read in place: no gathered context, no mask, and (unlike SDPA
             # with a mask) no work above the causal diagonal.
@@ -318,6 +337,22 @@ class Attention(nn.Module):
         )
         out = out.transpose(1, 2).reshape(rows * max_q, q_size)
         return out if batch.dense else out[batch.output_index]
+
+    def _tiles_prompt(self, batch: ForwardBatch, max_q: int) -> bool:
+        """Whether this step's 8-bit prompt rows attend tiled (mh_prompt_attention): plain
+        causal attention (no window, no soft-cap) of a head grouping the kernel takes. 16-bit
+        prompts keep their path, and their answers."""
+        kernels = native.kernels()
+        return (
+            kernels is not None
+            and max_q > 1
+            and batch.coarse_rows is not None
+            and batch.coarse_rows.shape[0] == batch.positions.shape[0]
+            and self.window is None
+            and self.softcap is None
+            and self.head_dim % 16 == 0
+            and kernels.prompt_attention_takes(self.num_heads, self.num_kv_heads)
+        )
 
     def _capped_attention(
         self,

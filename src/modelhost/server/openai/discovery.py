@@ -204,6 +204,7 @@ def stats_json(stats: StageStats, owner: str) -> dict[str, Any]:
             "submitted_rows": batch.submitted_rows,
             "kv_bytes": batch.kv_bytes,
             "kv_budget_bytes": batch.kv_budget_bytes,
+            "prompt_activations": batch.prompt_activations,
         },
     }
 
