@@ -301,6 +301,40 @@ def test_a_responses_answer_validates_and_completes_within_any_budget(
     validated(response.output_text, TRIP)
 
 
+def test_a_streamed_responses_forced_call_at_its_minimum_validates_and_completes(
+    client: openai.OpenAI,
+) -> None:
+    tool: Any = {"type": "function", "name": "save_catalog", "parameters": CATALOG}
+    request: Any = {
+        "model": "smollm2",
+        "input": "Save a catalog of every fruit you know.",
+        "tools": [tool],
+        "tool_choice": "required",
+    }
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(**request, max_output_tokens=1)
+    found = re.search(r"at least (\d+)", str(caught.value.body))
+    assert found is not None
+    max_tokens = int(found.group(1))
+
+    events = list(
+        client.responses.create(
+            **request,
+            max_output_tokens=max_tokens,
+            temperature=0.8,
+            extra_body={"seed": 5},
+            stream=True,
+        )
+    )
+
+    response = next(e.response for e in events if e.type == "response.completed")
+    assert response.status == "completed"
+    assert response.usage is not None and response.usage.output_tokens <= max_tokens
+    [call] = [item for item in response.output if item.type == "function_call"]
+    assert call.name == "save_catalog"
+    jsonschema.validate(json.loads(call.arguments), CATALOG)
+
+
 def test_decisions_answer_only_with_the_labels_they_offer(server: Any) -> None:
     # A decision reads one token out of the offered labels: its answer cannot be anything else
     # and cannot run past a budget.
