@@ -4,6 +4,8 @@ instruction in the prompt."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from scripted_engine import ScriptedEngine, scripted_model
 
@@ -71,3 +73,24 @@ async def test_modelhost_grammar_0_disables_compilation(monkeypatch: pytest.Monk
     assert "MODELHOST_GRAMMAR=0" in warning
     assert warning.endswith(" - falling back to prompt injection")
     assert engine.submissions[0].params.grammar is None
+
+
+async def test_a_budget_the_context_cuts_below_the_shortest_answer_blames_the_context() -> None:
+    # max_tokens=100 asks for plenty; the context leaves 3 tokens, fewer than the shortest
+    # object: the 400 must not claim the client asked for 3.
+    schema = '{"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}'
+    spec = GrammarSpec("json_schema", schema, field="response_format.json_schema")
+    request = dataclasses.replace(chat_request(spec), max_tokens=100)
+    probe = ScriptedEngine()
+    admitted = await InferenceStage(probe, scripted_model()).admit(request)  # type: ignore[arg-type]
+    admitted.cancel()
+    context = admitted.prompt_tokens + 3
+    engine = ScriptedEngine(context_length=context)
+    stage = InferenceStage(engine, scripted_model(context_length=context))  # type: ignore[arg-type]
+
+    with pytest.raises(InvalidRequest) as caught:
+        await stage.admit(request)
+
+    assert caught.value.status == 400 and caught.value.body["code"] == "max_tokens_too_small"
+    assert caught.value.message.startswith("only 3 tokens are left for the answer but ")
+    assert engine.submissions == []

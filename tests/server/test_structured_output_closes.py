@@ -1,7 +1,8 @@
 """End to end: structured output always closes. Whatever the budget, from the fewest tokens the
 shortest valid answer takes up to 256, a schema-bound answer parses, validates and ends with
-`stop` (`tool_calls`, `tool_use`) within max_tokens, on every surface, plain and streamed; a
-budget below the shortest valid answer is a 400 in the surface's own shape, naming the minimum.
+`stop` (`tool_calls`, `tool_use`) within max_tokens, on every surface (chat, Anthropic,
+Responses, Ollama's `format`), plain and streamed; a budget below the shortest valid answer is a
+400 in the surface's own shape, naming the minimum; whitespace between JSON tokens is bounded.
 
 The schemas here are deliberately unbounded (free strings, arrays with no maxItems): SmolLM2
 left alone writes into them until its budget runs out, which is what the closing must survive.
@@ -17,6 +18,7 @@ from typing import Any
 import anthropic
 import httpx
 import jsonschema
+import ollama
 import openai
 import pytest
 
@@ -199,10 +201,18 @@ def test_a_streamed_chat_answer_validates_and_stops_within_its_budget(
 CATALOG_TOOL = {"name": "save_catalog", "description": "Save a catalog", "input_schema": CATALOG}
 
 
-@pytest.mark.parametrize("budget", ["min", 48, 128])
-@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+@pytest.mark.parametrize(
+    ("budget", "tool_choice", "stream"),
+    [
+        ("min", {"type": "any"}, False),
+        ("min", {"type": "tool", "name": "save_catalog"}, True),
+        (48, {"type": "tool", "name": "save_catalog"}, False),
+        (128, {"type": "any"}, True),
+    ],
+    ids=["min-any-plain", "min-tool-streamed", "48-tool-plain", "128-any-streamed"],
+)
 def test_an_anthropic_forced_tool_use_validates_and_stops_within_any_budget(
-    claude: anthropic.Anthropic, budget: int | str, stream: bool
+    claude: anthropic.Anthropic, budget: int | str, tool_choice: Any, stream: bool
 ) -> None:
     # The forced call wraps the input ({"name": ..., "arguments": ...}): its minimum is a few
     # tokens more than the bare schema's, as the tool's own 400 says.
@@ -211,7 +221,7 @@ def test_an_anthropic_forced_tool_use_validates_and_stops_within_any_budget(
         "model": "smollm2",
         "messages": [{"role": "user", "content": "Save a catalog of fruit."}],
         "tools": [CATALOG_TOOL],
-        "tool_choice": {"type": "any"},
+        "tool_choice": tool_choice,
         "max_tokens": max_tokens,
         "extra_body": {"temperature": 0.8, "seed": 3},
     }
@@ -291,6 +301,40 @@ def test_a_responses_answer_validates_and_completes_within_any_budget(
     validated(response.output_text, TRIP)
 
 
+def test_a_streamed_responses_forced_call_at_its_minimum_validates_and_completes(
+    client: openai.OpenAI,
+) -> None:
+    tool: Any = {"type": "function", "name": "save_catalog", "parameters": CATALOG}
+    request: Any = {
+        "model": "smollm2",
+        "input": "Save a catalog of every fruit you know.",
+        "tools": [tool],
+        "tool_choice": "required",
+    }
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(**request, max_output_tokens=1)
+    found = re.search(r"at least (\d+)", str(caught.value.body))
+    assert found is not None
+    max_tokens = int(found.group(1))
+
+    events = list(
+        client.responses.create(
+            **request,
+            max_output_tokens=max_tokens,
+            temperature=0.8,
+            extra_body={"seed": 5},
+            stream=True,
+        )
+    )
+
+    response = next(e.response for e in events if e.type == "response.completed")
+    assert response.status == "completed"
+    assert response.usage is not None and response.usage.output_tokens <= max_tokens
+    [call] = [item for item in response.output if item.type == "function_call"]
+    assert call.name == "save_catalog"
+    jsonschema.validate(json.loads(call.arguments), CATALOG)
+
+
 def test_decisions_answer_only_with_the_labels_they_offer(server: Any) -> None:
     # A decision reads one token out of the offered labels: its answer cannot be anything else
     # and cannot run past a budget.
@@ -320,21 +364,61 @@ def test_decisions_answer_only_with_the_labels_they_offer(server: Any) -> None:
     assert 0.0 <= score["score"] <= 2.0
 
 
-@pytest.mark.parametrize("max_tokens", [2, 24])
+@pytest.mark.parametrize(
+    ("max_tokens", "stream"), [(2, False), (24, True)], ids=["2-plain", "24-streamed"]
+)
 def test_a_json_object_answer_parses_and_stops_within_its_budget(
-    client: openai.OpenAI, max_tokens: int
+    client: openai.OpenAI, max_tokens: int, stream: bool
 ) -> None:
+    request: Any = {
+        "model": "smollm2",
+        "messages": TRIP_ASK,
+        "response_format": {"type": "json_object"},
+        "max_tokens": max_tokens,
+        "temperature": 0.8,
+        "seed": 3,
+    }
+    if stream:
+        chunks = list(
+            client.chat.completions.create(
+                **request, stream=True, stream_options={"include_usage": True}
+            )
+        )
+        text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+        [finish] = [
+            c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+        ]
+        [usage] = [chunk.usage for chunk in chunks if chunk.usage is not None]
+    else:
+        answer = client.chat.completions.create(**request)
+        text = answer.choices[0].message.content or ""
+        finish, usage = answer.choices[0].finish_reason, answer.usage
+    assert finish == "stop"
+    assert usage is not None and usage.completion_tokens <= max_tokens
+    assert isinstance(json.loads(text), dict)
+
+
+def test_whitespace_between_json_tokens_is_bounded_even_when_the_model_wants_nothing_else(
+    client: openai.OpenAI, smollm2: LoadedModel
+) -> None:
+    # Every whitespace token SmolLM2 has, pushed to the top: a grammar that let whitespace
+    # through would get an answer of newlines and indentation until the budget ran out.
+    vocabulary = smollm2.tokenizer.backend.get_vocab()
+    blanks = [i for piece, i in vocabulary.items() if piece.strip("ĠĊĉ\t ") == ""][:300]
     answer = client.chat.completions.create(
         model="smollm2",
         messages=TRIP_ASK,  # type: ignore[arg-type]
-        response_format={"type": "json_object"},
-        max_tokens=max_tokens,
+        response_format=schema_format(CATALOG),
+        max_tokens=40,
+        logit_bias={str(i): 100 for i in blanks},  # type: ignore[misc]
         temperature=0.8,
         seed=3,
     )
+    text = answer.choices[0].message.content or ""
     assert answer.choices[0].finish_reason == "stop"
-    assert answer.usage is not None and answer.usage.completion_tokens <= max_tokens
-    assert isinstance(json.loads(answer.choices[0].message.content or ""), dict)
+    validated(text, CATALOG)
+    outside_strings = re.sub(r'"(?:[^"\\]|\\.)*"', '""', text)
+    assert "\n" not in outside_strings and "  " not in outside_strings, text
 
 
 def test_a_forced_tool_call_without_max_tokens_ends_within_the_server_default(
@@ -359,23 +443,24 @@ def test_a_forced_tool_call_without_max_tokens_ends_within_the_server_default(
     jsonschema.validate(json.loads(call.function.arguments), CATALOG)  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
 def test_a_chat_budget_below_the_shortest_answer_is_a_400_naming_the_minimum(
-    client: openai.OpenAI,
+    client: openai.OpenAI, field: str
 ) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(
             model="smollm2",
             messages=TRIP_ASK,  # type: ignore[arg-type]
             response_format=schema_format(TRIP),
-            max_tokens=3,
             stream=True,
+            **{field: 3},  # type: ignore[arg-type]
         )
     error = caught.value.body
-    assert isinstance(error, dict) and error["param"] == "max_tokens"
+    assert isinstance(error, dict) and error["param"] == field
     assert error["code"] == "max_tokens_too_small"
     assert re.fullmatch(
-        r"max_tokens is 3 but the shortest answer that satisfies response_format\.json_schema "
-        r"takes \d+ tokens; set max_tokens to at least \d+",
+        rf"{field} is 3 but the shortest answer that satisfies response_format\.json_schema "
+        rf"takes \d+ tokens; set {field} to at least \d+",
         error["message"],
     )
 
@@ -409,3 +494,92 @@ def test_a_responses_budget_below_the_shortest_answer_names_max_output_tokens(
     error = caught.value.body
     assert isinstance(error, dict) and error["param"] == "max_output_tokens"
     assert "set max_output_tokens to at least" in error["message"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Ollama's `format`
+
+
+OLLAMA_MODEL = "smollm2-135m-instruct"  # Ollama's routes know a model by its own name
+
+
+@pytest.fixture
+def llama(server: Any) -> Iterator[ollama.Client]:
+    with ollama.Client(host=server.base_url, timeout=600) as client:
+        yield client
+
+
+@pytest.mark.parametrize(
+    ("name", "budget", "stream"),
+    [("catalog", "min", False), ("trip", "min+3", True), ("trip", None, True)],
+    ids=["catalog-min-plain", "trip-min+3-streamed", "trip-no-num_predict-streamed"],
+)
+def test_an_ollama_format_answer_validates_and_stops_within_its_budget(
+    client: openai.OpenAI, llama: ollama.Client, name: str, budget: str | None, stream: bool
+) -> None:
+    # Without num_predict the bound is the server's --max-tokens (DEFAULT_BUDGET here).
+    max_tokens = DEFAULT_BUDGET if budget is None else budget_of(client, name, budget)
+    options: dict[str, Any] = {"temperature": 0.8, "seed": 5}
+    if budget is not None:
+        options["num_predict"] = max_tokens
+    if stream:
+        parts = list(
+            llama.chat(
+                model=OLLAMA_MODEL,
+                messages=TRIP_ASK,
+                format=SCHEMAS[name],
+                options=options,
+                stream=True,
+            )
+        )
+        text = "".join(part.message.content for part in parts)
+        last = parts[-1]
+    else:
+        last = llama.chat(
+            model=OLLAMA_MODEL, messages=TRIP_ASK, format=SCHEMAS[name], options=options
+        )
+        text = last.message.content or ""
+    assert last.done and last.done_reason == "stop"
+    assert last.eval_count is not None and last.eval_count <= max_tokens
+    validated(text, SCHEMAS[name])
+
+
+def test_an_ollama_json_format_generate_streams_an_object_within_a_tiny_budget(
+    llama: ollama.Client,
+) -> None:
+    parts = list(
+        llama.generate(
+            model=OLLAMA_MODEL,
+            prompt="Plan a trip as JSON.",
+            format="json",
+            options={"num_predict": 2, "temperature": 0.8, "seed": 3},
+            stream=True,
+        )
+    )
+    assert parts[-1].done_reason == "stop"
+    assert parts[-1].eval_count is not None and parts[-1].eval_count <= 2
+    assert isinstance(json.loads("".join(part.response for part in parts)), dict)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+def test_an_ollama_budget_below_the_shortest_answer_is_an_ollama_400_naming_num_predict(
+    server: Any, stream: bool
+) -> None:
+    body = {
+        "model": OLLAMA_MODEL,
+        "messages": TRIP_ASK,
+        "format": TRIP,
+        "options": {"num_predict": 3},
+        "stream": stream,
+    }
+
+    response = httpx.post(f"{server.base_url}/api/chat", json=body, timeout=600)
+
+    assert response.status_code == 400
+    error = response.json()
+    assert set(error) == {"error"}
+    assert re.fullmatch(
+        r"num_predict is 3 but the shortest answer that satisfies format takes \d+ tokens; "
+        r"set num_predict to at least \d+",
+        error["error"],
+    )

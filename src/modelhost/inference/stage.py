@@ -195,7 +195,8 @@ class InferenceStage:
                 request.grammar,
                 closing.min_tokens,
                 max_tokens,
-                requested=request.max_tokens is not None,
+                # A requested budget the context cut down is the context's fault, not the client's.
+                requested=max_tokens == request.max_tokens,
                 field=request.max_tokens_field,
             )
             if refusal is not None:

@@ -206,6 +206,7 @@ def _request(
         prompt=prompt,
         sampling=wire.sampling(opts),
         max_tokens=wire.max_tokens(opts),
+        max_tokens_field="num_predict",
         stop=wire.stop(opts),
         logprobs=wire.logprobs(body),
         stream=stream is not False,  # Ollama streams unless told not to

@@ -91,6 +91,7 @@ def parse_completion_request(
         prompt=prompt,
         sampling=fields.sampling(body),
         max_tokens=fields.max_tokens(body),
+        max_tokens_field=fields.max_tokens_field(body),
         stop=fields.stop(body),
         ignore_eos=bool(fields.field(body, "ignore_eos", bool)),
         logprobs=logprobs,

@@ -108,6 +108,13 @@ def max_tokens(body: dict[str, Any]) -> int | None:
     return newer if newer is not None else older
 
 
+def max_tokens_field(body: dict[str, Any]) -> str:
+    """The budget's field as the client named it, for a 400 about the budget."""
+    return (
+        "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class StreamOptions:
     stream: bool
