@@ -136,6 +136,7 @@ def _without_vocabulary(path: Path, directory: Path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # transformers in fp32 over a 540-token prompt, on a loaded machine
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])
 def test_embedded_model_matches_transformers_on_the_same_gguf(name, tmp_path):
     # fp32 linears: the quantized modes are held to perplexity instead (tests/models/test_quant.py).
