@@ -42,7 +42,7 @@ test: $(STAMP) browser
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -n 2 --dist loadgroup --durations=25
+	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=25
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/engine.py

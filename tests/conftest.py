@@ -46,12 +46,3 @@ def models_dir(smollm2: LoadedModel, tmp_path_factory: pytest.TempPathFactory) -
     make_tiny_checkpoint(root / "tiny-a", "llama", smollm2)
     make_tiny_checkpoint(root / "tiny-b", "qwen2", smollm2)
     return root
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """`make test` runs on two pytest-xdist workers with `--dist loadgroup`: a module's tests stay
-    on one worker (its module-scoped servers start once), and every Ray-cluster test shares one
-    worker so two simulated clusters never run at once."""
-    for item in items:
-        group = "cluster" if item.get_closest_marker("cluster") else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
