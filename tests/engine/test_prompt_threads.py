@@ -27,7 +27,10 @@ async def threads_per_step(
         return type(network).forward(network, batch, kv, before_layers)
 
     monkeypatch.setattr(network, "forward", recording_forward)
-    engine = Engine(smollm2, EngineConfig(batch=2, prompt_threads=prompt_threads))
+    # No speculation: a repeated prompt invites guesses, and a step verifying them (whether
+    # `auto` guesses depends on measured step times) is not the one-token decode step counted.
+    config = EngineConfig(batch=2, prompt_threads=prompt_threads, speculate="none")
+    engine = Engine(smollm2, config)
     try:
         prompt = smollm2.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 12)
         assert len(prompt) >= PROMPT_THREADS_MIN_TOKENS

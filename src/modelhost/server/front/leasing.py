@@ -112,14 +112,31 @@ class ModelLeasing:
         try:
             forward = self.surfaces.forward(path)
             if isinstance(lease.unit, WorkerUnit) and forward is not None:
-                # The lease holds until the front has settled what it keeps of the answer.
+                # The lease holds until the front has settled what it keeps of the answer, and
+                # the body ends only after that: a client that has read the whole answer can
+                # name it at once, even if the worker dies the next moment. So the front writes
+                # the stream itself rather than handing it to the worker.
                 forwarded = await forward(scope, body)
+                settled = False
+
+                async def settle() -> None:
+                    nonlocal settled
+                    if not settled:
+                        settled = True
+                        await forwarded.settle(lease.unit)
+
+                async def send_settled(message: Message) -> None:
+                    if message["type"] == "http.response.body" and not message.get("more_body"):
+                        await settle()
+                    await send(message)
+
                 try:
                     await proxy(
-                        lease.unit, _with(scope, forwarded), forwarded.body, receive, send, errors
-                    )
+                        lease.unit, _with(scope, forwarded), forwarded.body, receive,
+                        send_settled, errors, hand_off=False,
+                    )  # fmt: skip
                 finally:
-                    await forwarded.settle(lease.unit)
+                    await settle()
                 return
             if isinstance(lease.unit, WorkerUnit):  # a worker process serves this model
                 await proxy(lease.unit, scope, body, receive, send_then_release, errors)

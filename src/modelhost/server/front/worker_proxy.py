@@ -91,9 +91,11 @@ async def proxy(
     receive: Receive,
     send: Send,
     errors: ErrorShape,
+    hand_off: bool = True,
 ) -> None:
     """Answer the request in `scope` (its body already read) from `unit`'s worker; refusals
-    and a broken stream's last frame take the calling surface's `errors` shape."""
+    and a broken stream's last frame take the calling surface's `errors` shape. `hand_off`
+    False keeps a stream in the front (the front writes every byte, its end included)."""
     path: str = scope["path"]
 
     async def refuse(why: str) -> None:
@@ -107,7 +109,7 @@ async def proxy(
     headers = [
         (k, v) for k, v in scope.get("headers", []) if k.decode("latin-1").lower() not in HOP_BY_HOP
     ]
-    hands_off = unit.hands_off and _client_transport(scope) is not None
+    hands_off = hand_off and unit.hands_off and _client_transport(scope) is not None
     token = secrets.token_hex(16).encode() if hands_off else None
     if token is not None:
         headers.append((HANDOFF_HEADER, token))
