@@ -49,10 +49,13 @@ async def test_with_native_kernels_decode_steps_stay_on_the_serving_threads(
     kernels = SimpleNamespace(threads=1)  # the runner only hands the kernels their threads
     monkeypatch.setattr(runner, "native", SimpleNamespace(kernels=lambda: kernels))
     serving_threads = torch.get_num_threads()
+    # The count a new thread (the engine's) starts with is the process's default, which any
+    # engine's prompt step moves while it runs: set it back to this thread's count first.
+    torch.set_num_threads(serving_threads)
     seen = await threads_per_step(smollm2, monkeypatch, serving_threads + 1)
     assert kernels.threads == serving_threads + 1
     assert seen[0][1] == serving_threads + 1
-    assert all(step == (1, serving_threads) for step in seen[1:])
+    assert all(step == (1, serving_threads) for step in seen[1:]), seen
 
 
 async def test_without_native_kernels_every_step_runs_on_the_prompt_threads(
