@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
+from modelhost.models.loading.footprint import FLOAT_TYPES
+
 if TYPE_CHECKING:  # the command line parses the choice without importing PyTorch
     from torch import nn
 
@@ -20,7 +22,6 @@ if TYPE_CHECKING:  # the command line parses the choice without importing PyTorc
 
 PromptActivations = Literal["auto", 8, 16]
 AUTO_MIN_HIDDEN = 1536  # hidden sizes from which `auto` takes 8 bits (see the docstring)
-FLOAT_FORMATS = frozenset({0, 1, 30})  # GGUF's F32, F16, BF16: no integer products
 
 
 def parse_prompt_activations(value: str | int) -> PromptActivations:
@@ -38,7 +39,7 @@ def has_quantized_linears(network: nn.Module) -> bool:
 
     return any(
         isinstance(module, QuantLinear)
-        and any(part.format not in FLOAT_FORMATS for part in module.parts)
+        and any(part.format not in FLOAT_TYPES for part in module.parts)  # integer products
         for module in network.modules()
     )
 

@@ -232,19 +232,8 @@ class Kernels:
         tokens, each over its own row of `blocks` up to its position (see mh_paged_attention):
         [tokens, heads * D]. qkv [tokens, (heads + 2 kv_heads) D] fp32 contiguous is normed and
         rotated in place."""
-        rows, width = qkv.shape
-        dim = width // (heads + 2 * kv_heads)
-        out = torch.empty((rows, heads * dim), dtype=torch.float32)
-        norm_weight, eps = qk_norm if qk_norm is not None else (None, 0.0)
-        cos, sin = rope
-        self._attention(
-            qkv.data_ptr(), rows, heads, kv_heads, dim,
-            None if norm_weight is None else norm_weight.data_ptr(), eps,
-            cos.data_ptr(), sin.data_ptr(), pool.data_ptr(), half_pool(pool), slots.data_ptr(),
-            blocks.data_ptr(), blocks.shape[1], block_size, positions.data_ptr(), window,
-            scale, softcap, out.data_ptr(), self.threads,
-        )  # fmt: skip
-        return out
+        step = (qkv, heads, kv_heads, qk_norm, rope, pool, slots, blocks, block_size, positions)
+        return self._attend(self._attention, *step, window, scale, softcap)
 
     def prompt_attention_takes(self, heads: int, kv_heads: int) -> bool:
         """Whether prompt_attention takes a model with these heads (query heads a KV head: 1 to
@@ -271,17 +260,37 @@ class Kernels:
         tiled against each block of keys (mh_prompt_attention); the others attend as
         paged_attention's do: [tokens, heads * D]."""
         tiled = tiled.to(torch.bool).contiguous()
+        step = (qkv, heads, kv_heads, qk_norm, rope, pool, slots, blocks, block_size, positions)
+        return self._attend(self._prompt_attention, *step, tiled.data_ptr(), scale)
+
+    def _attend(
+        self,
+        kernel: Any,
+        qkv: torch.Tensor,
+        heads: int,
+        kv_heads: int,
+        qk_norm: tuple[torch.Tensor, float] | None,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        pool: torch.Tensor,
+        slots: torch.Tensor,
+        blocks: torch.Tensor,
+        block_size: int,
+        positions: torch.Tensor,
+        *options: Any,
+    ) -> torch.Tensor:
+        """One call of a paged attention kernel: the step's arguments both kernels take, then
+        `options` (each kernel's own), then the output and the threads."""
         rows, width = qkv.shape
         dim = width // (heads + 2 * kv_heads)
         out = torch.empty((rows, heads * dim), dtype=torch.float32)
         norm_weight, eps = qk_norm if qk_norm is not None else (None, 0.0)
         cos, sin = rope
-        self._prompt_attention(
+        kernel(
             qkv.data_ptr(), rows, heads, kv_heads, dim,
             None if norm_weight is None else norm_weight.data_ptr(), eps,
             cos.data_ptr(), sin.data_ptr(), pool.data_ptr(), half_pool(pool), slots.data_ptr(),
             blocks.data_ptr(), blocks.shape[1], block_size, positions.data_ptr(),
-            tiled.data_ptr(), scale, out.data_ptr(), self.threads,
+            *options, out.data_ptr(), self.threads,
         )  # fmt: skip
         return out
 

@@ -262,10 +262,10 @@ class Attention(nn.Module):
             and native.cache_readable(pool)
             and not batch.bidirectional
         )
-        if native_cache and self._tiles_prompt(batch, max_q):
+        if native_cache and kernels is not None and self._tiles_prompt(kernels, batch, max_q):
             # 8-bit prompt rows (--prompt-activations 8): their queries tiled against each
             # block of keys, any context; the step's other rows attend as paged_attention's.
-            assert kernels is not None and batch.coarse_rows is not None
+            assert batch.coarse_rows is not None
             return kernels.prompt_attention(
                 qkv.contiguous(),
                 heads,
@@ -338,14 +338,12 @@ class Attention(nn.Module):
         out = out.transpose(1, 2).reshape(rows * max_q, q_size)
         return out if batch.dense else out[batch.output_index]
 
-    def _tiles_prompt(self, batch: ForwardBatch, max_q: int) -> bool:
+    def _tiles_prompt(self, kernels: native.Kernels, batch: ForwardBatch, max_q: int) -> bool:
         """Whether this step's 8-bit prompt rows attend tiled (mh_prompt_attention): plain
         causal attention (no window, no soft-cap) of a head grouping the kernel takes. 16-bit
         prompts keep their path, and their answers."""
-        kernels = native.kernels()
         return (
-            kernels is not None
-            and max_q > 1
+            max_q > 1
             and batch.coarse_rows is not None
             and batch.coarse_rows.shape[0] == batch.positions.shape[0]
             and self.window is None
