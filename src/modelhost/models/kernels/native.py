@@ -85,6 +85,9 @@ class Kernels:
     def __init__(self, library: ctypes.CDLL) -> None:
         check_struct_sizes(library)
         self.library = library
+        # The build's folder: a digest of the sources, flags and compiler (what packed weights
+        # written by one build must match to be read by another, loading/packed_cache.py).
+        self.build = Path(library._name).parent.name
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
         desc = ctypes.POINTER(QLinearDesc)
         self._qmatmul = library.mh_qmatmul

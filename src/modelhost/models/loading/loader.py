@@ -1,9 +1,10 @@
 """Resolve a model name to files and load it: network, tokenizer, config, family.
 
 Weights are read tensor by tensor into the form they are served in (loading/weights.py), never
-held as a whole model in fp32 and never cached on disk. What is slow to derive from a GGUF
-(its metadata, the tokenizer transformers converts from it) is kept under
-`MODELHOST_HOME/cache/gguf/<file>-<digest>/`, so a warm load reads only the weights.
+held as a whole model in fp32. What is slow to derive from a GGUF (its metadata, the tokenizer
+transformers converts from it, its weights repacked for the native kernels: loading/
+packed_cache.py) is kept under `MODELHOST_HOME/cache/gguf/<file>-<digest>/`, so a warm load
+maps the packed weights and reads the rest.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from modelhost.models.loading.gguf_header import GGUFFile
 from modelhost.models.loading.hf_config import config_from_hf, read_json
 from modelhost.models.loading.load_gguf import FileReader, gguf_tensors
 from modelhost.models.loading.load_safetensors import safetensors_tensors
+from modelhost.models.loading.packed_cache import PackedCache
 from modelhost.models.loading.quant import describe
 from modelhost.models.loading.weights import (
     Progress,
@@ -130,7 +132,7 @@ def load_model(
 
 
 def _cache_dir(path: Path) -> Path:
-    """Where a GGUF's metadata and converted tokenizer are kept (never its weights)."""
+    """Where a GGUF's metadata, converted tokenizer and packed weights are kept."""
     return modelhost_home() / "cache" / "gguf" / file_cache_key(path)
 
 
@@ -166,14 +168,18 @@ def _load_gguf(
         else:
             reading = pool.submit(_gguf_tokenizer, source.path)
         reader = FileReader(source.path)
+        kernels = plan.kernels if prepare else None
+        packed = PackedCache.open(cache, kernels.build, plan.mode) if kernels else None
         try:
             sources = gguf_tensors(meta["tensors"], meta["architecture"], config, reader)
-            network = _network(config, sources, plan, prepare, progress)
+            network = _network(config, sources, plan, prepare, progress, packed)
         finally:
             reader.release()
         backend = reading.result()
     if not cached:
         _write_cache(cache, meta, backend)
+    if packed is not None:
+        packed.save_later()  # into the folder _write_cache makes
     family = family_for_model(meta["architecture"], meta["chat_template"], _has(backend))
     tokenizer = _tokenizer(
         backend,
@@ -272,13 +278,14 @@ def _network(
     plan: WeightPlan,
     prepare: bool,
     progress: Progress | None,
+    packed: PackedCache | None = None,
 ) -> DecoderLM:
     with torch.device("meta"), _without_initialisation():
         network = build_network(config)
     if config.rope_dim is not None:
         sources = _partial_rotary_layout(config, sources)
     if prepare:
-        fill_network(network, sources, plan, progress)
+        fill_network(network, sources, plan, progress, packed)
     else:
         fill_checkpoint_modules(network, sources, progress)
     return network

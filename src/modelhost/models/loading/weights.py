@@ -22,6 +22,7 @@ from modelhost.models.kernels import native
 from modelhost.models.kernels.packed import PackedEmbedding, PackedWeight, QuantLinear
 from modelhost.models.loading import footprint
 from modelhost.models.loading.footprint import target_type, unsupported_tensor
+from modelhost.models.loading.packed_cache import PackedCache, weight_key
 from modelhost.models.loading.quant import (
     Bf16Linear,
     DenseLinear,
@@ -83,9 +84,11 @@ def fill_network(
     sources: Mapping[str, TensorSource],
     plan: WeightPlan,
     progress: Progress | None = None,
+    cache: PackedCache | None = None,
 ) -> None:
-    """Gives a meta-device `network` every weight from `sources`, in the plan's forms."""
-    loader = _Filler(network, sources, plan, progress)
+    """Gives a meta-device `network` every weight from `sources`, in the plan's forms; packed
+    weights come from `cache` where it has them, and what is repacked is given to it."""
+    loader = _Filler(network, sources, plan, progress, cache)
     loader.fill()
 
 
@@ -153,8 +156,10 @@ class _Filler:
         sources: Mapping[str, TensorSource],
         plan: WeightPlan,
         progress: Progress | None,
+        cache: PackedCache | None = None,
     ) -> None:
         self.network = network
+        self.cache = cache
         self.sources = sources
         self.plan = plan
         self.kernels = plan.kernels
@@ -258,21 +263,37 @@ class _Filler:
         if any(s.shape[0] % 16 for s in sources[:-1]):
             return None
         outs = [s.shape[0] for s in sources]
+        key = weight_key([s.stored_name for s in sources], first.type, outs, first.shape[1])
+        cached = self.cache.get(key) if self.cache is not None else None
+        if cached is not None:
+            return cached
         weight, slices = PackedWeight.empty(self.kernels, first.type, outs, first.shape[1])
         for source, arrays in zip(sources, slices, strict=True):
             with source.stored() as address:
                 out, width = source.shape
                 self.kernels.repack(source.type, address, out, width, source.order, arrays)
+        if self.cache is not None:
+            self.cache.keep(key, weight)
         return weight
 
     def packed(self, source: TensorSource) -> PackedWeight:
         assert self.kernels is not None
-        target = target_type(source.type, self.plan.mode, source.shape[1])
-        if target != source.type:
-            return pack_float(source.dense(), target)
         out, width = source.shape
-        with source.stored() as address:
-            return PackedWeight.repack(self.kernels, source.type, address, out, width, source.order)
+        key = weight_key([source.stored_name], source.type, [out], width)
+        cached = self.cache.get(key) if self.cache is not None else None
+        if cached is not None:
+            return cached
+        target = target_type(source.type, self.plan.mode, width)
+        if target != source.type:
+            weight = pack_float(source.dense(), target)
+        else:
+            with source.stored() as address:
+                weight = PackedWeight.repack(
+                    self.kernels, source.type, address, out, width, source.order
+                )
+        if self.cache is not None:
+            self.cache.keep(key, weight)
+        return weight
 
     def small_tensors(self, module: nn.Module, prefix: str) -> None:
         """The norms (and any other 1-D tensor) of `module` itself and its children, dense."""
