@@ -42,6 +42,10 @@ ALIGN = 4096  # each array starts on a page: mapped arrays keep the kernels' 64-
 DEFAULT_BUDGET_GB = 16.0
 WRITER_NICE = 19  # the writer yields the CPU to the model answering its first request
 FREE_DISK_KEPT = 0.10
+# Written back this often by the writer itself, at its low priority: left to the kernel's
+# flusher threads, the writeback of a few GB (seconds of CPU on a small VM) would run at the
+# usual priority beside the model answering.
+SYNC_BYTES = 64 << 20
 
 
 def budget_bytes() -> int:
@@ -144,10 +148,16 @@ def _write(path: Path, weights: dict[str, PackedWeight]) -> None:
     try:
         with open(partial, "wb") as out:
             out.write(MAGIC + len(header).to_bytes(8, "little") + header)
+            unsynced = 0
             for entry, weight in zip(entries, weights.values(), strict=True):
                 for offset, array in zip(entry["offsets"], weight.tensors(), strict=True):
                     out.seek(start + offset)
                     out.write(array.numpy().data)
+                    unsynced += array.numel()
+                    if unsynced >= SYNC_BYTES:
+                        out.flush()
+                        os.fdatasync(out.fileno())
+                        unsynced = 0
             out.truncate(total)
             out.flush()
             os.fsync(out.fileno())  # renamed only once on disk: a crash leaves no torn file
