@@ -22,12 +22,17 @@ MODULE = "spare_echo_worker"
 WAIT_S = 60.0
 
 
-def pool_for(tmp_path: Path, warm_s: float = 0.0, **options: float) -> SpareWorkers:
+def pool_for(
+    tmp_path: Path, warm_s: float = 0.0, hold: Path | None = None, **options: float
+) -> SpareWorkers:
+    """`hold`: the worker a spare becomes runs until this file exists."""
     env = {
         "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path]),
         "SPARE_ECHO_OUT": str(tmp_path / "became.json"),
         "SPARE_ECHO_WARM_S": str(warm_s),
     }
+    if hold is not None:
+        env["SPARE_ECHO_HOLD"] = str(hold)
     return SpareWorkers(MODULE, env=env, **options)
 
 
@@ -53,6 +58,21 @@ def finish(handed: tuple[subprocess.Popen[bytes], Path]) -> int:
     status = process.wait(timeout=WAIT_S)
     shutil.rmtree(directory)
     return status
+
+
+def autogroup_nice(pid: int) -> int | None:
+    """The nice of the process's autogroup (`/autogroup-N nice K`); None once it has ended."""
+    try:
+        return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+needs_autogroups = pytest.mark.skipif(
+    not os.access("/proc/self/autogroup", os.W_OK),
+    reason="no writable /proc/self/autogroup here (a kernel without CONFIG_SCHED_AUTOGROUP, "
+    "or a container's read-only /proc)",
+)
 
 
 def gone(pid: int) -> bool:
@@ -177,4 +197,39 @@ async def test_after_a_refill_the_next_spare_waits_until_a_model_has_answered(tm
         answered.append(time.time())
         await until(lambda: pool.view()["pid"] is not None)
     finally:
+        await pool.close()
+
+
+@needs_autogroups
+@pytest.mark.parametrize("state", ["starting", "ready"])
+async def test_a_spare_warming_up_or_warm_runs_in_an_autogroup_at_nice_10(tmp_path, state):
+    pool = pool_for(tmp_path, warm_s=30.0 if state == "starting" else 0.0)
+    pool.start()
+    try:
+        await until(lambda: pool.view()["state"] == state)
+        pid = pool.view()["pid"]
+        await until(lambda: autogroup_nice(pid) == 10)
+        assert pool.view()["state"] == state
+    finally:
+        await pool.close()
+
+
+@needs_autogroups
+async def test_the_worker_a_spare_becomes_runs_in_an_autogroup_at_nice_0(tmp_path):
+    hold = tmp_path / "worker-may-exit"
+    pool = pool_for(tmp_path, hold=hold)
+    pool.start()
+    handed = None
+    try:
+        await until(lambda: pool.view()["state"] == "ready")
+        spare_pid = pool.view()["pid"]
+        await until(lambda: autogroup_nice(spare_pid) == 10)
+        handed = await pool.hand_over([sys.executable, "-m", MODULE])
+        assert handed is not None
+        await until(lambda: (tmp_path / "became.json").exists())  # its main() is running
+        await until(lambda: autogroup_nice(spare_pid) == 0)
+    finally:
+        hold.touch()
+        if handed is not None:
+            assert finish(handed) == 0
         await pool.close()

@@ -9,7 +9,8 @@ treat as the worker it started itself. After a hand-over the next spare is wante
 host has ended that load (`follow(host)`), and starts once a model has answered a request since,
 or `REFILL_AFTER_S` at the latest: the first prefill of the model just loaded does not share the
 CPU with a warm-up (on two cores it would take a third longer); the warm-up itself runs at a low
-priority, behind any model answering.
+priority, behind any model answering: the spare's session (its autogroup, where Linux groups
+sessions) and its warm-up thread at nice 10, the worker it becomes at 0 (spare_process.py).
 
 A spare that dies is reaped and replaced, never handed a model (at most `max_restarts` deaths
 in `restart_window_s`, the rule workers follow). `close()` stops it with the server; a server

@@ -3,14 +3,17 @@ the command line that makes it one.
 
     python -m modelhost.residency.workers.spare_process --module MODULE --ready PATH
 
-`SpareWorkers` (spare_pool.py) starts it with a pipe on its stdin. A thread calls MODULE's
-`warm_up()` (PyTorch, the native kernels, the tokenizer machinery) at a low priority (nice 10) —
-Linux's nice is per thread, so only the warm-up yields the CPU to a model answering beside it,
-and the worker this process becomes later runs at the usual priority — then creates PATH. The
-main thread reads one line from stdin, a JSON list of arguments, waits for the warm-up, and
-becomes the worker: `sys.exit(MODULE.main(arguments))`, in the main thread (the worker's
-server installs signal handlers). The end of stdin before a line (the parent gone, or it
-stopping the spare) ends the process at once.
+`SpareWorkers` (spare_pool.py) starts it in a session of its own with a pipe on its stdin. A
+thread calls MODULE's `warm_up()` (PyTorch, the native kernels, the tokenizer machinery), then
+creates PATH. The warm-up runs at a low priority, to yield the CPU to a model answering beside
+it: before anything else the process lowers its session's autogroup to nice 10 (where Linux
+groups sessions for the scheduler, a thread's nice counts only inside its own session; see
+autogroup.py), and the warm-up thread runs at nice 10 (where it does not). The main thread
+reads one line from stdin, a JSON list of arguments, puts its autogroup back to nice 0 (a
+worker started afresh runs at the usual priority, and so does this one), waits for the
+warm-up, and becomes the worker: `sys.exit(MODULE.main(arguments))`, in the main thread (the
+worker's server installs signal handlers). The end of stdin before a line (the parent gone, or
+it stopping the spare) ends the process at once.
 """
 
 from __future__ import annotations
@@ -25,8 +28,11 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
+from modelhost.residency.workers.autogroup import AutogroupNice
+
 # Low, not idle: on a machine kept busy, a warm-up at nice 19 would hardly ever finish.
 WARM_UP_NICE = 10
+WARM_UP_AUTOGROUP_NICE = 10  # the whole session's, while it is a spare (autogroup.py)
 TAKEN_FILE = "spare-taken"  # beside the ready file, once the worker's arguments have arrived
 
 
@@ -57,6 +63,8 @@ def read_command() -> list[str] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    autogroup = AutogroupNice()
+    autogroup.set(WARM_UP_AUTOGROUP_NICE)  # first: importing the worker's module is warm-up too
     parser = argparse.ArgumentParser(prog="modelhost-spare")
     parser.add_argument("--module", required=True, help="the worker's module (its main, warm_up)")
     parser.add_argument("--ready", required=True, help="a file created once warm")
@@ -70,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     if arguments is None:
         os._exit(0)  # not even waiting for the warm-up: nobody will use this process
     Path(args.ready).with_name(TAKEN_FILE).touch()  # from here on, failing is the worker's
+    autogroup.set(0)  # the usual priority, from the load on
     with open(os.devnull, "rb") as nothing:  # as a worker started afresh has it
         os.dup2(nothing.fileno(), 0)
     warming.join()
