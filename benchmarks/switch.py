@@ -3,7 +3,8 @@ router on the same files, one run (issue 35).
 
     python benchmarks/switch.py [A.gguf B.gguf] [--rounds 2] [--prompt-tokens 1200]
         [--tokens 16] [--model-budget 3.2] [--servers modelhost,llama-server]
-        [--llama-server PATH] [--modelhost-args ARGS] [--llama-args ARGS] [--out FILE]
+        [--llama-server PATH] [--modelhost-args ARGS] [--llama-args ARGS]
+        [--packed-weights fresh|warm] [--out FILE]
 
 The files default to the Llama-shaped 1B and 3B Q4_K_M files of `synthetic_gguf.py` under
 /tmp/synth-models (written there when missing, under a temporary name then renamed: other runs
@@ -45,6 +46,11 @@ answer within a second is sent once more (`retried` in its row). `--prompt-token
 prompt's length (the issue's own measurement used ~980 tokens, this benchmark 1,200: a word of
 `prompt_text` is about a token); `--modelhost-args` adds flags to modelhost's command line (e.g.
 "--prompt-activations 8").
+
+modelhost runs in a home of its own (no KV store or packed weights from earlier runs).
+`--packed-weights warm` first loads both files there once, so that every load in the run maps
+their packed weights, as on a server that has met these files before; `fresh` (the default)
+leaves the first load of each file to repack it and write them.
 """
 
 from __future__ import annotations
@@ -319,6 +325,8 @@ def run_server(
         native = modelhost_home() / "cache" / "native"
         home = fresh_home(workdir / "homes", native if native.is_dir() else None)
         env["MODELHOST_HOME"] = str(home)
+        if args.packed_weights == "warm":
+            keep_packed_weights(files, env)
     with ServerTree(result["argv"], env, log) as tree:
         wait_listening(tree, url, args.start_timeout)
         names = model_names(name, url, files)
@@ -363,6 +371,22 @@ def run_server(
             result["spare"] = warm_spare(url, args.start_timeout)
     result["summary"] = summarize(result["visits"])
     return result
+
+
+def keep_packed_weights(files: list[Path], env: dict[str, str]) -> None:
+    """Loads each file once in the server's home before it starts, so that every load of the
+    run maps its packed weights (a server that has met these files before, on any earlier day)
+    instead of the first load of each repacking them and writing them out."""
+    script = (
+        "import sys, threading\n"
+        "from modelhost.models.loading.loader import load_model\n"
+        "for path in sys.argv[1:]:\n"
+        "    load_model(path)\n"
+        "for thread in threading.enumerate():\n"
+        "    if thread.name == 'packed-weights-writer':\n"
+        "        thread.join()\n"
+    )
+    subprocess.run([sys.executable, "-c", script, *map(str, files)], env=env, check=True)
 
 
 def warm_spare(url: str, timeout_s: float) -> dict[str, Any] | None:
@@ -451,6 +475,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--modelhost-args", default="", metavar="ARGS",
                         help='added to modelhost serve: "--prompt-activations 8"')  # fmt: skip
     parser.add_argument("--llama-args", default="", metavar="ARGS")
+    parser.add_argument("--packed-weights", choices=("fresh", "warm"), default="fresh",
+                        help="modelhost's home starts without the files' packed weights "
+                             "(fresh: the first load of each repacks it) or with them (warm: "
+                             "every load maps them)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=35)
     parser.add_argument("--start-timeout", type=float, default=900.0, metavar="S")
     parser.add_argument("--request-timeout", type=float, default=900.0, metavar="S")
@@ -493,6 +521,7 @@ def main(argv: list[str] | None = None) -> None:
         "prompt_tokens": args.prompt_tokens,
         "tokens": args.tokens,
         "model_budget_gb": args.model_budget,
+        "packed_weights": args.packed_weights,
         "llama_server": str(args.llama_server),
         "servers": {},
     }
