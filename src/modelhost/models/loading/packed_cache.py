@@ -63,13 +63,12 @@ def cache_root() -> Path:
 
 class PackedCache:
     """The packed weights of one file for one kernels build and mode: those found on disk
-    (`get`), and those repacked by this load (`keep`) for `save` to write."""
+    (`get`), and those repacked by this load (`keep`) for `save_later` to write."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._found: dict[str, PackedWeight] = {}
         self._kept: dict[str, PackedWeight] = {}
-        self.hits = 0
 
     @classmethod
     def open(cls, folder: Path, build: str, mode: str) -> PackedCache | None:
@@ -86,9 +85,7 @@ class PackedCache:
         return cache
 
     def get(self, key: str) -> PackedWeight | None:
-        weight = self._found.get(key)
-        self.hits += weight is not None
-        return weight
+        return self._found.get(key)
 
     def keep(self, key: str, weight: PackedWeight) -> None:
         self._kept[key] = weight
