@@ -18,6 +18,7 @@ from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.models.kernels import native
 from modelhost.models.kernels.packed import PackedWeight
 from modelhost.models.loaded import LoadedModel
+from modelhost.models.loading import packed_cache
 from modelhost.models.loading.loader import load_model
 from modelhost.paths import file_cache_key
 
@@ -25,12 +26,26 @@ pytestmark = pytest.mark.skipif(native.kernels() is None, reason="no native kern
 
 
 def load_and_keep(path: Path) -> LoadedModel:
-    """Loads `path` and waits for its packed weights to be written."""
+    """Loads `path` and waits for its packed weights to be written, and written back."""
     model = load_model(str(path))
-    for thread in threading.enumerate():
-        if thread.name == "packed-weights-writer":
-            thread.join()
+    for name in ("packed-weights-writer", "packed-weights-sync"):
+        for thread in threading.enumerate():
+            if thread.name == name:
+                thread.join()
     return model
+
+
+def mark(kept: Path, state: bytes, boot: str) -> None:
+    """Sets a packed file's state and the boot that wrote it, as a writer would have."""
+    with kept.open("r+b") as handle:
+        handle.seek(len(packed_cache.MAGIC))
+        handle.write(state + boot.encode().ljust(packed_cache.BOOT_BYTES, b"\0"))
+
+
+def state_of(kept: Path) -> bytes:
+    with kept.open("rb") as handle:
+        handle.seek(len(packed_cache.MAGIC))
+        return handle.read(8)
 
 
 def cache_folder(path: Path) -> Path:
@@ -132,3 +147,27 @@ def test_a_half_written_file_of_a_process_that_ended_is_removed(tiny):
     abandoned.write_bytes(b"half")
     load_and_keep(tiny)
     assert not abandoned.exists()
+
+
+def test_a_packed_file_is_marked_synced_once_written_back(tiny):
+    load_and_keep(tiny)
+    assert state_of(packed_file(tiny)) == packed_cache.SYNCED
+
+
+def test_a_file_written_in_this_boot_but_not_yet_synced_is_mapped_and_then_synced(
+    tiny, monkeypatch
+):
+    first = greedy(load_and_keep(tiny))
+    kept = packed_file(tiny)
+    mark(kept, packed_cache.WRITTEN, packed_cache._boot_id())
+    refuse_repacking(monkeypatch)
+    assert greedy(load_and_keep(tiny)) == first
+    assert state_of(kept) == packed_cache.SYNCED
+
+
+def test_a_file_never_synced_before_the_machine_restarted_is_removed_and_repacked(tiny):
+    first = greedy(load_and_keep(tiny))
+    kept = packed_file(tiny)
+    mark(kept, packed_cache.WRITTEN, "a-boot-before-this-one")
+    assert greedy(load_and_keep(tiny)) == first
+    assert state_of(kept) == packed_cache.SYNCED  # written again, whole

@@ -4,9 +4,9 @@ Repacking a quantized file into the kernels' tiles (kernels/native_repack.h) is 
 ~0.6 s for a 1B Q4_K_M file on two cores, ~1.6–2.5 s for a 3B, much of it the kernel handing
 the process fresh pages. A model that comes back after a switch repacks the same bytes again.
 So the first load writes what it repacked (`packed-<kernels build>-<mode>.bin` beside the file's
-metadata in `MODELHOST_HOME/cache/gguf/<file>-<digest>/`, on a low-priority thread once the model
-serves), and later loads map that file instead: private, populated, read-only in practice, at
-about the file's size in page cache rather than fresh memory.
+metadata in `MODELHOST_HOME/cache/gguf/<file>-<digest>/`, on a low-priority thread while the
+model serves, which the process's end waits for), and later loads map that file instead:
+read-only and populated, the page cache's own pages rather than fresh memory.
 
 The cache is exact: the bytes are what the repack wrote, for this version of the file (its
 folder's name has its path, size and modification time), this build of the kernels (a new build
@@ -19,6 +19,7 @@ maps half of one. All packed files together stay under `MODELHOST_WEIGHTS_CACHE_
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import mmap
@@ -37,15 +38,17 @@ from modelhost.paths import modelhost_home
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"MHPACK1\n"
+MAGIC = b"MHPACK2\n"
+# A file is renamed into place once written, and written back to the disk afterwards (a worker
+# drained right after its first load must not wait seconds for that): its state says whether it
+# is known to be on disk; one that is not is trusted only in the boot that wrote it.
+WRITTEN, SYNCED = b"written\0", b"synced\0\0"
+BOOT_BYTES = 40
+PREFIX_BYTES = len(MAGIC) + 8 + BOOT_BYTES + 8  # magic, state, boot id, header length
 ALIGN = 4096  # each array starts on a page: mapped arrays keep the kernels' 64-byte alignment
 DEFAULT_BUDGET_GB = 16.0
 WRITER_NICE = 19  # the writer yields the CPU to the model answering its first request
 FREE_DISK_KEPT = 0.10
-# Written back this often by the writer itself, at its low priority: left to the kernel's
-# flusher threads, the writeback of a few GB (seconds of CPU on a small VM) would run at the
-# usual priority beside the model answering.
-SYNC_BYTES = 64 << 20
 
 
 def budget_bytes() -> int:
@@ -92,21 +95,19 @@ class PackedCache:
 
     def save_later(self) -> threading.Thread | None:
         """Writes this load's repacked weights on a low-priority thread when any was not on
-        disk (the whole set: a load that missed one rewrites the file); None when nothing is
-        to be written."""
+        disk (the whole set: a load that missed one rewrites the file), which the process's
+        end waits for; None when nothing is to be written."""
         if not self._kept:
             return None
         weights = {**self._kept, **self._found}
-        thread = threading.Thread(
-            target=self._save, args=(weights,), name="packed-weights-writer", daemon=True
-        )
+        # Not a daemon: a process ending (a worker drained right after its first load) waits
+        # for it, or the next load of the file would repack it again, and so every load.
+        thread = threading.Thread(target=self._save, args=(weights,), name="packed-weights-writer")
         thread.start()
         return thread
 
     def _save(self, weights: dict[str, PackedWeight]) -> None:
-        if sys.platform == "linux":  # a thread's own nice (see spare_process.py)
-            with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
+        _lower_this_thread()
         try:
             _write(self.path, weights)
         except OSError as exc:  # a full or read-only home costs the next load its repack only
@@ -135,47 +136,61 @@ def _layout(weights: dict[str, PackedWeight]) -> tuple[list[dict[str, Any]], int
 def _write(path: Path, weights: dict[str, PackedWeight]) -> None:
     entries, data_bytes = _layout(weights)
     header = json.dumps({"weights": entries, "data_bytes": data_bytes}).encode()
-    start = -(-(len(MAGIC) + 8 + len(header)) // ALIGN) * ALIGN
+    start = _data_start(len(header))
     total = start + data_bytes
     if not _make_room(path, total):
         log.info("not keeping the packed weights of %s: over the weights cache budget",
                  path.parent.name)  # fmt: skip
         return
+    boot = _boot_id()
     partial = path.with_name(f"{path.name}.partial-{os.getpid()}")
     try:
         with open(partial, "wb") as out:
-            out.write(MAGIC + len(header).to_bytes(8, "little") + header)
-            unsynced = 0
+            out.write(_prefix(WRITTEN if boot else SYNCED, boot, len(header)) + header)
             for entry, weight in zip(entries, weights.values(), strict=True):
                 for offset, array in zip(entry["offsets"], weight.tensors(), strict=True):
                     out.seek(start + offset)
                     out.write(array.numpy().data)
-                    unsynced += array.numel()
-                    if unsynced >= SYNC_BYTES:
-                        out.flush()
-                        os.fdatasync(out.fileno())
-                        unsynced = 0
             out.truncate(total)
-            out.flush()
-            os.fsync(out.fileno())  # renamed only once on disk: a crash leaves no torn file
+            if not boot:  # nothing tells a later load whether the machine restarted since
+                out.flush()
+                os.fsync(out.fileno())
         partial.replace(path)
     finally:
         partial.unlink(missing_ok=True)
     log.info("kept the packed weights of %s (%.0f MB)", path.parent.name, total / 1e6)
+    if boot:
+        _sync_later(path)
+
+
+def _sync_later(path: Path) -> None:
+    """Writes `path` back to the disk, then marks it synced, on a low-priority daemon thread (a
+    process that ends first leaves it to the next load of the file)."""
+
+    def sync() -> None:
+        _lower_this_thread()
+        with contextlib.suppress(OSError), open(path, "r+b") as handle:
+            os.fdatasync(handle.fileno())
+            os.pwrite(handle.fileno(), SYNCED, len(MAGIC))
+            os.fdatasync(handle.fileno())
+
+    threading.Thread(target=sync, name="packed-weights-sync", daemon=True).start()
 
 
 def _read(path: Path) -> dict[str, PackedWeight]:
-    """The weights in `path`, mapped; {} when there is none, and when it is not whole (it is
-    removed then: it would never be right)."""
+    """The weights in `path`, mapped; {} when there is none, and when it cannot be trusted (it
+    is removed then: it would never be right)."""
     try:
         with open(path, "rb") as handle:
-            start, header, mapped = _mapped(handle)
+            start, header, mapped, synced = _mapped(handle)
     except FileNotFoundError:
         return {}
     except (OSError, ValueError, KeyError, TypeError) as exc:
         log.warning("ignoring and removing %s: %s", path, exc)
         path.unlink(missing_ok=True)
         return {}
+    if not synced:
+        _sync_later(path)
     with warnings.catch_warnings():  # the kernels only read weights: read-only is right
         warnings.filterwarnings("ignore", "The given buffer is not writable", UserWarning)
         whole = torch.frombuffer(mapped, dtype=torch.uint8)
@@ -189,21 +204,53 @@ def _read(path: Path) -> dict[str, PackedWeight]:
     return found
 
 
-def _mapped(handle: BinaryIO) -> tuple[int, dict[str, Any], mmap.mmap]:
-    """A packed file's data offset, header and mapping, once its header and size agree."""
+def _mapped(handle: BinaryIO) -> tuple[int, dict[str, Any], mmap.mmap, bool]:
+    """A packed file's data offset, header, mapping and whether it is known to be on disk, once
+    its header and size agree and it can be trusted: synced, or written since the machine
+    started (the page cache holds what was written even if the disk does not yet)."""
     size = os.fstat(handle.fileno()).st_size
-    head = handle.read(len(MAGIC) + 8)
-    if head[: len(MAGIC)] != MAGIC:
+    prefix = handle.read(PREFIX_BYTES)
+    if len(prefix) < PREFIX_BYTES or prefix[: len(MAGIC)] != MAGIC:
         raise ValueError("not a packed weights file")
-    length = int.from_bytes(head[len(MAGIC) :], "little")
+    state = prefix[len(MAGIC) : len(MAGIC) + 8]
+    boot = prefix[len(MAGIC) + 8 : len(MAGIC) + 8 + BOOT_BYTES].rstrip(b"\0").decode()
+    if state != SYNCED and not (state == WRITTEN and boot and boot == _boot_id()):
+        raise ValueError("written before the machine restarted, and maybe never on disk")
+    length = int.from_bytes(prefix[-8:], "little")
     header = json.loads(handle.read(length))
-    start = -(-(len(MAGIC) + 8 + length) // ALIGN) * ALIGN
+    start = _data_start(length)
     if size != start + int(header["data_bytes"]):
         raise ValueError(f"{size} bytes, the header says {start + header['data_bytes']}")
     # Read-only: the page cache's own pages, none copied (a writable private mapping would copy
     # each one as it is populated); populated: the first prompt does not fault them one by one.
     flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
-    return start, header, mmap.mmap(handle.fileno(), size, flags=flags, prot=mmap.PROT_READ)
+    mapped = mmap.mmap(handle.fileno(), size, flags=flags, prot=mmap.PROT_READ)
+    return start, header, mapped, state == SYNCED
+
+
+def _prefix(state: bytes, boot: str, header_bytes: int) -> bytes:
+    return (
+        MAGIC + state + boot.encode().ljust(BOOT_BYTES, b"\0") + header_bytes.to_bytes(8, "little")
+    )
+
+
+def _data_start(header_bytes: int) -> int:
+    return -(-(PREFIX_BYTES + header_bytes) // ALIGN) * ALIGN
+
+
+@functools.cache
+def _boot_id() -> str:
+    """This boot of the machine (Linux), or "" where unknown."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:BOOT_BYTES]
+    except OSError:
+        return ""
+
+
+def _lower_this_thread() -> None:
+    if sys.platform == "linux":  # a thread's own nice (see spare_process.py)
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
 
 
 def _make_room(path: Path, size: int) -> bool:
@@ -229,7 +276,7 @@ def _make_room(path: Path, size: int) -> bool:
 
 
 def _remove_abandoned(folder: Path) -> None:
-    """Removes what a writer left half-written when its process ended (a worker drained mid-way
+    """Removes what a writer left half-written when its process ended (a worker killed mid-way
     ends without waiting for it)."""
     for partial in folder.glob("packed-*.partial-*"):
         try:
