@@ -233,3 +233,38 @@ async def test_the_worker_a_spare_becomes_runs_in_an_autogroup_at_nice_0(tmp_pat
         if handed is not None:
             assert finish(handed) == 0
         await pool.close()
+
+
+@needs_autogroups
+async def test_after_a_hand_over_that_found_no_warm_spare_the_next_warms_up_at_nice_0(tmp_path):
+    pool = pool_for(tmp_path, warm_s=1.0)
+    pool.start()
+    try:
+        await until(lambda: pool.view()["pid"] is not None)
+        handed = await pool.hand_over([sys.executable, "-m", MODULE])  # waits for its warm-up
+        assert handed is not None
+        finish(handed)
+        assert pool.view()["urgent"] is True
+        pool.refill()
+        await until(lambda: pool.view()["pid"] is not None)
+        pid = pool.view()["pid"]
+        arguments = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        assert arguments[arguments.index(b"--nice") + 1] == b"0"
+        await asyncio.sleep(0.3)  # a spare at nice 10 would have lowered its autogroup by now
+        assert pool.view()["state"] == "starting"
+        assert autogroup_nice(pid) == 0
+    finally:
+        await pool.close()
+
+
+async def test_a_hand_over_that_finds_a_warm_spare_keeps_the_next_warm_up_low(tmp_path):
+    pool = pool_for(tmp_path)
+    pool.start()
+    try:
+        await until(lambda: pool.view()["state"] == "ready")
+        handed = await pool.hand_over([sys.executable, "-m", MODULE])
+        assert handed is not None
+        finish(handed)
+        assert pool.view()["urgent"] is False
+    finally:
+        await pool.close()

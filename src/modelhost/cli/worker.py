@@ -39,8 +39,10 @@ if TYPE_CHECKING:
 
 def warm_up() -> None:
     """What a worker needs before it can load a model, done ahead by a spare worker
-    (residency/workers/spare_process.py): main's imports, the native kernels (a compiler's version
-    check, a library load) and transformers' tokenizer conversion."""
+    (residency/workers/spare_process.py): main's imports and the native kernels (a compiler's
+    version check, a library load). Not transformers (0.8 CPU-s of a ~3.5 s warm-up on two
+    cores): a worker needs it only to convert a GGUF's tokenizer the first time it meets the
+    file, which costs seconds anyway."""
     import uvicorn  # noqa: F401
 
     import modelhost.cli.serve  # noqa: F401
@@ -53,9 +55,6 @@ def warm_up() -> None:
     from modelhost.models.kernels.native import kernels
 
     kernels()
-    with contextlib.suppress(ImportError):  # the GGUF tokenizer's conversion (models/loader.py)
-        import transformers.integrations.gguf.gguf_tokenizer_mapping  # noqa: F401
-        from transformers import PreTrainedTokenizerFast  # noqa: F401
 
 
 def bind_private_socket(path: str) -> socket.socket:

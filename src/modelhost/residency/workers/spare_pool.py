@@ -11,6 +11,10 @@ or `REFILL_AFTER_S` at the latest: the first prefill of the model just loaded do
 CPU with a warm-up (on two cores it would take a third longer); the warm-up itself runs at a low
 priority, behind any model answering: the spare's session (its autogroup, where Linux groups
 sessions) and its warm-up thread at nice 10, the worker it becomes at 0 (spare_process.py).
+Where a hand-over found no warm spare (switches coming back to back, with no idle moment for
+a low-priority warm-up), the next spare warms up at the usual priority instead (`urgent`):
+then it shares the CPU with the requests after the switch, rather than adding its whole
+warm-up to the next switch.
 
 A spare that dies is reaped and replaced, never handed a model (at most `max_restarts` deaths
 in `restart_window_s`, the rule workers follow). `close()` stops it with the server; a server
@@ -34,6 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from modelhost.residency.workers.spare_process import WARM_UP_NICE
 from modelhost.residency.workers.supervisor import (
     MAX_RESTARTS,
     RESTART_WINDOW_S,
@@ -116,6 +121,9 @@ class SpareWorkers:
         # without a host to ask, the next spare starts at once.
         self.answered_since: Callable[[float], bool] = lambda since: True
         self._spare: Spare | None = None
+        # Whether the last hand-over found no warm spare: switches then come faster than a
+        # warm-up at a low priority ends, and the next one warms up at the usual priority.
+        self.urgent = False
         self._wanted = False
         self._wanted_since = 0.0  # time.time() of the last refill (0: at once)
         self._closed = False
@@ -173,6 +181,7 @@ class SpareWorkers:
         row["pid"] = spare.process.pid if spare is not None else None
         row["rss_bytes"] = self.held_bytes() if spare is not None else None
         row["warm_s"] = spare.warm_s if spare is not None else None
+        row["urgent"] = self.urgent
         return {**row, "handed": self.handed, "died": self.deaths.count}
 
     # -- the supervisor's side -------------------------------------------------------------
@@ -185,6 +194,8 @@ class SpareWorkers:
         if self._closed or list(command[: len(self.command_prefix)]) != self.command_prefix:
             return None
         deadline = time.monotonic() + self.wait_s
+        self._check()
+        self.urgent = self._spare is None or self._spare.state != "ready"
         while True:
             self._check()
             spare = self._spare
@@ -250,6 +261,7 @@ class SpareWorkers:
         os.chmod(directory, 0o700)
         command = [sys.executable, "-m", "modelhost.residency.workers.spare_process"]
         command += ["--module", self.module, "--ready", str(directory / READY_FILE)]
+        command += ["--nice", str(0 if self.urgent else WARM_UP_NICE)]
         process = subprocess.Popen(
             command,
             start_new_session=True,

@@ -1,14 +1,16 @@
 """A spare worker: a Python process that has already imported what a worker needs, waiting for
 the command line that makes it one.
 
-    python -m modelhost.residency.workers.spare_process --module MODULE --ready PATH
+    python -m modelhost.residency.workers.spare_process --module MODULE --ready PATH [--nice N]
 
 `SpareWorkers` (spare_pool.py) starts it in a session of its own with a pipe on its stdin. A
 thread calls MODULE's `warm_up()` (PyTorch, the native kernels, the tokenizer machinery), then
 creates PATH. The warm-up runs at a low priority, to yield the CPU to a model answering beside
-it: before anything else the process lowers its session's autogroup to nice 10 (where Linux
-groups sessions for the scheduler, a thread's nice counts only inside its own session; see
-autogroup.py), and the warm-up thread runs at nice 10 (where it does not). The main thread
+it: before anything else the process lowers its session's autogroup to nice N (default 10;
+where Linux groups sessions for the scheduler, a thread's nice counts only inside its own
+session; see autogroup.py), and the warm-up thread runs at nice N (where it does not). `--nice
+0` warms up at the usual priority: the pool asks for it when switches come faster than a
+low-priority warm-up finishes. The main thread
 reads one line from stdin, a JSON list of arguments, puts its autogroup back to nice 0 (a
 worker started afresh runs at the usual priority, and so does this one), waits for the
 warm-up, and becomes the worker: `sys.exit(MODULE.main(arguments))`, in the main thread (the
@@ -31,15 +33,14 @@ from types import ModuleType
 from modelhost.residency.workers.autogroup import AutogroupNice
 
 # Low, not idle: on a machine kept busy, a warm-up at nice 19 would hardly ever finish.
-WARM_UP_NICE = 10
-WARM_UP_AUTOGROUP_NICE = 10  # the whole session's, while it is a spare (autogroup.py)
+WARM_UP_NICE = 10  # the warm-up thread's, and the whole session's while a spare (autogroup.py)
 TAKEN_FILE = "spare-taken"  # beside the ready file, once the worker's arguments have arrived
 
 
-def warm(module: ModuleType, ready: Path) -> None:
-    if sys.platform == "linux":  # a thread's own id is a process id only to Linux's nice
+def warm(module: ModuleType, ready: Path, nice: int = WARM_UP_NICE) -> None:
+    if sys.platform == "linux" and nice:  # a thread's own id is a process id only to Linux's nice
         with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WARM_UP_NICE)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
     warm_up = getattr(module, "warm_up", None)
     try:
         if warm_up is not None:
@@ -63,22 +64,26 @@ def read_command() -> list[str] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    autogroup = AutogroupNice()
-    autogroup.set(WARM_UP_AUTOGROUP_NICE)  # first: importing the worker's module is warm-up too
     parser = argparse.ArgumentParser(prog="modelhost-spare")
     parser.add_argument("--module", required=True, help="the worker's module (its main, warm_up)")
     parser.add_argument("--ready", required=True, help="a file created once warm")
+    parser.add_argument("--nice", type=int, default=WARM_UP_NICE, choices=range(20),
+                        help="the warm-up's priority (0: as urgent as a model's work)")  # fmt: skip
     args = parser.parse_args(argv)
+    autogroup = AutogroupNice()
+    if args.nice:
+        autogroup.set(args.nice)  # first: importing the worker's module is warm-up too
     module = importlib.import_module(args.module)
     warming = threading.Thread(
-        target=warm, args=(module, Path(args.ready)), name="spare-warm-up", daemon=True
+        target=warm, args=(module, Path(args.ready), args.nice), name="spare-warm-up", daemon=True
     )
     warming.start()
     arguments = read_command()
     if arguments is None:
         os._exit(0)  # not even waiting for the warm-up: nobody will use this process
     Path(args.ready).with_name(TAKEN_FILE).touch()  # from here on, failing is the worker's
-    autogroup.set(0)  # the usual priority, from the load on
+    if args.nice:
+        autogroup.set(0)  # the usual priority, from the load on
     with open(os.devnull, "rb") as nothing:  # as a worker started afresh has it
         os.dup2(nothing.fileno(), 0)
     warming.join()
