@@ -382,9 +382,10 @@ def keep_packed_weights(files: list[Path], env: dict[str, str]) -> None:
         "from modelhost.models.loading.loader import load_model\n"
         "for path in sys.argv[1:]:\n"
         "    load_model(path)\n"
-        "for thread in threading.enumerate():\n"
-        "    if thread.name == 'packed-weights-writer':\n"
-        "        thread.join()\n"
+        "for name in ('packed-weights-writer', 'packed-weights-sync'):\n"
+        "    for thread in threading.enumerate():\n"
+        "        if thread.name == name:\n"
+        "            thread.join()\n"
     )
     subprocess.run([sys.executable, "-c", script, *map(str, files)], env=env, check=True)
 

@@ -266,5 +266,9 @@ async def test_a_hand_over_that_finds_a_warm_spare_keeps_the_next_warm_up_low(tm
         assert handed is not None
         finish(handed)
         assert pool.view()["urgent"] is False
+        pool.refill()
+        await until(lambda: pool.view()["pid"] is not None)
+        arguments = Path(f"/proc/{pool.view()['pid']}/cmdline").read_bytes().split(b"\0")
+        assert arguments[arguments.index(b"--nice") + 1] == b"10"
     finally:
         await pool.close()

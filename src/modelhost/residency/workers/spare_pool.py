@@ -121,8 +121,8 @@ class SpareWorkers:
         # without a host to ask, the next spare starts at once.
         self.answered_since: Callable[[float], bool] = lambda since: True
         self._spare: Spare | None = None
-        # Whether the last hand-over found no warm spare: switches then come faster than a
-        # warm-up at a low priority ends, and the next one warms up at the usual priority.
+        # Whether switches come back to back (`_back_to_back`): the next spare then warms up at
+        # the usual priority.
         self.urgent = False
         self._wanted = False
         self._wanted_since = 0.0  # time.time() of the last refill (0: at once)
@@ -195,7 +195,7 @@ class SpareWorkers:
             return None
         deadline = time.monotonic() + self.wait_s
         self._check()
-        self.urgent = self._spare is None or self._spare.state != "ready"
+        self.urgent = self._back_to_back(self._spare)
         while True:
             self._check()
             spare = self._spare
@@ -237,6 +237,16 @@ class SpareWorkers:
             if self._spare is None and self._wanted and self.deaths.allows() and self._due():
                 self._spare = self._spawn()
             await asyncio.sleep(WATCH_INTERVAL_S)
+
+    def _back_to_back(self, spare: Spare | None) -> bool:
+        """Whether switches now come faster than a low-priority warm-up ends: this one finds no
+        warm spare; or, once they have, the spare it finds has not waited `REFILL_AFTER_S`
+        since it was warm (urgent warm-ups keep up with the switches, which go on)."""
+        if spare is None or spare.warm_s is None:
+            return True
+        if not self.urgent:
+            return False
+        return time.monotonic() - (spare.started_at + spare.warm_s) < REFILL_AFTER_S
 
     def _due(self) -> bool:
         since = self._wanted_since
