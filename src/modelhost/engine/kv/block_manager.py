@@ -77,9 +77,11 @@ class BlockManager:
             raise ValueError("num_blocks and block_size must be >= 1")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._blocks = [_Block(i) for i in range(num_blocks)]
         self.grows = grows
         self.num_committed = 0 if grows else num_blocks
+        # A growing pool's blocks are made as they are first committed: a ceiling of hundreds
+        # of thousands of blocks would otherwise cost a switch ~0.15 s of objects up front.
+        self._blocks = [_Block(i) for i in range(self.num_committed)]
         # Committed blocks no row holds, in hand-out order; uncommitted ones are implied.
         self._free: OrderedDict[int, None] = OrderedDict(
             (i, None) for i in range(self.num_committed)
@@ -207,6 +209,8 @@ class BlockManager:
         elif self.num_committed < self.num_blocks:
             block_id = self.num_committed
             self.num_committed += 1
+            if block_id == len(self._blocks):
+                self._blocks.append(_Block(block_id))
         else:
             block_id, _ = self._free.popitem(last=False)
         block = self._blocks[block_id]
