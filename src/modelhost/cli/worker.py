@@ -19,6 +19,7 @@ import argparse
 import atexit
 import contextlib
 import functools
+import gc
 import logging
 import os
 import shutil
@@ -183,6 +184,10 @@ def main(argv: list[str] | None = None) -> int:
         ),  # fmt: skip
     )
     startup.mark("engine")
+    # The model, its engine and everything imported live as long as this process: frozen, the
+    # collector no longer walks them at each full collection during the engine's steps (~1.5%
+    # of a prefill's time went to that).
+    gc.freeze()
     app = create_app(stage, settings)
     sock = bind_private_socket(args.socket)
     handoff = SocketReceiver(bind_private_socket(handoff_socket_path(args.socket)))

@@ -13,7 +13,7 @@ folder's name has its path, size and modification time), this build of the kerne
 may lay tiles out differently) and this quantization mode. A file whose header or size does not
 match is ignored and removed; one is written beside and renamed into place, so a reader never
 maps half of one. All packed files together stay under `MODELHOST_WEIGHTS_CACHE_GB` (default
-16; 0 keeps none), least recently loaded removed first, and never take the disk's last 10%.
+16; 0 keeps none), least recently loaded removed first, and never leave the disk under 2 GB free.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ PREFIX_BYTES = len(MAGIC) + 8 + BOOT_BYTES + 8  # magic, state, boot id, header 
 ALIGN = 4096  # each array starts on a page: mapped arrays keep the kernels' 64-byte alignment
 DEFAULT_BUDGET_GB = 16.0
 WRITER_NICE = 19  # the writer yields the CPU to the model answering its first request
-FREE_DISK_KEPT = 0.10
+FREE_DISK_KEPT = 2 * 10**9  # bytes a packed file never takes from the disk
 
 
 def budget_bytes() -> int:
@@ -181,13 +181,16 @@ def _read(path: Path) -> dict[str, PackedWeight]:
     """The weights in `path`, mapped; {} when there is none, and when it cannot be trusted (it
     is removed then: it would never be right)."""
     try:
-        with open(path, "rb") as handle:
-            start, header, mapped, synced = _mapped(handle)
-    except FileNotFoundError:
+        handle = open(path, "rb")  # noqa: SIM115 (closed below, once mapped or refused)
+    except OSError:  # none yet, or a home that is not a folder or cannot be read
         return {}
+    try:
+        with handle:
+            start, header, mapped, synced = _mapped(handle)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         log.warning("ignoring and removing %s: %s", path, exc)
-        path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
         return {}
     if not synced:
         _sync_later(path)
@@ -255,7 +258,7 @@ def _lower_this_thread() -> None:
 
 def _make_room(path: Path, size: int) -> bool:
     """Removes the least recently loaded packed files (never `path`'s folder's own) until
-    `size` more bytes fit the budget and leave the disk its last 10%; False when they cannot."""
+    `size` more bytes fit the budget and leave the disk 2 GB free; False when they cannot."""
     budget = budget_bytes()
     if size > budget:
         return False
@@ -266,13 +269,13 @@ def _make_room(path: Path, size: int) -> bool:
     held = sum(p.stat().st_size for p in others if p.exists())
     for old in others:
         usage = shutil.disk_usage(path.parent)
-        if held + size <= budget and usage.free - size >= FREE_DISK_KEPT * usage.total:
+        if held + size <= budget and usage.free - size >= FREE_DISK_KEPT:
             return True
         with contextlib.suppress(OSError):
             held -= old.stat().st_size
             old.unlink()
     usage = shutil.disk_usage(path.parent)
-    return held + size <= budget and usage.free - size >= FREE_DISK_KEPT * usage.total
+    return held + size <= budget and usage.free - size >= FREE_DISK_KEPT
 
 
 def _remove_abandoned(folder: Path) -> None:
