@@ -11,10 +11,10 @@ or `REFILL_AFTER_S` at the latest: the first prefill of the model just loaded do
 CPU with a warm-up (on two cores it would take a third longer); the warm-up itself runs at a low
 priority, behind any model answering: the spare's session (its autogroup, where Linux groups
 sessions) and its warm-up thread at nice 10, the worker it becomes at 0 (spare_process.py).
-Where a hand-over found no warm spare (switches coming back to back, with no idle moment for
-a low-priority warm-up), the next spare warms up at the usual priority instead (`urgent`):
-then it shares the CPU with the requests after the switch, rather than adding its whole
-warm-up to the next switch.
+Where a hand-over finds no warm spare (switches coming back to back, with no idle moment for a
+low-priority warm-up), the next spares warm up at the usual priority instead (`urgent`), until
+a hand-over finds one that has waited `REFILL_AFTER_S` since it was warm: each then shares the
+CPU with the requests after a switch, rather than adding its whole warm-up to the next one.
 
 A spare that dies is reaped and replaced, never handed a model (at most `max_restarts` deaths
 in `restart_window_s`, the rule workers follow). `close()` stops it with the server; a server

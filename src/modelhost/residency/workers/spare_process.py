@@ -10,12 +10,12 @@ it: before anything else the process lowers its session's autogroup to nice N (d
 where Linux groups sessions for the scheduler, a thread's nice counts only inside its own
 session; see autogroup.py), and the warm-up thread runs at nice N (where it does not). `--nice
 0` warms up at the usual priority: the pool asks for it when switches come faster than a
-low-priority warm-up finishes. The main thread
-reads one line from stdin, a JSON list of arguments, puts its autogroup back to nice 0 (a
-worker started afresh runs at the usual priority, and so does this one), waits for the
-warm-up, and becomes the worker: `sys.exit(MODULE.main(arguments))`, in the main thread (the
-worker's server installs signal handlers). The end of stdin before a line (the parent gone, or
-it stopping the spare) ends the process at once.
+low-priority warm-up finishes. The main thread reads one line from stdin, a JSON list of
+arguments, puts its autogroup back to nice 0 (a worker started afresh runs at the usual
+priority, and so does this one), waits for the warm-up, and becomes the worker:
+`sys.exit(MODULE.main(arguments))`, in the main thread (the worker's server installs signal
+handlers). The end of stdin before a line (the parent gone, or it stopping the spare) ends the
+process at once.
 """
 
 from __future__ import annotations
