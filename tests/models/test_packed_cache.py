@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 from synthetic_files import write_tiny
+from tiny_gguf import write_gguf_from_hf
+from tiny_models import make_tiny_checkpoint
 
 from modelhost.engine.engine import Engine, EngineConfig
 from modelhost.engine.sampling.sampling_params import SamplingParams
@@ -171,3 +173,16 @@ def test_a_file_never_synced_before_the_machine_restarted_is_removed_and_repacke
     mark(kept, packed_cache.WRITTEN, "a-boot-before-this-one")
     assert greedy(load_and_keep(tiny)) == first
     assert state_of(kept) == packed_cache.SYNCED  # written again, whole
+
+
+def test_a_mixture_of_experts_maps_each_expert_as_its_own_weight(tmp_path, smollm2, monkeypatch):
+    # Its experts are slices of one stored tensor a layer: keyed by the file's name alone,
+    # every expert would have come back as the first.
+    checkpoint = make_tiny_checkpoint(tmp_path / "moe", "qwen3_moe", smollm2)
+    path = write_gguf_from_hf(checkpoint, tmp_path / "tiny-qwen3moe-q8_0.gguf", "Q8_0")
+    first = load_and_keep(path)
+    answer = greedy(first)
+    refuse_repacking(monkeypatch)
+    again = load_model(str(path))
+    assert again.weights_bytes == first.weights_bytes
+    assert greedy(again) == answer

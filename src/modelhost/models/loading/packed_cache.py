@@ -38,7 +38,7 @@ from modelhost.paths import modelhost_home
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"MHPACK2\n"
+MAGIC = b"MHPACK3\n"  # 3: weights keyed by their own names
 # A file is renamed into place once written, and written back to the disk afterwards (a worker
 # drained right after its first load must not wait seconds for that): its state says whether it
 # is known to be on disk; one that is not is trusted only in the boot that wrote it.
@@ -115,7 +115,8 @@ class PackedCache:
 
 
 def weight_key(names: list[str], format: int, outs: list[int], width: int) -> str:
-    """What one packed weight was made from: the file's tensors (in order), their type, and
+    """What one packed weight was made from: its tensors (in order) under their own names
+    (not the file's: a mixture of experts' experts share one stored tensor), their type, and
     the shape it was packed to."""
     return f"{'+'.join(names)}:{format}:{'+'.join(map(str, outs))}x{width}"
 

@@ -263,7 +263,7 @@ class _Filler:
         if any(s.shape[0] % 16 for s in sources[:-1]):
             return None
         outs = [s.shape[0] for s in sources]
-        key = weight_key([s.stored_name for s in sources], first.type, outs, first.shape[1])
+        key = weight_key([s.name for s in sources], first.type, outs, first.shape[1])
         cached = self.cache.get(key) if self.cache is not None else None
         if cached is not None:
             return cached
@@ -279,7 +279,7 @@ class _Filler:
     def packed(self, source: TensorSource) -> PackedWeight:
         assert self.kernels is not None
         out, width = source.shape
-        key = weight_key([source.stored_name], source.type, [out], width)
+        key = weight_key([source.name], source.type, [out], width)
         cached = self.cache.get(key) if self.cache is not None else None
         if cached is not None:
             return cached
