@@ -60,6 +60,25 @@ def finish(handed: tuple[subprocess.Popen[bytes], Path]) -> int:
     return status
 
 
+async def hand_over_once(pool: SpareWorkers, *, warm: bool = True) -> int:
+    """Waits for the pool's spare (`warm`: until it is warm), hands it over (waiting for its
+    warm-up), lets the worker it became end, and returns its pid."""
+    if warm:
+        await until(lambda: pool.view()["state"] == "ready")
+    else:
+        await until(lambda: pool.view()["pid"] is not None)
+    handed = await pool.hand_over([sys.executable, "-m", MODULE])
+    assert handed is not None
+    finish(handed)
+    return handed[0].pid
+
+
+def spare_nice_argument(pool: SpareWorkers) -> bytes:
+    """The `--nice` the pool's spare was started with."""
+    arguments = Path(f"/proc/{pool.view()['pid']}/cmdline").read_bytes().split(b"\0")
+    return arguments[arguments.index(b"--nice") + 1]
+
+
 def autogroup_nice(pid: int) -> int | None:
     """The nice of the process's autogroup (`/autogroup-N nice K`); None once it has ended."""
     try:
@@ -111,15 +130,12 @@ async def test_the_next_spare_starts_on_refill(tmp_path):
     pool = pool_for(tmp_path)
     pool.start()
     try:
-        await until(lambda: pool.view()["state"] == "ready")
-        handed = await pool.hand_over([sys.executable, "-m", MODULE])
-        assert handed is not None
-        finish(handed)
+        handed_pid = await hand_over_once(pool)
         await asyncio.sleep(0.3)
         assert pool.view()["pid"] is None
         pool.refill()
         await until(lambda: pool.view()["state"] == "ready")
-        assert pool.view()["pid"] != handed[0].pid
+        assert pool.view()["pid"] != handed_pid
     finally:
         await pool.close()
 
@@ -240,16 +256,12 @@ async def test_after_a_hand_over_that_found_no_warm_spare_the_next_warms_up_at_n
     pool = pool_for(tmp_path, warm_s=1.0)
     pool.start()
     try:
-        await until(lambda: pool.view()["pid"] is not None)
-        handed = await pool.hand_over([sys.executable, "-m", MODULE])  # waits for its warm-up
-        assert handed is not None
-        finish(handed)
+        await hand_over_once(pool, warm=False)  # waits for its warm-up
         assert pool.view()["urgent"] is True
         pool.refill()
         await until(lambda: pool.view()["pid"] is not None)
         pid = pool.view()["pid"]
-        arguments = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        assert arguments[arguments.index(b"--nice") + 1] == b"0"
+        assert spare_nice_argument(pool) == b"0"
         await asyncio.sleep(0.3)  # a spare at nice 10 would have lowered its autogroup by now
         assert pool.view()["state"] == "starting"
         assert autogroup_nice(pid) == 0
@@ -261,14 +273,10 @@ async def test_a_hand_over_that_finds_a_warm_spare_keeps_the_next_warm_up_low(tm
     pool = pool_for(tmp_path)
     pool.start()
     try:
-        await until(lambda: pool.view()["state"] == "ready")
-        handed = await pool.hand_over([sys.executable, "-m", MODULE])
-        assert handed is not None
-        finish(handed)
+        await hand_over_once(pool)
         assert pool.view()["urgent"] is False
         pool.refill()
         await until(lambda: pool.view()["pid"] is not None)
-        arguments = Path(f"/proc/{pool.view()['pid']}/cmdline").read_bytes().split(b"\0")
-        assert arguments[arguments.index(b"--nice") + 1] == b"10"
+        assert spare_nice_argument(pool) == b"10"
     finally:
         await pool.close()

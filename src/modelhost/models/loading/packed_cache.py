@@ -268,15 +268,18 @@ def _make_room(path: Path, size: int) -> bool:
         key=lambda p: _stat_or_none(p) or 0.0,
     )
     held = sum(p.stat().st_size for p in others if p.exists())
+
+    def fits() -> bool:
+        free = shutil.disk_usage(path.parent).free
+        return held + size <= budget and free - size >= FREE_DISK_KEPT
+
     for old in others:
-        usage = shutil.disk_usage(path.parent)
-        if held + size <= budget and usage.free - size >= FREE_DISK_KEPT:
+        if fits():
             return True
         with contextlib.suppress(OSError):
             held -= old.stat().st_size
             old.unlink()
-    usage = shutil.disk_usage(path.parent)
-    return held + size <= budget and usage.free - size >= FREE_DISK_KEPT
+    return fits()
 
 
 def _remove_abandoned(folder: Path) -> None:

@@ -197,7 +197,6 @@ class SpareWorkers:
         self._check()
         self.urgent = self._back_to_back(self._spare)
         while True:
-            self._check()
             spare = self._spare
             if spare is None or self._closed:
                 return None
@@ -207,6 +206,7 @@ class SpareWorkers:
                 log.info("[models] the spare worker is not warm yet: starting a new process")
                 return None
             await asyncio.sleep(WATCH_INTERVAL_S / 2)
+            self._check()
         self._spare, self._wanted = None, False  # the next one starts on refill()
         arguments = [*command[len(self.command_prefix) :], "--socket"]
         arguments.append(str(spare.directory / SOCKET_NAME))
