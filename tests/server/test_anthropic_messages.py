@@ -229,8 +229,10 @@ async def test_tool_use_and_tool_result_blocks_render_as_assistant_and_tool_turn
     assert (await post(client, body)).status_code == 200
     prompt = rendered_prompt(engine)
     turns = [
-        "<|im_start|>assistant\nLet me look.<|im_end|>",
-        "<|im_start|>tool\nSunny, 21C<|im_end|>",
+        # the scripted template renders no tools: the built-in tool prompt's shapes
+        '<|im_start|>assistant\nLet me look.\n<tool_call>\n{"name": "weather", "arguments": '
+        '{"city": "P"}}\n</tool_call><|im_end|>',
+        "<|im_start|>user\n<tool_response>\nSunny, 21C\n</tool_response><|im_end|>",
         "<|im_start|>user\nThanks!<|im_end|>",
     ]
     positions = [prompt.index(turn) for turn in turns]

@@ -65,7 +65,7 @@ def test_the_anthropic_sdk_round_trips_a_tool_use_into_the_next_prompt(
     assert [block.type for block in first.content] == ["thinking", "tool_use"]
     assert use.input == {"city": "Paris"}  # type: ignore[union-attr]
     prompt = scripted_model().tokenizer.decode(engine.submissions[-1].prompt_ids, False)
-    assert "<|im_start|>tool\nsunny, 21C<|im_end|>" in prompt
+    assert "<tool_response>\nsunny, 21C\n</tool_response>" in prompt  # built-in tool prompt
 
 
 def test_the_openai_sdk_reads_function_call_items_from_responses(

@@ -74,7 +74,7 @@ def test_a_tool_result_goes_back_into_the_next_prompt(
             ],
         )
     prompt = scripted_model().tokenizer.decode(engine.submissions[-1].prompt_ids, False)
-    assert "<|im_start|>tool\nsunny, 21C<|im_end|>" in prompt
+    assert "<tool_response>\nsunny, 21C\n</tool_response>" in prompt  # built-in tool prompt
 
 
 def test_show_of_a_reasoning_model_says_it_thinks(make_app: AppFactory, live_server: Any) -> None:

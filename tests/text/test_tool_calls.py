@@ -119,3 +119,31 @@ def test_prose_after_a_call_releases_the_whole_markup_as_text() -> None:
 
     assert content == CALL + " and then some words"
     assert calls == ()
+
+
+def test_a_freeform_input_streams_out_of_the_content_and_keeps_its_text_verbatim() -> None:
+    parser = ToolCallParser(tool_names=["apply_patch"])
+    text = 'Patching.<tool_input name="apply_patch">\n*** Begin Patch\n  x\n\n</tool_input>'
+    shown = "".join(parser.push(text[i : i + 3]) for i in range(0, len(text), 3))
+    rest, [call] = parser.finish()
+    assert shown + rest == "Patching."
+    assert (call.name, call.input, call.arguments) == (
+        "apply_patch",
+        "*** Begin Patch\n  x\n\n",
+        "{}",
+    )
+
+
+def test_a_freeform_input_cut_off_before_its_close_is_released_as_content() -> None:
+    parser = ToolCallParser(tool_names=["apply_patch"])
+    text = '<tool_input name="apply_patch">\n*** Begin Patch\n'
+    shown = parser.push(text)
+    rest, calls = parser.finish()
+    assert (shown + rest, calls) == (text, ())
+
+
+def test_a_freeform_input_to_a_tool_not_offered_stays_text() -> None:
+    parser = ToolCallParser(tool_names=["apply_patch"])
+    text = '<tool_input name="rm">\n-rf /\n</tool_input>'
+    rest, calls = (parser.push(text), parser.finish())[1]
+    assert (rest, calls) == (text, ())

@@ -20,6 +20,7 @@ from modelhost.inference.contracts import (
 from modelhost.models.families import Family
 from modelhost.text.reasoning import ReasoningSplitter, prompt_opens_thinking
 from modelhost.text.tool_calls import ToolCall, ToolCallParser
+from modelhost.text.tool_prompt import custom_names, tool_name
 
 
 class OutputChannels:
@@ -27,9 +28,11 @@ class OutputChannels:
         self,
         reasoning: ReasoningSplitter | None,
         tools: ToolCallParser | None,
+        freeform: frozenset[str] = frozenset(),
     ) -> None:
         self._reasoning = reasoning
         self._tools = tools
+        self._freeform = freeform  # custom tools' names: their calls carry raw `input`
 
     @classmethod
     def for_request(
@@ -58,7 +61,7 @@ class OutputChannels:
             )
         tools = None
         if prompt.tools:
-            names = [_tool_name(tool) for tool in prompt.tools]
+            names = [tool_name(tool) for tool in prompt.tools]
             extra = (family.tool_call_markers,) if family.tool_call_markers else ()
             tools = ToolCallParser(
                 extra,
@@ -67,7 +70,7 @@ class OutputChannels:
             )
         if reasoning is None and tools is None:
             return None
-        return cls(reasoning, tools)
+        return cls(reasoning, tools, custom_names(prompt.tools))
 
     def apply(self, event: CompletionEvent) -> CompletionEvent:
         reasoning, content = self._split(event.text)
@@ -81,10 +84,19 @@ class OutputChannels:
         if self._tools is not None:
             rest, calls = self._tools.finish()
             content += rest
+            calls = tuple(self._as_freeform(call) for call in calls)
         finish: FinishReason | None = "tool_calls" if calls else event.finish_reason
         return dataclasses.replace(
             event, text=content, reasoning=reasoning, tool_calls=calls, finish_reason=finish
         )
+
+    def _as_freeform(self, call: ToolCall) -> ToolCall:
+        """A custom tool called as a function of `input` (templates with their own tool format
+        see it that way) is the raw input it carries."""
+        if call.input is not None or call.name not in self._freeform:
+            return call
+        raw = call.arguments_object().get("input")
+        return dataclasses.replace(call, arguments="{}", input=raw if isinstance(raw, str) else "")
 
     def _split(self, text: str) -> tuple[str, str]:
         if self._reasoning is None:
@@ -96,11 +108,3 @@ class OutputChannels:
         if self._tools is None or not text:
             return text
         return self._tools.push(text)
-
-
-def _tool_name(tool: object) -> str | None:
-    if not isinstance(tool, dict):
-        return None
-    function = tool.get("function", tool)
-    name = function.get("name") if isinstance(function, dict) else None
-    return name if isinstance(name, str) else None

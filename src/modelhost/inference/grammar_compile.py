@@ -161,6 +161,8 @@ def _compile(compiler: GrammarCompiler, spec: GrammarSpec) -> CompiledGrammar:
         )
     if spec.kind == "regex":
         return compiler.compile_regex(spec.source)
+    if spec.kind == "structural_tag":
+        return compiler.compile_structural_tag(spec.source)
     if spec.kind == "choice":
         if not spec.choices:
             raise GrammarInvalid("guided_choice is empty")

@@ -17,6 +17,7 @@ from modelhost.models.loaded import LoadedModel
 from modelhost.text.tokenizer import ChatTemplateError, Tokenizer
 from modelhost.text.tool_calls import TOOL_CODE
 from modelhost.text.tool_code import tool_code_messages
+from modelhost.text.tool_prompt import builtin_tool_messages, custom_as_function
 from modelhost.text.turns import (
     fixed_length_call_ids,
     system_declared_tools,
@@ -65,16 +66,33 @@ def template_inputs(
     tools: Sequence[Mapping[str, Any]] | None,
 ) -> tuple[Sequence[Mapping[str, Any]], Sequence[Mapping[str, Any]] | None]:
     """The conversation and tools in the shape the model's template renders correctly."""
-    markers = family.tool_call_markers
-    if markers == TOOL_CODE and _uses_tools(messages, tools):
-        messages, tools = tool_code_messages(messages, tools), None  # declared in the text
-    elif markers and tokenizer.reads_system_tools and _uses_tools(messages, tools):
-        messages, tools = system_declared_tools(messages, tools, markers), None
+    form = tool_form(family, tokenizer)
+    if _uses_tools(messages, tools):
+        if form == "builtin":
+            messages, tools = builtin_tool_messages(messages, tools), None  # in the system text
+        else:
+            messages, tools = custom_as_function(messages, tools)
+        if form == "tool_code":
+            messages, tools = tool_code_messages(messages, tools), None  # declared in the text
+        elif form == "system":
+            markers = family.tool_call_markers or ("", "")
+            messages, tools = system_declared_tools(messages, tools, markers), None
     if not family.system_role:
         messages = system_in_first_user_turn(messages)
     if family.tool_call_id_length is not None:
         messages = fixed_length_call_ids(messages, family.tool_call_id_length)
     return messages, tools
+
+
+def tool_form(family: Family, tokenizer: Tokenizer) -> str:
+    """Where a model reads tools: Gemma's `tool_code` turns, the system message's `tools`
+    (Phi-4-mini), its own template (`template`), or, when the template cannot render them at
+    all, the built-in tool prompt (`builtin`)."""
+    if family.tool_call_markers == TOOL_CODE:
+        return "tool_code"
+    if family.tool_call_markers and tokenizer.reads_system_tools:
+        return "system"
+    return "template" if tokenizer.renders_tools else "builtin"
 
 
 def checked_token_ids(model: LoadedModel, prompt: TokenPrompt) -> list[int]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable
@@ -59,10 +60,16 @@ from modelhost.inference.grammar_compile import (
 from modelhost.inference.image_prompt import build_prompt
 from modelhost.inference.images import NO_FETCH, ImageLimits
 from modelhost.inference.media import check_media
+from modelhost.inference.prompt import tool_form
+from modelhost.inference.tool_choice import lazy_tool_grammar
 from modelhost.models.loaded import LoadedModel
 
 if TYPE_CHECKING:
+    from xgrammar import CompiledGrammar
+
     from modelhost.engine.engine import Engine
+
+log = logging.getLogger(__name__)
 
 GRAMMAR_WARNING = "grammar not enforced: no grammar engine - falling back to prompt injection"
 TEXT_GRAMMAR_WARNING = "grammar not enforced: no grammar engine - output is not constrained"
@@ -79,6 +86,7 @@ _GRAMMAR_FIELDS = {
     "json_object": "response_format",
     "regex": "guided_regex",
     "choice": "guided_choice",
+    "structural_tag": "tools",
 }
 
 
@@ -174,6 +182,8 @@ class InferenceStage:
                 warnings.append(grammar_warning(str(exc), chat=chat))
         elif instruction is not None:
             warnings.append(GRAMMAR_WARNING if chat else TEXT_GRAMMAR_WARNING)
+        else:
+            grammar = await self._chosen_call_grammar(request)
         built = await asyncio.to_thread(
             build_prompt, self.model, request, instruction, self.image_limits
         )
@@ -183,7 +193,7 @@ class InferenceStage:
             request,
             self.model.family,
             lambda: tokenizer.decode(prompt_ids[-32:], skip_special_tokens=False),
-            constrained=grammar is not None,
+            constrained=grammar is not None and request.grammar is not None,
         )
         max_tokens = self.policy.max_tokens_for(
             len(prompt_ids),
@@ -236,6 +246,24 @@ class InferenceStage:
         )
         self._live.add(admitted)
         return admitted
+
+    async def _chosen_call_grammar(self, request: InferenceRequest) -> CompiledGrammar | None:
+        """Under the built-in tool prompt, a model left to choose is held to a tool's schema once
+        it opens a call; a schema the grammar engine cannot take leaves the call unconstrained
+        (the parser still reads it), never refuses the request."""
+        prompt = request.prompt
+        if not isinstance(prompt, ChatPrompt) or not prompt.tools:
+            return None
+        if tool_form(self.model.family, self.model.tokenizer) != "builtin":
+            return None
+        spec = lazy_tool_grammar(prompt.tools)
+        if spec is None:
+            return None
+        try:
+            return await self.grammars.compile(spec)
+        except (GrammarInvalid, GrammarUnavailable) as exc:
+            log.warning("tool calls left unconstrained: %s", exc)
+            return None
 
     def stats(self) -> StageStats:
         engine = self.engine.stats()

@@ -78,6 +78,7 @@ class Tokenizer:
         # What generated ids are decoded with: special tokens dropped, the family's markup kept.
         self.stream_decoder = _markup_keeping_decoder(backend, markup_tokens)
         self.reads_system_tools = False  # the template wants tools in the system message
+        self.renders_tools = False  # the template prints the `tools` variable
         self._template: jinja2.Template | None = None
         if chat_template is not None:
             env = jinja2.sandbox.ImmutableSandboxedEnvironment(
@@ -95,6 +96,7 @@ class Tokenizer:
                 raise ChatTemplateError(f"the chat template does not parse: {exc}") from exc
             # Phi-4-mini's: declarations read from the system message, never from `tools`.
             self.reads_system_tools = "tools" not in variables and _SYSTEM_TOOLS in chat_template
+            self.renders_tools = "tools" in variables
 
     def token_id(self, token: str) -> int | None:
         return self.backend.token_to_id(token)

@@ -34,9 +34,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+INPUT_MARKERS = ('<tool_input name="', "</tool_input>")  # a freeform tool's raw input
 GENERIC_MARKERS: tuple[tuple[str, str], ...] = (
     ("<tool_call>", "</tool_call>"),
     ("<function=", "</function>"),
+    INPUT_MARKERS,
 )
 TOOL_CODE = ("```tool_code", "```")  # Gemma's fenced Python calls
 MISTRAL_START = "[TOOL_CALLS]"
@@ -54,6 +56,7 @@ class ToolCall:
     id: str
     name: str
     arguments: str  # a JSON object as text, as OpenAI's wire carries it
+    input: str | None = None  # a freeform (custom) tool's raw input; `arguments` is then "{}"
 
     def arguments_object(self) -> dict[str, Any]:
         value = json.loads(self.arguments)
@@ -148,6 +151,8 @@ class ToolCallParser:
                 parsed = _python_calls(segment, start, end, self._names)
             elif start == MISTRAL_START:
                 parsed = _mistral_calls(segment[len(start) :])
+            elif start == INPUT_MARKERS[0]:
+                parsed = _input_call(segment, self._names)
             else:
                 parsed = _json_call(segment, start, end)
             if parsed is None:
@@ -177,6 +182,17 @@ class ToolCallParser:
             if pending[-length:] in self._prefixes:
                 return length
         return 0
+
+
+def _input_call(segment: str, names: frozenset[str]) -> list[ToolCall] | None:
+    """`<tool_input name="NAME">` newline, the raw input verbatim, `</tool_input>`."""
+    start, end = INPUT_MARKERS
+    head, found, raw = segment[len(start) :].partition('">\n')
+    if not found or not head or '"' in head or (names and head not in names):
+        return None
+    if not raw.endswith(end):
+        return None  # cut off before its close: not a whole input
+    return [ToolCall(new_call_id(), head, "{}", raw[: -len(end)])]
 
 
 def _json_call(segment: str, start: str, end: str) -> list[ToolCall] | None:

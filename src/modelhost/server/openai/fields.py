@@ -215,15 +215,17 @@ def forced_tool(
     choice: Any, tools: Sequence[dict[str, Any]] | None
 ) -> tuple[GrammarSpec, str] | None:
     """The grammar and instruction a forcing `tool_choice` implies: `required`, or a named
-    function in chat's nested shape or the Responses API's flat one; None for auto and none."""
+    function or custom tool in chat's nested shape or the Responses API's flat one; None for
+    auto and none."""
     if not tools:
         return None
     if choice == "required":
         return forced_call(tools, None)
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        function = choice.get("function")
-        name = function.get("name") if isinstance(function, dict) else choice.get("name")
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind in ("function", "custom"):  # chat nests the name under its type; Responses does not
+        nested = choice.get(kind)
+        name = nested.get("name") if isinstance(nested, dict) else choice.get("name")
         if not isinstance(name, str):
-            raise InvalidRequest("tool_choice.function.name must be of type str", "tool_choice")
+            raise InvalidRequest(f"tool_choice.{kind}.name must be of type str", "tool_choice")
         return forced_call(tools, name)
     return None

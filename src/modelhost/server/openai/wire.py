@@ -112,12 +112,12 @@ def tool_calls_json(calls: Sequence[ToolCall], *, indexed: bool = False) -> list
     out: list[dict[str, Any]] = []
     for index, call in enumerate(calls):
         entry: dict[str, Any] = {"index": index} if indexed else {}
-        entry.update(
-            {
-                "id": call.id,
-                "type": "function",
-                "function": {"name": call.name, "arguments": call.arguments},
-            }
-        )
+        entry["id"] = call.id
+        if call.input is not None:  # a custom (freeform) tool: its raw input
+            entry.update({"type": "custom", "custom": {"name": call.name, "input": call.input}})
+        else:
+            entry.update(
+                {"type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+            )
         out.append(entry)
     return out
