@@ -3,8 +3,8 @@
 Every model row says the window a prompt and its answer share, where each client reads it:
 `context_length` and `max_model_len` (vLLM's name), Anthropic's `max_input_tokens` and
 `max_tokens`. A listing asked for with an `anthropic-version` header (Anthropic's SDKs send
-one) is Anthropic's too: each row has `type`, `display_name` and `created_at`, the list
-`has_more`, `first_id` and `last_id`.
+one) is in Anthropic's shape: rows of `type`, `id`, `display_name`, `created_at`, `lifecycle`
+and the two windows, in a list with `has_more`, `first_id` and `last_id`.
 """
 
 from __future__ import annotations
@@ -88,13 +88,16 @@ async def list_models(request: Request) -> Response:
 
 
 def anthropic_listing(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The rows as Anthropic's `GET /v1/models` lists them (one page: every model)."""
+    """The rows as Anthropic's `GET /v1/models` lists them (one page: every model), in its
+    fields only: its SDK reads `capabilities` as an object of its own shape."""
     data = [
         {
             "type": "model",
+            "id": row["id"],
             "display_name": row["id"],
             "created_at": datetime.fromtimestamp(row.get("created") or 0, UTC).isoformat(),
-            **row,
+            "lifecycle": "active",
+            **{key: row[key] for key in ("max_input_tokens", "max_tokens") if key in row},
         }
         for row in rows
     ]
@@ -114,6 +117,8 @@ async def retrieve_model(request: Request) -> Response:
         message = f"The model '{model_id}' does not exist"
         body = {"message": message, "type": "invalid_request_error", "code": "model_not_found"}
         return openai_error(404, {**body, "param": "model"})
+    if "anthropic-version" in request.headers:
+        return JSONResponse(anthropic_listing(rows)["data"][0])
     return JSONResponse(rows[0])
 
 
