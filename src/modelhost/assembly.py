@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from modelhost.inference.admission import BYTES_PER_GB, AdmissionPolicy, plan_memory
+from modelhost.inference.contracts import Overflow
 from modelhost.residency.registry import ModelEntry
 from modelhost.residency.router import ModelRouter
 from modelhost.residency.unit import LoadProgress
@@ -50,7 +51,8 @@ if TYPE_CHECKING:
 
 
 def admission_policy(model: LoadedModel, settings: ServeSettings, *, rows: int) -> AdmissionPolicy:
-    """The ceilings for `model`: its window (or --context-length) and the --memory-budget.
+    """The ceilings for `model`: its window (or --context-length) and the --memory-budget, and
+    what a prompt over them gets (--context-overflow).
 
     Raises BudgetTooSmall when the budget cannot hold the weights and any context.
     """
@@ -69,7 +71,10 @@ def admission_policy(model: LoadedModel, settings: ServeSettings, *, rows: int) 
             chunk_tokens=settings.chunk_tokens,
             rows=rows,
         )
-    return AdmissionPolicy(context_window=window, memory=memory, context_length_flag=flagged)
+    overflow: Overflow = "truncate" if settings.context_overflow == "truncate" else "error"
+    return AdmissionPolicy(
+        context_window=window, memory=memory, context_length_flag=flagged, overflow=overflow
+    )
 
 
 def build_app(

@@ -38,6 +38,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         heartbeat_s=args.heartbeat,
         memory_budget_gb=args.memory_budget,
         context_length=args.context_length,
+        context_overflow=getattr(args, "context_overflow", "error"),
         max_tokens=args.max_tokens,
         temperature=args.temperature,
         top_p=args.top_p,

@@ -55,6 +55,15 @@ def test_serve_flags_become_the_servers_settings() -> None:
     )
 
 
+def test_context_overflow_is_error_unless_told_truncate_and_reaches_the_worker() -> None:
+    assert serve_config.settings_from_args(parse()).context_overflow == "error"
+    settings = serve_config.settings_from_args(parse("--context-overflow", "truncate"))
+    worker = serve_config.WorkerConfig.from_json(serve_config.WorkerConfig(settings).to_json())
+    assert worker.settings.context_overflow == "truncate"
+    policy = assembly.admission_policy(scripted_model(), worker.settings, rows=1)
+    assert policy.overflow == "truncate"
+
+
 def test_the_body_cap_is_32_mib_unless_max_body_mb_says_otherwise() -> None:
     assert serve_config.settings_from_args(parse()).max_body_bytes == 32 * 1024 * 1024
     assert (

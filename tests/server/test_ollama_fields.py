@@ -172,14 +172,15 @@ async def test_a_full_queue_is_a_429_in_ollamas_shape(
     assert refused.json() == {"error": "admission queue is full"}
 
 
-async def test_a_prompt_beyond_the_context_is_a_400_in_ollamas_shape(
+async def test_a_prompt_beyond_the_context_with_truncate_false_is_a_400_in_ollamas_shape(
     make_app: AppFactory, client_of: ClientFactory
 ) -> None:
     engine = ScriptedEngine(("Hi",), context_length=64)
     client = client_of(make_app(engine, scripted_model(context_length=64)))
     long = [{"role": "user", "content": "word " * 200}]
     refused = await client.post(
-        "/api/generate", json={"model": MODEL, "prompt": long[0]["content"]}
+        "/api/generate",
+        json={"model": MODEL, "prompt": long[0]["content"], "truncate": False},
     )
     assert refused.status_code == 400 and "context" in refused.json()["error"]
     assert engine.submissions == []

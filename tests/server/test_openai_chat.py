@@ -219,7 +219,7 @@ async def test_a_full_queue_is_a_429_queue_full(
     }
 
 
-async def test_a_prompt_longer_than_the_context_window_is_a_400_context_over_budget(
+async def test_a_prompt_longer_than_the_context_window_is_a_400_context_length_exceeded(
     make_app: AppFactory, client_of: ClientFactory
 ) -> None:
     app = make_app(ScriptedEngine(), scripted_model(context_length=16))
@@ -227,8 +227,11 @@ async def test_a_prompt_longer_than_the_context_window_is_a_400_context_over_bud
     response = await post(client, HELLO)
     assert response.status_code == 400
     error = response.json()["error"]
-    assert (error["type"], error["code"]) == ("memory_admission", "context_over_budget")
-    assert error["message"].startswith("prompt is 21 tokens but the context window is 16")
+    assert (error["type"], error["code"]) == ("invalid_request_error", "context_length_exceeded")
+    assert error["message"].startswith(
+        "This model's maximum context length is 16 tokens. However, your messages resulted in "
+        "21 tokens."
+    )
 
 
 async def test_a_small_memory_budget_clamps_max_tokens_silently(
@@ -255,7 +258,6 @@ async def test_a_small_memory_budget_refuses_a_prompt_that_fills_it(
     long_prompt = {"messages": [{"role": "user", "content": "x" * safe}]}
     response = await post(client, long_prompt)
     assert response.status_code == 400
-    assert response.json()["error"]["message"].endswith(
-        f"the memory budget caps safe context at {safe} — "
-        "no room to generate; shorten the prompt or raise --memory-budget"
-    )
+    error = response.json()["error"]  # the budget's safe context is the window a client sees
+    assert error["code"] == "context_length_exceeded"
+    assert error["message"].startswith(f"This model's maximum context length is {safe} tokens.")

@@ -289,7 +289,7 @@ def test_abandoning_a_json_request_frees_its_row(server: Any) -> None:
 # ---- admission on the tight server ---------------------------------------------------------------
 
 
-def test_a_prompt_that_fills_the_memory_budget_is_a_400_context_over_budget(
+def test_a_prompt_that_fills_the_memory_budget_is_a_400_context_length_exceeded(
     tight_server: Any, smollm2: LoadedModel
 ) -> None:
     limit = stats(tight_server)["admission"]["enforced_context_tokens"]
@@ -298,12 +298,13 @@ def test_a_prompt_that_fills_the_memory_budget_is_a_400_context_over_budget(
         f"{tight_server.base_url}/v1/completions", json={"prompt": prompt}, timeout=60
     )
     assert response.status_code == 400
-    error = response.json()["error"]
-    assert (error["type"], error["code"]) == ("memory_admission", "context_over_budget")
-    assert error["message"] == (
-        f"prompt is {limit} tokens but the memory budget caps safe context at {limit} — "
-        "no room to generate; shorten the prompt or raise --memory-budget"
-    )
+    assert response.json()["error"] == {
+        "message": f"This model's maximum context length is {limit} tokens. However, your "
+        f"prompt resulted in {limit} tokens. Please reduce the length of the prompt.",
+        "type": "invalid_request_error",
+        "param": "prompt",
+        "code": "context_length_exceeded",
+    }
 
 
 def test_a_request_over_the_memory_budget_is_clamped_to_the_room_left(

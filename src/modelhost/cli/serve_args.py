@@ -73,6 +73,13 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         "free disk; 0 turns it off)",
     )  # fmt: skip
     parser.add_argument("--context-length", type=int, default=None, metavar="N")
+    parser.add_argument(
+        "--context-overflow", choices=("error", "truncate"), default="error",
+        help="a prompt that leaves no room to generate: error (default: a 400 in each client's "
+        "own words, which coding agents read as a cue to compact) or truncate (drop the oldest "
+        "turns, keeping system messages, as Ollama does; for clients that cannot recover). "
+        "Ollama's routes trim unless a request says \"truncate\": false",
+    )  # fmt: skip
     parser.add_argument("--quantize", choices=MODES, default=None, help=QUANTIZE_HELP)
     parser.add_argument("--max-tokens", type=int, default=None, metavar="N")
     parser.add_argument("--temperature", "--temp", type=float, default=None)

@@ -5,7 +5,9 @@ weights + KV cache + working memory fit the budget. Every request is then held t
 *enforced context*, the smallest of the safe context, the model's context window (or
 `--context-length`) and the engine's own limit:
 
-- a prompt that leaves no room to generate is a 400 `memory_admission`/`context_over_budget`;
+- a prompt that leaves no room to generate is a 400 `memory_admission`/`context_over_budget`,
+  unless the request (Ollama's default) or `--context-overflow truncate` says to trim it
+  (`prompt_fit`);
 - otherwise the requested completion is clamped to the room left, silently.
 
 Placement is decided from the request's shape alone, before any stream opens. The engine runs
@@ -22,7 +24,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from modelhost.inference.contracts import ContextOverBudget, InferenceRequest, UnsupportedExecution
+from modelhost.inference.contracts import (
+    ContextOverBudget,
+    InferenceRequest,
+    Overflow,
+    UnsupportedExecution,
+)
 from modelhost.models.config import ModelConfig
 
 BYTES_PER_GB = 1_000_000_000  # --memory-budget is in decimal GB
@@ -114,6 +121,7 @@ class AdmissionPolicy:
     context_window: int  # the model's window, or --context-length when smaller
     memory: MemoryPlan | None = None
     context_length_flag: bool = False  # the window came from --context-length
+    overflow: Overflow = "error"  # --context-overflow: what a request that says nothing gets
 
     @property
     def enforced_context(self) -> int:
@@ -121,14 +129,23 @@ class AdmissionPolicy:
             return self.context_window
         return min(self.context_window, self.memory.max_safe_context)
 
+    def limit(self, engine_context: int | None = None) -> int:
+        """The tokens a prompt and its completion share: the enforced context, within what
+        the engine can hold."""
+        if engine_context is None:
+            return self.enforced_context
+        return min(self.enforced_context, engine_context)
+
+    def overflow_for(self, request: InferenceRequest) -> Overflow:
+        """What a prompt of `request` that leaves no room to generate gets."""
+        return request.overflow or self.overflow
+
     def max_tokens_for(
         self, prompt_tokens: int, requested: int | None, *, engine_context: int | None = None
     ) -> int:
         """The completion budget of a prompt: `requested` clamped to the room left (or all of
         the room when nothing was requested). Raises ContextOverBudget when there is none."""
-        limit = self.enforced_context
-        if engine_context is not None:
-            limit = min(limit, engine_context)
+        limit = self.limit(engine_context)
         available = limit - prompt_tokens
         if available < 1:
             raise ContextOverBudget(self._refusal(prompt_tokens, limit), prompt_tokens, limit)

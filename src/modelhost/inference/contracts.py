@@ -17,6 +17,8 @@ from modelhost.engine.events import TokenLogprob, Usage
 from modelhost.text.tool_calls import ToolCall
 
 FinishReason = Literal["stop", "length", "tool_calls"]
+# What a prompt longer than the window gets: a refusal (400), or its oldest turns dropped.
+Overflow = Literal["error", "truncate"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -121,6 +123,9 @@ class InferenceRequest:
     # Warning says so), and the grammar to enforce when the surface can express one.
     structured_output: str | None = None
     grammar: GrammarSpec | None = None
+    # A prompt that leaves no room to generate: refused, or trimmed to fit (oldest turns
+    # first); None: the server's --context-overflow.
+    overflow: Overflow | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -259,14 +264,36 @@ class InvalidRequest(RequestError):
         self.param = param
 
 
+CONTEXT_OVER_BUDGET = "context_over_budget"
+
+
 class ContextOverBudget(RequestError):
-    """The prompt leaves no room to generate inside the enforced context (400)."""
+    """The prompt leaves no room to generate inside the enforced context (400). The body
+    carries both sizes: each surface words the refusal as its clients recognise it, also
+    from a worker process's JSON, where only the body crosses."""
 
     def __init__(self, message: str, prompt_tokens: int, limit: int) -> None:
-        body = {"message": message, "type": "memory_admission", "code": "context_over_budget"}
+        body = {
+            "message": message,
+            "type": "memory_admission",
+            "code": CONTEXT_OVER_BUDGET,
+            "prompt_tokens": prompt_tokens,
+            "limit": limit,
+        }
         super().__init__(400, message, body)
         self.prompt_tokens = prompt_tokens
         self.limit = limit
+
+
+def overflow_sizes(body: Mapping[str, Any]) -> tuple[int, int] | None:
+    """(prompt tokens, context limit) of a neutral `ContextOverBudget` body; None for any
+    other body (or one without its sizes)."""
+    if body.get("code") != CONTEXT_OVER_BUDGET:
+        return None
+    prompt_tokens, limit = body.get("prompt_tokens"), body.get("limit")
+    if not isinstance(prompt_tokens, int) or not isinstance(limit, int):
+        return None
+    return prompt_tokens, limit
 
 
 class QueueFullError(RequestError):

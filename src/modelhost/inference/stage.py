@@ -1,7 +1,8 @@
 """The inference stage: admit an InferenceRequest into the engine, then run it.
 
 `InferenceStage.admit` builds the prompt ids, checks placement (501), applies the memory ceiling
-(400 or clamp), resolves the sampling defaults and submits the row (429 when the queue is full).
+(400, or the prompt trimmed to fit where the request or the server says so; then a clamp),
+resolves the sampling defaults and submits the row (429 when the queue is full).
 It returns a single-use `AdmittedRequest`, which yields `CompletionEvent`s or one
 `InferenceResult`. Whatever ends the request, the row is cancelled in a `finally`.
 
@@ -57,10 +58,11 @@ from modelhost.inference.grammar_compile import (
     ModelGrammars,
     budget_refusal,
 )
-from modelhost.inference.image_prompt import build_prompt
+from modelhost.inference.image_prompt import BuiltPrompt, build_prompt
 from modelhost.inference.images import NO_FETCH, ImageLimits
 from modelhost.inference.media import check_media
 from modelhost.inference.prompt import tool_form
+from modelhost.inference.prompt_fit import answer_room, fit_prompt, trimmed_warning
 from modelhost.inference.tool_choice import lazy_tool_grammar
 from modelhost.models.loaded import LoadedModel
 
@@ -187,6 +189,16 @@ class InferenceStage:
         built = await asyncio.to_thread(
             build_prompt, self.model, request, instruction, self.image_limits
         )
+        requested = requested_max_tokens(request, self.defaults)
+        limit = self.policy.limit(self.engine_context)
+        if len(built.ids) >= limit and self.policy.overflow_for(request) == "truncate":
+            budget = limit - answer_room(limit, requested)
+            fitted = await asyncio.to_thread(
+                fit_prompt, self.model, request, instruction, budget=budget
+            )
+            if fitted is not None:  # else refused below, with the prompt's own size
+                warnings.append(trimmed_warning(len(fitted), len(built.ids)))
+                built = BuiltPrompt(fitted)
         prompt_ids = built.ids
         tokenizer = self.model.tokenizer
         output = OutputChannels.for_request(
@@ -196,9 +208,7 @@ class InferenceStage:
             constrained=grammar is not None and request.grammar is not None,
         )
         max_tokens = self.policy.max_tokens_for(
-            len(prompt_ids),
-            requested_max_tokens(request, self.defaults),
-            engine_context=self.engine_context,
+            len(prompt_ids), requested, engine_context=self.engine_context
         )
         if closing is not None and request.grammar is not None:
             refusal = budget_refusal(

@@ -116,6 +116,9 @@ class ModelEntry:
     store_queue_bytes: int = 0  # claimed by a busy model: the KV store writer's queue bound
     # A GGUF's vision projector named by `serve --mmproj` (one beside it needs no name).
     mmproj: Path | None = None
+    # The window it would be served at, known without loading it: its own, or --context-length
+    # when smaller (a --memory-budget may cap it further once it loads).
+    context_length: int | None = None
 
 
 def with_draft(entry: ModelEntry, draft: ModelEntry) -> ModelEntry:
@@ -364,6 +367,7 @@ class ModelRegistry:
             kv_pool_bytes=serving.kv_pool,
             store_queue_bytes=serving.store_queue,
             mmproj=named,
+            context_length=serving_context(config, shape),
         )
 
     def _encoder(
@@ -497,11 +501,16 @@ class ServingBytes:
     store_queue: int = 0
 
 
+def serving_context(config: ModelConfig, shape: ServingShape) -> int:
+    """The window a model is served at: its own, or --context-length when smaller."""
+    if shape.context_length is None:
+        return config.context_length
+    return min(config.context_length, shape.context_length)
+
+
 def serving_bytes(config: ModelConfig, weights: int, shape: ServingShape) -> ServingBytes:
     """What a model holds idle and what its requests may claim, at the serving context."""
-    context = config.context_length
-    if shape.context_length is not None:
-        context = min(context, shape.context_length)
+    context = serving_context(config, shape)
     token_bytes = config.kv_bytes_per_token(shape.kv_dtype_bytes)
     one_row = (context + BLOCK_TOKENS) * token_bytes
     if shape.memory_budget_bytes is not None:  # the KV pool takes what the weights leave

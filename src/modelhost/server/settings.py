@@ -25,6 +25,7 @@ class ServeSettings:
     heartbeat_s: float = 15.0
     memory_budget_gb: float | None = None
     context_length: int | None = None  # --context-length: a ceiling below the model's window
+    context_overflow: str = "error"  # --context-overflow: refuse a prompt too long, or trim it
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None

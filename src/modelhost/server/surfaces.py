@@ -34,7 +34,7 @@ from modelhost.server.openai import chat as openai_chat
 from modelhost.server.openai import completions as openai_completions
 from modelhost.server.openai import discovery
 from modelhost.server.openai import embedding_routes as embeddings
-from modelhost.server.openai.wire import OPENAI_ERRORS
+from modelhost.server.openai.wire import COMPLETION_ERRORS, OPENAI_ERRORS
 from modelhost.server.responses import routes as openai_responses
 from modelhost.server.responses.forwarding import forward_turn
 from modelhost.server.responses.wire import RESPONSES_ERRORS
@@ -155,6 +155,7 @@ SURFACES = Surfaces(
         Surface(
             "openai-completions",
             (Route("POST", "/v1/completions", openai_completions.create_completion, GENERATE),),
+            COMPLETION_ERRORS,
         ),
         Surface(
             "anthropic-messages",

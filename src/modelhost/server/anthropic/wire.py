@@ -18,7 +18,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse, Response
 
-from modelhost.inference.contracts import GrammarSpec, ImagePart, InvalidRequest
+from modelhost.inference.contracts import GrammarSpec, ImagePart, InvalidRequest, overflow_sizes
 from modelhost.inference.tool_choice import forced_call
 from modelhost.server.content_parts import (
     FlatContent,
@@ -54,7 +54,14 @@ def new_message_id() -> str:
 
 def anthropic_error_json(status: int, body: Mapping[str, Any]) -> dict[str, Any]:
     """`{type: "error", error: {type, message, ...}}`; the neutral `type` moves to `code`, and
-    null fields are left out (Anthropic's own errors carry only type and message)."""
+    null fields are left out (Anthropic's own errors carry only type and message). A prompt
+    over the window is worded as Anthropic's API words it: Claude Code compacts its history
+    when the message starts "prompt is too long"."""
+    sizes = overflow_sizes(body)
+    if sizes is not None:
+        prompt_tokens, limit = sizes
+        message = f"prompt is too long: {prompt_tokens} tokens > {limit} maximum"
+        return {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
     error = {key: value for key, value in body.items() if value is not None}
     error.setdefault("message", "error")
     if error.get("code") is None and error.get("type") not in (None, "invalid_request_error"):

@@ -9,6 +9,10 @@ A request with nothing to generate (no messages, an empty prompt) only loads the
 with `keep_alive: 0`, lets it go) and answers `done_reason: "load"` (or `"unload"`) at once; the
 front applies `keep_alive` itself (`surfaces.Route.keep_alive`).
 
+A prompt too long for the context window is trimmed to fit, as Ollama trims it (the oldest
+messages go, system messages stay; `generate`'s own prompt keeps its end), and
+`prompt_eval_count` counts what was kept; `"truncate": false` makes it a 400 naming both sizes.
+
 `generate` honours `prompt`, `system`, `raw` (the prompt as it is, without the template) and
 `images`; a custom `template`, a `suffix` (fill-in-the-middle: no family here declares it) and
 a `context` from an older API are refused with a 400 that says so, as are the image
@@ -32,6 +36,7 @@ from modelhost.inference.contracts import (
     InferenceRequest,
     InferenceResult,
     InvalidRequest,
+    Overflow,
     TextPrompt,
     Usage,
 )
@@ -216,7 +221,14 @@ def _request(
         images=images,
         structured_output=instruction,
         grammar=grammar,
+        overflow=overflow(body),
     )
+
+
+def overflow(body: dict[str, Any]) -> Overflow:
+    """Ollama trims a prompt too long for the window (the oldest messages go, system messages
+    stay) unless the request says `"truncate": false`: then it is an error."""
+    return "error" if fields.field(body, "truncate", bool) is False else "truncate"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -137,17 +137,35 @@ def capabilities(entry: ModelEntry, facts: ModelFacts) -> list[str]:
     return found
 
 
-def model_info(entry: ModelEntry, facts: ModelFacts) -> dict[str, Any]:
+def model_info(entry: ModelEntry, facts: ModelFacts, window: int | None = None) -> dict[str, Any]:
+    """The header's fields, with `<arch>.context_length` the window served (`window`) where
+    known: agents size their history by it, and the file's own may be longer."""
     info = dict(facts.metadata)
     arch = entry.architecture or ""
     info.setdefault("general.architecture", arch)
     if facts.parameter_count is not None:
         info.setdefault("general.parameter_count", facts.parameter_count)
-    if facts.context_length is not None:
+    if window is not None:
+        info[f"{arch}.context_length"] = window
+    elif facts.context_length is not None:
         info.setdefault(f"{arch}.context_length", facts.context_length)
     if facts.embedding_length is not None:
         info.setdefault(f"{arch}.embedding_length", facts.embedding_length)
     return info
+
+
+def served_window(request: Request, entry: ModelEntry) -> int | None:
+    """The window `entry` answers in: a resident model's enforced one, else the one the
+    registry expects it to be served at (its own, or --context-length)."""
+    unit = request.app.state.router.host.peek(entry.id)
+    stage = getattr(unit, "stage", None)
+    if stage is not None and hasattr(stage, "card"):
+        window: int = stage.card().context_window
+        return window
+    row = getattr(unit, "card_row", None) or {}  # a worker: the row it gave when it started
+    if isinstance(row.get("context_window"), int):
+        return int(row["context_window"])
+    return entry.context_length
 
 
 def _parameters(request: Request, entry: ModelEntry) -> str:
@@ -178,9 +196,11 @@ async def show(request: Request) -> Response:
             card = serving_stage(request).card()
             wire.local_id(named, lambda model_id: model_id == card.id)
             found = ["completion", "tools"] + (["thinking"] if card.reasoning else [])
+            info: dict[str, Any] = {"general.architecture": card.family}
+            info[f"{card.family}.context_length"] = card.context_window
             return {
                 "details": {"format": "", "family": card.family, "families": [card.family]},
-                "model_info": {"general.architecture": card.family},
+                "model_info": info,
                 "capabilities": found + (["vision"] if card.vision else []),
                 "template": "",
                 "parameters": "",
@@ -197,7 +217,7 @@ async def show(request: Request) -> Response:
             "parameters": _parameters(request, entry),
             "template": facts.chat_template or "",
             "details": details(entry, facts),
-            "model_info": model_info(entry, facts),
+            "model_info": model_info(entry, facts, served_window(request, entry)),
             "capabilities": capabilities(entry, facts),
             "modified_at": wire.created_at(_modified(entry)),
         }
@@ -238,7 +258,7 @@ async def running(request: Request) -> Response:
                 "details": details(entry, facts),
                 "expires_at": wire.created_at(expires),
                 "size_vram": model.bytes if on_gpu else 0,
-                "context_length": facts.context_length,
+                "context_length": served_window(request, entry) or facts.context_length,
             }
         )
     return JSONResponse({"models": rows})

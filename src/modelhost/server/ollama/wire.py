@@ -29,6 +29,7 @@ from modelhost.inference.contracts import (
     InvalidRequest,
     RequestError,
     SamplingRequest,
+    overflow_sizes,
 )
 from modelhost.server.content_parts import flatten_content, require_role
 from modelhost.server.http import ErrorShape
@@ -72,11 +73,24 @@ def line(payload: Mapping[str, Any]) -> str:
 
 
 def ollama_error(status: int, body: Mapping[str, Any]) -> Response:
-    return JSONResponse({"error": str(body.get("message") or "error")}, status_code=status)
+    return JSONResponse({"error": error_message(body)}, status_code=status)
 
 
 def ollama_stream_error(status: int, body: Mapping[str, Any]) -> str:
-    return line({"error": str(body.get("message") or "error")})
+    return line({"error": error_message(body)})
+
+
+def error_message(body: Mapping[str, Any]) -> str:
+    """The `error` string: the neutral message, or a prompt over the window in Ollama's words
+    (what it answers a request with `truncate: false`), with both sizes."""
+    sizes = overflow_sizes(body)
+    if sizes is not None:
+        prompt_tokens, limit = sizes
+        return (
+            f"the input length exceeds the context length: the prompt is {prompt_tokens} "
+            f"tokens and the context length is {limit}"
+        )
+    return str(body.get("message") or "error")
 
 
 OLLAMA_ERRORS = ErrorShape(ollama_error, ollama_stream_error)

@@ -39,9 +39,9 @@ from modelhost.server.http import EventStreamResponse, RequestLog
 from modelhost.server.openai import fields
 from modelhost.server.openai.wire import (
     DONE,
+    completion_error,
+    completion_stream_error,
     new_id,
-    openai_error,
-    openai_stream_error,
     sse,
     text_logprobs_json,
     usage_json,
@@ -59,7 +59,7 @@ PROMPT_REQUIRED = "prompt (a non-empty string, or a non-empty array of token ids
 async def create_completion(request: Request) -> Response | EventStreamResponse:
     log = RequestLog(new_id("cmpl"), ROUTE)
     return await answer_inference(
-        request, log, openai_error, lambda body: prepare_completion(body, log.request_id)
+        request, log, completion_error, lambda body: prepare_completion(body, log.request_id)
     )
 
 
@@ -229,4 +229,4 @@ class TextStream:
         return frames
 
     def error(self, status: int, body: Mapping[str, Any]) -> list[str]:
-        return [openai_stream_error(status, body)]
+        return [completion_stream_error(status, body)]

@@ -1,7 +1,15 @@
-"""Discovery and status: `GET /v1`, `/v1/models`, `/v1/models/{id}`, `/health`, `/stats`."""
+"""Discovery and status: `GET /v1`, `/v1/models`, `/v1/models/{id}`, `/health`, `/stats`.
+
+Every model row says the window a prompt and its answer share, where each client reads it:
+`context_length` and `max_model_len` (vLLM's name), Anthropic's `max_input_tokens` and
+`max_tokens`. A listing asked for with an `anthropic-version` header (Anthropic's SDKs send
+one) is in Anthropic's shape: rows of `type`, `id`, `display_name`, `created_at`, `lifecycle`
+and the two windows, in a list with `has_more`, `first_id` and `last_id`.
+"""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from starlette.requests import Request
@@ -26,6 +34,7 @@ def model_row(card: ModelCard) -> dict[str, Any]:
         "created": card.created,
         "owned_by": "modelhost",
         "context_window": card.context_window,
+        **window_fields(card.context_window),
         "reasoning": card.reasoning,
         "vision": card.vision,
         "audio": False,
@@ -53,11 +62,47 @@ def model_row(card: ModelCard) -> dict[str, Any]:
     }
 
 
+def window_fields(window: int | None) -> dict[str, Any]:
+    """A model's window under each client's name. A prompt leaves its answer at least one
+    token, so the longest prompt, and the longest answer, is one token short of it."""
+    if window is None:
+        return {}
+    most = max(window - 1, 0)
+    return {
+        "context_length": window,
+        "max_model_len": window,
+        "max_input_tokens": most,
+        "max_tokens": most,
+    }
+
+
 async def list_models(request: Request) -> Response:
     router = getattr(request.app.state, "router", None)
     if router is not None:
-        return JSONResponse({"object": "list", "data": listed_rows(router.listing())})
-    return JSONResponse({"object": "list", "data": [served_row(serving_stage(request))]})
+        rows = listed_rows(router.listing())
+    else:
+        rows = [served_row(serving_stage(request))]
+    if "anthropic-version" in request.headers:
+        return JSONResponse(anthropic_listing(rows))
+    return JSONResponse({"object": "list", "data": rows})
+
+
+def anthropic_listing(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rows as Anthropic's `GET /v1/models` lists them (one page: every model), in its
+    fields only: its SDK reads `capabilities` as an object of its own shape."""
+    data = [
+        {
+            "type": "model",
+            "id": row["id"],
+            "display_name": row["id"],
+            "created_at": datetime.fromtimestamp(row.get("created") or 0, UTC).isoformat(),
+            "lifecycle": "active",
+            **{key: row[key] for key in ("max_input_tokens", "max_tokens") if key in row},
+        }
+        for row in rows
+    ]
+    first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+    return {"data": data, "has_more": False, "first_id": first, "last_id": last}
 
 
 async def retrieve_model(request: Request) -> Response:
@@ -72,6 +117,8 @@ async def retrieve_model(request: Request) -> Response:
         message = f"The model '{model_id}' does not exist"
         body = {"message": message, "type": "invalid_request_error", "code": "model_not_found"}
         return openai_error(404, {**body, "param": "model"})
+    if "anthropic-version" in request.headers:
+        return JSONResponse(anthropic_listing(rows)["data"][0])
     return JSONResponse(rows[0])
 
 
@@ -102,8 +149,9 @@ def listed_row(listed: ListedModel) -> dict[str, Any]:
         row = companion_row(entry.id, entry.operations)
     elif listed.unit is not None:
         row = {**resident_row(listed.unit), "id": entry.id}
-    else:
+    else:  # not resident: the window the registry knows it would be served at
         row = {"id": entry.id, "object": "model", "created": 0, "owned_by": "modelhost"}
+        row.update(window_fields(entry.context_length))
     extra: dict[str, Any] = {}
     if listed.progress is not None:
         extra["progress"] = round(listed.progress, 4)

@@ -9,7 +9,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse, Response
 
-from modelhost.inference.contracts import TokenLogprob, Usage
+from modelhost.inference.contracts import TokenLogprob, Usage, overflow_sizes
 from modelhost.server.http import ErrorShape
 from modelhost.server.sse_frames import compact_json
 from modelhost.text.tool_calls import ToolCall
@@ -42,8 +42,15 @@ def usage_json(usage: Usage) -> dict[str, Any]:
     return out
 
 
-def openai_error_json(status: int, body: Mapping[str, Any]) -> dict[str, Any]:
-    """`{error: {message, type, code, param, ...}}` from a neutral error body."""
+def openai_error_json(
+    status: int, body: Mapping[str, Any], prompt_param: str = "messages"
+) -> dict[str, Any]:
+    """`{error: {message, type, code, param, ...}}` from a neutral error body; a prompt over
+    the window in OpenAI's own words (`prompt_param` names the request's prompt field), which
+    agents match on to compact their history."""
+    sizes = overflow_sizes(body)
+    if sizes is not None:
+        return {"error": context_length_exceeded(*sizes, param=prompt_param)}
     error = dict(body)
     error.setdefault("message", "error")
     if not error.get("type"):
@@ -51,6 +58,21 @@ def openai_error_json(status: int, body: Mapping[str, Any]) -> dict[str, Any]:
     error.setdefault("code", None)
     error.setdefault("param", None)
     return {"error": error}
+
+
+def context_length_exceeded(prompt_tokens: int, limit: int, *, param: str) -> dict[str, Any]:
+    """OpenAI's `context_length_exceeded` error object; `param` is the prompt's field
+    (messages, prompt, input), and the message speaks of it."""
+    message = (
+        f"This model's maximum context length is {limit} tokens. However, your {param} "
+        f"resulted in {prompt_tokens} tokens. Please reduce the length of the {param}."
+    )
+    return {
+        "message": message,
+        "type": "invalid_request_error",
+        "param": param,
+        "code": "context_length_exceeded",
+    }
 
 
 def openai_error(status: int, body: Mapping[str, Any]) -> Response:
@@ -62,7 +84,17 @@ def openai_stream_error(status: int, body: Mapping[str, Any]) -> str:
     return sse(openai_error_json(status, body))
 
 
+def completion_error(status: int, body: Mapping[str, Any]) -> Response:
+    """Legacy completions' errors: OpenAI's, with the prompt in `prompt`."""
+    return JSONResponse(openai_error_json(status, body, "prompt"), status_code=status)
+
+
+def completion_stream_error(status: int, body: Mapping[str, Any]) -> str:
+    return sse(openai_error_json(status, body, "prompt"))
+
+
 OPENAI_ERRORS = ErrorShape(openai_error, openai_stream_error)
+COMPLETION_ERRORS = ErrorShape(completion_error, completion_stream_error)
 
 
 def _finite(value: float) -> float:

@@ -23,10 +23,12 @@ from modelhost.inference.contracts import (
     InvalidRequest,
     RequestError,
     Usage,
+    overflow_sizes,
 )
 from modelhost.server.content_parts import FlatContent, flatten_content, require_role
 from modelhost.server.http import ErrorShape
 from modelhost.server.openai import fields
+from modelhost.server.openai.wire import context_length_exceeded
 from modelhost.server.sse_frames import named_event
 from modelhost.text.tool_calls import ToolCall
 
@@ -41,7 +43,11 @@ class ResponseNotFound(RequestError):
 
 
 def responses_error_json(status: int, body: Mapping[str, Any]) -> dict[str, Any]:
-    """`{error: {message, type, param, code}}`; the neutral `type` moves to `code` if unset."""
+    """`{error: {message, type, param, code}}`; the neutral `type` moves to `code` if unset.
+    A prompt over the window is OpenAI's `context_length_exceeded` on `input`."""
+    sizes = overflow_sizes(body)
+    if sizes is not None:
+        return {"error": context_length_exceeded(*sizes, param="input")}
     error = dict(body)
     error.setdefault("message", "error")
     if error.get("code") is None and error.get("type") not in (None, "invalid_request_error"):
