@@ -54,6 +54,7 @@ class ToolCall:
     id: str
     name: str
     arguments: str  # a JSON object as text, as OpenAI's wire carries it
+    input: str | None = None  # a custom (freeform) tool's raw input; `arguments` is then "{}"
 
     def arguments_object(self) -> dict[str, Any]:
         value = json.loads(self.arguments)
