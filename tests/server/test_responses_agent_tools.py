@@ -342,3 +342,26 @@ def test_an_answer_cut_by_max_output_tokens_is_incomplete_on_its_message_too(
     done = [event for event in events if event.type == "response.output_item.done"]
     assert done[-1].item.status == "incomplete"  # type: ignore[union-attr]
     assert events[-1].response.status == "incomplete"  # type: ignore[union-attr]
+
+
+def test_allowed_tools_in_required_mode_forces_a_call_among_the_allowed_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: list[tuple[Any, str | None]] = []
+
+    def forced_call(offered: Any, name: str | None) -> tuple[GrammarSpec, str]:
+        asked.append((offered, name))
+        return GrammarSpec("regex", ".*", field="tools"), "Call a tool."
+
+    monkeypatch.setattr(tools, "forced_call", forced_call)
+    spawn = {"type": "function", "namespace": "multi_agent_v1", "name": "spawn_agent"}
+    allowed = [{"type": "function", "name": "shell"}, spawn]
+    choice = {"type": "allowed_tools", "mode": "required", "tools": allowed}
+    turn = routes.parse_turn({**CODEX_BODY, "tool_choice": choice}, lambda _: None, "resp_3")
+    [(offered, name)] = asked
+    assert name is None
+    assert [tool["function"]["name"] for tool in offered] == [
+        "shell",
+        "multi_agent_v1__spawn_agent",
+    ]
+    assert turn.inference.prompt.tools == offered  # type: ignore[union-attr]

@@ -10,7 +10,8 @@ stream opened is one `error` event. `stop_reason` is `end_turn`, `max_tokens`, o
 The stage splits reasoning and tool calls out of the text (by the family's markers); here they
 become `thinking` blocks (first, with an empty signature) and `tool_use` blocks with
 `stop_reason: "tool_use"`. A forced `tool_choice` (`any`, `tool`) and `output_config.format`
-become the request's grammar.
+become the request's grammar. Declared tools are offered or named as not offered (tools.py).
+Usage counts the prompt tokens the prefix cache served as `cache_read_input_tokens`.
 """
 
 from __future__ import annotations
