@@ -57,7 +57,8 @@ async def test_a_message_answer_has_the_anthropic_shape(client: httpx.AsyncClien
     assert body["stop_sequence"] is None
     assert body["usage"]["output_tokens"] == 4
     assert body["usage"]["input_tokens"] > 0
-    assert "cache_read_input_tokens" not in body["usage"]
+    assert body["usage"]["cache_read_input_tokens"] == 0
+    assert body["usage"]["cache_creation_input_tokens"] == 0
 
 
 async def test_max_tokens_ends_the_message_with_stop_reason_max_tokens(
@@ -184,15 +185,15 @@ async def test_an_error_after_the_stream_opened_is_one_error_event_and_nothing_a
 # ---- request translation ----------------------------------------------------------------------
 
 
-async def test_system_blocks_and_system_role_messages_become_one_leading_system_turn(
+async def test_system_blocks_and_leading_system_messages_become_one_leading_system_turn(
     engine: ScriptedEngine, client: httpx.AsyncClient
 ) -> None:
     body = {
         **HELLO,
         "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
         "messages": [
-            {"role": "user", "content": "hi"},
             {"role": "system", "content": "Answer in French."},
+            {"role": "user", "content": "hi"},
         ],
     }
     assert (await post(client, body)).status_code == 200

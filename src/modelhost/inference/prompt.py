@@ -20,6 +20,8 @@ from modelhost.text.tool_code import tool_code_messages
 from modelhost.text.tool_prompt import builtin_tool_messages, custom_as_function
 from modelhost.text.turns import (
     fixed_length_call_ids,
+    has_later_system_turn,
+    later_system_in_user_turns,
     system_declared_tools,
     system_in_first_user_turn,
 )
@@ -56,7 +58,15 @@ def chat_text(
     try:
         return tokenizer.render_chat(messages, add_generation_prompt=True, tools=tools, **kwargs)
     except (ChatTemplateError, TypeError, ValueError, KeyError) as exc:
-        raise InvalidRequest(f"prompt build failed: {exc}") from exc
+        if not has_later_system_turn(messages):
+            raise InvalidRequest(f"prompt build failed: {exc}") from exc
+        failure = exc
+    # The template takes no system turn past the first (it raised): each joins a user turn.
+    messages = later_system_in_user_turns(messages)
+    try:
+        return tokenizer.render_chat(messages, add_generation_prompt=True, tools=tools, **kwargs)
+    except (ChatTemplateError, TypeError, ValueError, KeyError):
+        raise InvalidRequest(f"prompt build failed: {failure}") from failure
 
 
 def template_inputs(

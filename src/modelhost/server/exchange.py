@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from modelhost.inference.contracts import InferenceRequest, InferenceResult
+from modelhost.server import tools_not_offered
 from modelhost.server.http import (
     EVENT_STREAM,
     HEARTBEAT,
@@ -49,6 +50,9 @@ class Prepared:
 
     inference: InferenceRequest
     reply: Callable[[InferenceStage, AdmittedRequest], Reply]
+    # Tools the request declared that the model was not offered (tools_not_offered.py): named
+    # in a response header and the request's log line.
+    tools_not_offered: tuple[str, ...] = ()
 
 
 async def answer_inference(
@@ -71,11 +75,20 @@ async def answer_inference(
         return error_response(exc, log.request_id, errors, log)
     log.admitted = admitted
     reply = prepared.reply(stage, admitted)
+    if prepared.tools_not_offered:
+        log.notes[tools_not_offered.LOG_FIELD] = ",".join(prepared.tools_not_offered)
+    headers = tools_not_offered.headers(prepared.tools_not_offered)
     if prepared.inference.stream:
         return respond_stream(
-            request, admitted, reply.stream(), log, heartbeat=heartbeat, content_type=content_type
+            request,
+            admitted,
+            reply.stream(),
+            log,
+            heartbeat=heartbeat,
+            content_type=content_type,
+            headers=headers,
         )
-    return await respond_json(request, admitted, reply.json, errors, log)
+    return await respond_json(request, admitted, reply.json, errors, log, headers=headers)
 
 
 async def answer_json(

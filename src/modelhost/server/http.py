@@ -185,6 +185,7 @@ class RequestLog:
         self.admitted_at: float | None = None
         self.status: int | None = None
         self.status_hint = 200  # what a stream that ends on its own reports
+        self.notes: dict[str, str] = {}  # extra `key=value` fields for the line (tools not offered)
 
     @property
     def admitted(self) -> AdmittedRequest | None:
@@ -211,8 +212,10 @@ class RequestLog:
                 context.metrics.observe_request(outcome)
         request_id = context.request_id if context is not None else "-"
         ttft_ms = "-" if outcome.ttft_s is None else f"{outcome.ttft_s * 1000:.1f}"
+        notes = "".join(f" {key}={value}" for key, value in self.notes.items())
         logger.info(
-            "%s %s %d prompt_tokens=%s completion_tokens=%s ttft_ms=%s total_ms=%.1f request_id=%s",
+            "%s %s %d prompt_tokens=%s completion_tokens=%s ttft_ms=%s total_ms=%.1f request_id=%s"
+            "%s",
             self.request_id,
             self.route,
             status,
@@ -221,7 +224,8 @@ class RequestLog:
             ttft_ms,
             outcome.total_s * 1000,
             request_id,
-            extra={"request": self._fields(outcome, request_id)},
+            notes,
+            extra={"request": {**self._fields(outcome, request_id), **self.notes}},
         )
 
     def _outcome(self, status: int, now: float) -> RequestOutcome:
@@ -275,8 +279,11 @@ async def respond_json(
     render: Callable[[InferenceResult], Mapping[str, Any]],
     format_error: ErrorFormatter,
     log: RequestLog,
+    *,
+    headers: Mapping[str, str] | None = None,
 ) -> Response:
-    """Run the admitted request to its result; a client that leaves first cancels the row."""
+    """Run the admitted request to its result; a client that leaves first cancels the row;
+    `headers` go on the answer."""
     run = asyncio.create_task(admitted.run())
     gone = asyncio.create_task(wait_for_disconnect(request.receive))
     try:
@@ -285,7 +292,7 @@ async def respond_json(
             raise RequestCancelled()
         body = render(run.result())
         log.finish(200)
-        return JSONResponse(body, headers=warning_headers(admitted))
+        return JSONResponse(body, headers={**(headers or {}), **warning_headers(admitted)})
     except asyncio.CancelledError:  # a forced shutdown cut this request short
         log.finish(503)
         raise
@@ -323,10 +330,12 @@ def respond_stream(
     *,
     heartbeat: str = HEARTBEAT,
     content_type: str = EVENT_STREAM,
+    headers: Mapping[str, str] | None = None,
 ) -> EventStreamResponse:
     """Stream `protocol`'s frames for `admitted`, with the server's heartbeat interval;
     `heartbeat` is the surface's keep-alive frame (a comment by default; Anthropic clients
-    expect a `ping` event); `content_type`, its stream's (SSE, or Ollama's NDJSON)."""
+    expect a `ping` event); `content_type`, its stream's (SSE, or Ollama's NDJSON); `headers`
+    go on the response."""
     heartbeat_s: float = request.app.state.settings.heartbeat_s
 
     async def frames() -> AsyncIterator[str]:
@@ -349,11 +358,10 @@ def respond_stream(
         admitted.cancel()
         log.finish(log.status_hint if status is None else status)
 
-    headers = {**SSE_HEADERS, **warning_headers(admitted)}
     return EventStreamResponse(
         frames(),
         heartbeat_s=heartbeat_s,
-        headers=headers,
+        headers={**SSE_HEADERS, **(headers or {}), **warning_headers(admitted)},
         on_done=done,
         heartbeat=heartbeat,
         content_type=content_type,

@@ -10,6 +10,9 @@ Shapes real templates insist on (Gemma's tool_code turns are in tool_code.py):
   go into the system message and earlier calls into the content, in the markup the model writes.
 - Gemma 2's template raises on a system message: its text joins the first user turn, as
   Gemma 3's template does by itself.
+- Many templates (Gemma's, Mistral's) take a system turn only first; a system turn later in the
+  conversation joins the user turn next to it, in place, never hoisted to the front (which
+  would change the prompt's start, and the cached prefix, on every turn).
 """
 
 from __future__ import annotations
@@ -81,10 +84,13 @@ def _call_object(call: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def system_in_first_user_turn(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """`messages` without system turns: their text opens the first user turn."""
-    system = [str(m.get("content") or "") for m in messages if m.get("role") == "system"]
-    rest = [m for m in messages if m.get("role") != "system"]
-    prefix = "\n\n".join(text for text in system if text)
+    """`messages` without system turns: the leading ones' text opens the first user turn, a
+    later one's joins the user turn next to it (`later_system_in_user_turns`)."""
+    lead = 0
+    while lead < len(messages) and messages[lead].get("role") == "system":
+        lead += 1
+    rest: list[Mapping[str, Any]] = list(later_system_in_user_turns(messages[lead:]))
+    prefix = "\n\n".join(_text(message) for message in messages[:lead] if _text(message))
     if not prefix:
         return rest
     for index, message in enumerate(rest):
@@ -92,3 +98,59 @@ def system_in_first_user_turn(messages: Sequence[Mapping[str, Any]]) -> list[Map
             rest[index] = {**message, "content": f"{prefix}\n\n{message['content']}"}
             return rest
     return [{"role": "user", "content": prefix}, *rest]
+
+
+def later_system_in_user_turns(
+    messages: Sequence[Mapping[str, Any]],
+) -> list[dict[str, Any]]:
+    """`messages` with each system turn after the conversation began folded into the next user
+    turn's text (the previous one's when no user turn follows), for templates that take a system
+    turn only first. The turns before it stay as they were, so a cached prefix still matches."""
+    out = [dict(message) for message in messages]
+    lead = 0
+    while lead < len(out) and out[lead].get("role") == "system":
+        lead += 1
+    index = lead
+    while index < len(out):
+        if out[index].get("role") != "system":
+            index += 1
+            continue
+        text = _text(out.pop(index))
+        users = [i for i, message in enumerate(out) if message.get("role") == "user"]
+        after = next((i for i in users if i >= index), None)
+        before = next((i for i in reversed(users) if lead <= i < index), None)
+        if after is not None:
+            out[after]["content"] = _joined(text, out[after].get("content"), first=True)
+        elif before is not None:
+            out[before]["content"] = _joined(text, out[before].get("content"), first=False)
+        else:
+            out.insert(index, {"role": "user", "content": text})
+            index += 1
+    return out
+
+
+def has_later_system_turn(messages: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a system turn comes after a turn of another role."""
+    began = False
+    for message in messages:
+        if message.get("role") != "system":
+            began = True
+        elif began:
+            return True
+    return False
+
+
+def _text(message: Mapping[str, Any]) -> str:
+    return str(message.get("content") or "")
+
+
+def _joined(text: str, content: Any, *, first: bool) -> Any:
+    """A user turn's content with `text` before it (`first`) or after it; a list of parts gets
+    a text part."""
+    if isinstance(content, list):
+        part = {"type": "text", "text": text}
+        return [part, *content] if first else [*content, part]
+    own = str(content or "")
+    if not own:
+        return text
+    return f"{text}\n\n{own}" if first else f"{own}\n\n{text}"

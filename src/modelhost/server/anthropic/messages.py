@@ -10,7 +10,8 @@ stream opened is one `error` event. `stop_reason` is `end_turn`, `max_tokens`, o
 The stage splits reasoning and tool calls out of the text (by the family's markers); here they
 become `thinking` blocks (first, with an empty signature) and `tool_use` blocks with
 `stop_reason: "tool_use"`. A forced `tool_choice` (`any`, `tool`) and `output_config.format`
-become the request's grammar.
+become the request's grammar. Declared tools are offered or named as not offered (tools.py).
+Usage counts the prompt tokens the prefix cache served as `cache_read_input_tokens`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from modelhost.inference.contracts import (
 )
 from modelhost.inference.image_prompt import build_prompt
 from modelhost.inference.media import check_media
+from modelhost.server.anthropic import tools as anthropic_tools
 from modelhost.server.anthropic import wire
 from modelhost.server.exchange import Prepared, Reply, answer_inference, answer_json
 from modelhost.server.http import EventStreamResponse, RequestLog, serving_stage
@@ -59,6 +61,7 @@ async def create_message(request: Request) -> Response | EventStreamResponse:
 
 def prepare_message(body: dict[str, Any], request_id: str) -> Prepared:
     inference = parse_messages_request(body, request_id)
+    not_offered = anthropic_tools.read_tools(body).not_offered
 
     def reply(stage: InferenceStage, admitted: AdmittedRequest) -> Reply:
         meta = {"id": request_id, "model": stage.model_id}
@@ -67,7 +70,7 @@ def prepare_message(body: dict[str, Any], request_id: str) -> Prepared:
             lambda: MessageStream(meta, admitted.prompt_tokens),
         )
 
-    return Prepared(inference, reply)
+    return Prepared(inference, reply, not_offered)
 
 
 async def count_tokens(request: Request) -> Response:
@@ -98,8 +101,8 @@ def parse_messages_request(
 ) -> InferenceRequest:
     """The neutral request for a Messages body; `count_only` skips the generation fields."""
     messages, media, images = wire.template_messages(body)
-    tools = wire.tools(body)
-    prompt = ChatPrompt(messages=tuple(messages), tools=tools)
+    tools = anthropic_tools.read_tools(body)
+    prompt = ChatPrompt(messages=tuple(messages), tools=tools.offered)
     if count_only:
         return InferenceRequest(
             request_id=request_id,
@@ -112,7 +115,7 @@ def parse_messages_request(
         )
     top_k = fields.number(body, "top_k", int, at_least=-1)
     grammar, instruction = wire.output_format(body)
-    forced = wire.forced_tool(body, tools)
+    forced = anthropic_tools.forced_tool(body, tools)
     if forced is not None:  # a forced call outranks the output format
         grammar, instruction = forced
     return InferenceRequest(
@@ -155,13 +158,16 @@ def stop_reason(finish_reason: FinishReason, stop_sequence: str | None) -> str:
 
 
 def usage_json(usage: Usage) -> dict[str, Any]:
-    """Anthropic counts cache reads apart from `input_tokens`, so the two add up to the prompt."""
+    """Anthropic counts cache reads apart from `input_tokens`, so the three add up to the prompt:
+    `cache_read_input_tokens` are the prompt tokens the prefix cache served; writing to the
+    cache costs nothing extra here and needs no `cache_control` (every full block is kept), so
+    `cache_creation_input_tokens` is 0 and the tokens not read count as `input_tokens`."""
     out: dict[str, Any] = {
         "input_tokens": usage.prompt_tokens - usage.cached_tokens,
         "output_tokens": usage.completion_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": usage.cached_tokens,
     }
-    if usage.cached_tokens > 0:
-        out["cache_read_input_tokens"] = usage.cached_tokens
     predictions = usage.prediction_details()
     if predictions:  # speculation's guesses, named as OpenAI's usage names them (SDKs keep extras)
         out["output_tokens_details"] = predictions

@@ -6,7 +6,8 @@ assistant `tool_calls`, and each `tool_result` becomes a `role: "tool"` message.
 document blocks record the kinds of media the request carries (`inference.media`: the stage
 refuses them with a 400 for a model without the tower, or a 501 it cannot place); image blocks
 are kept in order, where the template places them (`content_parts`).
-`cache_control`, `metadata` and unknown fields are accepted and ignored.
+`cache_control` (the prefix cache needs no markers: it matches by content), `metadata`,
+`context_management`, `output_config.effort` and unknown fields are accepted and ignored.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from typing import Any
 from starlette.responses import JSONResponse, Response
 
 from modelhost.inference.contracts import GrammarSpec, ImagePart, InvalidRequest, overflow_sizes
-from modelhost.inference.tool_choice import forced_call
 from modelhost.server.content_parts import (
     FlatContent,
     PartHandler,
@@ -32,6 +32,7 @@ from modelhost.server.openai import fields
 from modelhost.server.sse_frames import named_event
 
 ROLES = ("user", "assistant", "system")
+BILLING_HEADER = "x-anthropic-billing-header:"  # Claude Code's attribution line, in `system`
 BLOCKS = "content blocks"  # what errors call a message's parts
 PING = 'event: ping\ndata: {"type":"ping"}\n\n'
 _ERROR_TYPES = {
@@ -109,39 +110,6 @@ def thinking(body: dict[str, Any]) -> bool | None:
     return kind != "disabled"
 
 
-def tools(body: dict[str, Any]) -> tuple[dict[str, Any], ...] | None:
-    """Custom tools as the OpenAI function shape templates read; server tools are dropped."""
-    raw = fields.field(body, "tools", list)
-    choice = fields.field(body, "tool_choice", dict)
-    if not raw or (choice is not None and choice.get("type") == "none"):
-        return None
-    functions = []
-    for tool in raw:
-        if isinstance(tool, dict) and isinstance(tool.get("name"), str) and "input_schema" in tool:
-            function = {"name": tool["name"], "parameters": tool["input_schema"]}
-            if isinstance(tool.get("description"), str):
-                function["description"] = tool["description"]
-            functions.append({"type": "function", "function": function})
-    return tuple(functions) or None
-
-
-def forced_tool(
-    body: dict[str, Any], tools: tuple[dict[str, Any], ...] | None
-) -> tuple[GrammarSpec, str] | None:
-    """`tool_choice` `any` (some tool) or `tool` (the named one) as a grammar; None otherwise."""
-    choice = fields.field(body, "tool_choice", dict)
-    if not tools or choice is None:
-        return None
-    if choice.get("type") == "any":
-        return forced_call(tools, None)
-    if choice.get("type") == "tool":
-        name = choice.get("name")
-        if not isinstance(name, str):
-            raise InvalidRequest("tool_choice.name must be of type str", param="tool_choice")
-        return forced_call(tools, name)
-    return None
-
-
 def output_format(body: dict[str, Any]) -> tuple[GrammarSpec | None, str | None]:
     """`output_config.format` (`{type: "json_schema", schema}`) as a grammar and the instruction
     used when no grammar engine enforces it."""
@@ -181,13 +149,15 @@ def template_messages(
     """The conversation as template messages, the kinds of media its blocks carry, and its
     images in the order the messages show them.
 
-    Every system instruction (top-level `system` and system-role messages, in order) becomes one
-    leading system message: templates differ on where else they accept one.
+    The top-level `system` and the system-role messages before any other message become one
+    leading system message. A system-role message later in the conversation (Claude Code
+    sends reminders so) stays where it is, as a system turn: hoisted to the front it would
+    change the prompt's start, and every cached prefix with it, on each turn.
     """
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise InvalidRequest("messages: at least one message is required", param="messages")
-    system = [system_text(body.get("system"))]
+    system = [without_billing_header(system_text(body.get("system")))]
     messages: list[dict[str, Any]] = []
     has_media: frozenset[str] = frozenset()
     images: list[ImagePart] = []
@@ -198,7 +168,11 @@ def template_messages(
         role = message.get("role")
         role = require_role(role, ROLES, where, "messages")
         if role == "system":
-            system.append(system_text(message.get("content"), f"{where}.content"))
+            text = system_text(message.get("content"), f"{where}.content")
+            if messages:
+                messages.append({"role": "system", "content": text})
+            else:
+                system.append(text)
             continue
         flat, media, shown = _flatten(role, message.get("content"), where)
         messages.extend(flat)
@@ -208,6 +182,17 @@ def template_messages(
     if instruction:
         messages.insert(0, {"role": "system", "content": instruction})
     return messages, has_media, tuple(images)
+
+
+def without_billing_header(text: str) -> str:
+    """`text` without Claude Code's attribution line (`x-anthropic-billing-header: cc_version=…;
+    cch=…`): billing metadata, not instructions, and its checksum changes on every request, so
+    left in it would end the cached prefix at the system prompt's first line."""
+    if BILLING_HEADER not in text:
+        return text
+    lines = text.split("\n")
+    kept = [line for line in lines if not line.lstrip().startswith(BILLING_HEADER)]
+    return "\n".join(kept).strip("\n")
 
 
 def _flatten(

@@ -83,7 +83,7 @@ def edge(
             allow_origins=list(settings.cors_origins),
             allow_methods=["*"],
             allow_headers=["*"],
-            expose_headers=["x-request-id", "warning"],
+            expose_headers=["x-request-id", "warning", "x-modelhost-tools-not-offered"],
         )
     wrapped = LocalAccessGuard(
         wrapped,

@@ -14,8 +14,12 @@ worker the stored turn a request continues (`FORWARDED_TURN_FIELD`) and takes th
 the worker's store once it is written (`responses_forwarding`).
 
 The stage splits reasoning and tool calls out of the text; here they become a `reasoning`
-item (first) and `function_call` items (last). A forced `tool_choice` and `text.format`
-(`json_schema`, `json_object`) become the request's grammar; `reasoning.effort` switches thinking.
+item (first) and `function_call` / `custom_tool_call` items (last; tools.py maps the declared
+tools both ways, and names the hosted ones nothing here runs). A forced `tool_choice` and
+`text.format` (`json_schema`, `json_object`) become the request's grammar; `reasoning.effort`
+switches thinking. An answer cut by `max_output_tokens` is `incomplete`, and so are the items
+it cut. Codex's `include` (no encrypted reasoning is ever made), `reasoning.summary` and
+`prompt_cache_key` (echoed) are accepted.
 """
 
 from __future__ import annotations
@@ -42,11 +46,9 @@ from modelhost.server.exchange import Prepared, Reply, answer_inference
 from modelhost.server.http import EventStreamResponse, RequestLog
 from modelhost.server.openai import fields
 from modelhost.server.responses.store import ResponseStore, StoredResponse
+from modelhost.server.responses.tools import ResponsesTools, call_item, read_tools
 from modelhost.server.responses.wire import (
     ResponseNotFound,
-    function_call_item,
-    function_tools,
-    is_function_tool,
     message_item,
     output_text,
     reasoning_item,
@@ -57,6 +59,7 @@ from modelhost.server.responses.wire import (
     usage_json,
 )
 from modelhost.server.sse_frames import named_event
+from modelhost.text.tool_calls import ToolCall
 
 if TYPE_CHECKING:
     from modelhost.inference.stage import AdmittedRequest, InferenceStage
@@ -99,14 +102,14 @@ def prepare_turn(
     turn = parse_turn(body, stored_turn, request_id)
 
     def render(result: InferenceResult) -> dict[str, Any]:
-        output = output_items(result)
+        output = output_items(result, turn.tools)
         return turn.complete(store, output, result.finish_reason, result.usage, result.reasoning)
 
     def reply(stage: InferenceStage, admitted: AdmittedRequest) -> Reply:
         turn.base["model"] = stage.model_id
         return Reply(render, lambda: ResponseStream(turn, store))
 
-    return Prepared(turn.inference, reply)
+    return Prepared(turn.inference, reply, turn.tools.not_offered)
 
 
 async def retrieve_response(request: Request) -> Response:
@@ -132,6 +135,7 @@ class Turn:
     instructions: str | None
     store: bool
     base: dict[str, Any]  # the response object's fields known before generation
+    tools: ResponsesTools
 
     def complete(
         self,
@@ -181,22 +185,21 @@ def parse_turn(
         if instructions is None:
             instructions = prior.instructions
     messages, media, images = template_messages(items, instructions)
-    tools, tool_choice = function_tools(body)
+    tools = read_tools(body)
     max_tokens = fields.number(body, "max_output_tokens", int, at_least=1)
     if max_tokens is None:
         max_tokens = fields.number(body, "max_tokens", int, at_least=1)
     keep = fields.field(body, "store", bool)
     sampling = fields.sampling(body)
     text, grammar, instruction = text_format(body)
-    forced = fields.forced_tool(tool_choice, tools)
-    if forced is not None:  # a forced call outranks the text format
-        grammar, instruction = forced
+    if tools.forced is not None:  # a forced call outranks the text format
+        grammar, instruction = tools.forced
     reasoning = fields.field(body, "reasoning", dict)
     effort = (reasoning or {}).get("effort")
     inference = InferenceRequest(
         request_id=request_id,
         method="chat",
-        prompt=ChatPrompt(messages=tuple(messages), tools=tools),
+        prompt=ChatPrompt(messages=tuple(messages), tools=tools.offered),
         sampling=sampling,
         max_tokens=max_tokens,
         max_tokens_field="max_output_tokens",
@@ -219,36 +222,49 @@ def parse_turn(
         "max_output_tokens": max_tokens,
         "model": None,
         "output": [],
-        "parallel_tool_calls": True,
+        "parallel_tool_calls": fields.field(body, "parallel_tool_calls", bool) is not False,
         "previous_response_id": previous_id,
         "reasoning": reasoning,
         "store": keep is not False,
         "temperature": sampling.temperature,
         "text": text,
-        "tool_choice": tool_choice,
-        "tools": [tool for tool in body.get("tools") or [] if is_function_tool(tool)],
+        "tool_choice": tools.choice,
+        "tools": tools.echo,  # the declared tools the model was offered
         "top_p": sampling.top_p,
         "truncation": "disabled",
         "usage": None,
         "user": None,
         "metadata": fields.field(body, "metadata", dict) or {},
+        # Codex's: accepted and echoed; the prefix cache needs no key (it matches by content).
+        "prompt_cache_key": fields.field(body, "prompt_cache_key", str),
     }
-    return Turn(inference, items, instructions, keep is not False, base)
+    return Turn(inference, items, instructions, keep is not False, base, tools)
 
 
 # ---------------------------------------------------------------------------------------------
 # Response
 
 
-def output_items(result: InferenceResult) -> list[dict[str, Any]]:
+def item_status(finish_reason: FinishReason | None) -> str:
+    """A finished item's status: `incomplete` when the output budget cut the answer."""
+    return "incomplete" if finish_reason == "length" else "completed"
+
+
+def output_items(result: InferenceResult, tools: ResponsesTools) -> list[dict[str, Any]]:
     """Reasoning, then the message (when there is text, or nothing else), then the calls."""
     items: list[dict[str, Any]] = []
+    status = item_status(result.finish_reason)
     if result.reasoning:
-        items.append(reasoning_item(new_id("rs"), result.reasoning, "completed"))
+        items.append(reasoning_item(new_id("rs"), result.reasoning, status))
     if result.text or not result.tool_calls:
-        items.append(message_item(new_id("msg"), result.text, "completed"))
-    items += [function_call_item(new_id("fc"), call, "completed") for call in result.tool_calls]
+        items.append(message_item(new_id("msg"), result.text, status))
+    for call in result.tool_calls:
+        items.append(call_item(_call_id(call), call, "completed", tools.namespaced))
     return items
+
+
+def _call_id(call: ToolCall) -> str:
+    return new_id("ctc" if call.input is not None else "fc")
 
 
 class ResponseStream:
@@ -301,17 +317,9 @@ class ResponseStream:
         frames = self.delta(event)
         if not self.output and self.open is None and not event.tool_calls:
             frames += self._open("message")  # an empty answer is still one message item
-        frames += self._close()
+        frames += self._close(item_status(event.finish_reason))
         for call in event.tool_calls:
-            self.item_id = new_id("fc")
-            item = function_call_item(self.item_id, call, "in_progress")
-            payload = {"output_index": len(self.output), "item": {**item, "arguments": ""}}
-            frames.append(self._event("response.output_item.added", payload))
-            arguments = {**self._where, "delta": call.arguments}
-            frames.append(self._event("response.function_call_arguments.delta", arguments))
-            done = {**self._where, "arguments": call.arguments}
-            frames.append(self._event("response.function_call_arguments.done", done))
-            frames += self._item_done(function_call_item(self.item_id, call, "completed"))
+            frames += self._call(call)
         reasoning = "".join(self.reasoning)
         response = self.turn.complete(
             self.store, self.output, event.finish_reason, event.usage, reasoning
@@ -352,21 +360,37 @@ class ResponseStream:
             self._event("response.content_part.added", part),
         ]
 
-    def _close(self) -> list[str]:
+    def _close(self, status: str = "completed") -> list[str]:
+        """Close the open item; `status`: `incomplete` when the budget cut it."""
         kind, text = self.open, "".join(self.text)
         self.open = None
         if kind == "reasoning":
             done = {**self._where, "summary_index": 0, "text": text}
             frame = self._event("response.reasoning_summary_text.done", done)
-            return [frame, *self._item_done(reasoning_item(self.item_id, text, "completed"))]
+            return [frame, *self._item_done(reasoning_item(self.item_id, text, status))]
         if kind == "message":
             where = {**self._where, "content_index": 0}
             return [
                 self._event("response.output_text.done", {**where, "text": text, "logprobs": []}),
                 self._event("response.content_part.done", {**where, "part": output_text(text)}),
-                *self._item_done(message_item(self.item_id, text, "completed")),
+                *self._item_done(message_item(self.item_id, text, status)),
             ]
         return []
+
+    def _call(self, call: ToolCall) -> list[str]:
+        """One call's item, whole: added, its input or arguments in one delta, done."""
+        namespaced = self.turn.tools.namespaced
+        self.item_id = _call_id(call)
+        added = call_item(self.item_id, call, "in_progress", namespaced, streaming=True)
+        payload = {"output_index": len(self.output), "item": added}
+        frames = [self._event("response.output_item.added", payload)]
+        if call.input is not None:
+            prefix, key, value = "response.custom_tool_call_input", "input", call.input
+        else:
+            prefix, key, value = "response.function_call_arguments", "arguments", call.arguments
+        frames.append(self._event(f"{prefix}.delta", {**self._where, "delta": value}))
+        frames.append(self._event(f"{prefix}.done", {**self._where, key: value}))
+        return frames + self._item_done(call_item(self.item_id, call, "completed", namespaced))
 
     def _item_done(self, item: dict[str, Any]) -> list[str]:
         payload = {"output_index": len(self.output), "item": item}

@@ -1,9 +1,11 @@
-"""OpenAI Responses wire format: input items → template messages, function tools, errors.
+"""OpenAI Responses wire format: input items → template messages, errors, output items.
 
 Input items are flattened into the OpenAI-chat-style messages every chat template reads:
-`message` items by role (system and developer join `instructions` in one leading system
-message), `function_call` items become the assistant's `tool_calls`, `function_call_output`
-items become `role: "tool"` messages, and `reasoning` items are dropped. Image, file, audio and
+`message` items by role (leading system and developer messages join `instructions` in one
+leading system message; later ones stay in place as system turns), `function_call` and
+`custom_tool_call` items become the assistant's `tool_calls` (a namespaced call under its flat
+name, tools.py), their `*_output` items become `role: "tool"` messages, and `reasoning` items
+are dropped. Image, file, audio and
 video parts only record the kinds of media the request carries (`inference.media`: the stage
 refuses them with a 400 for a model without the tower, or a 501 it cannot place).
 """
@@ -29,8 +31,8 @@ from modelhost.server.content_parts import FlatContent, flatten_content, require
 from modelhost.server.http import ErrorShape
 from modelhost.server.openai import fields
 from modelhost.server.openai.wire import context_length_exceeded
+from modelhost.server.responses.tools import flat_name
 from modelhost.server.sse_frames import named_event
-from modelhost.text.tool_calls import ToolCall
 
 ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -72,32 +74,14 @@ def responses_stream_error(status: int, body: Mapping[str, Any]) -> str:
 RESPONSES_ERRORS = ErrorShape(responses_error, responses_stream_error)
 
 
-def function_tools(body: dict[str, Any]) -> tuple[tuple[dict[str, Any], ...] | None, Any]:
-    """Flat function tools in the chat shape templates read (built-in tools are dropped), and
-    the `tool_choice` to echo."""
-    raw = fields.field(body, "tools", list) or []
-    choice = body.get("tool_choice", "auto")
-    functions = []
-    for tool in raw:
-        if is_function_tool(tool):
-            keys = ("name", "description", "parameters")
-            function = {key: tool[key] for key in keys if key in tool}
-            functions.append({"type": "function", "function": function})
-    if not functions or choice == "none":
-        return None, choice
-    return tuple(functions), choice
-
-
-def is_function_tool(tool: Any) -> bool:
-    return isinstance(tool, dict) and tool.get("type") == "function" and "name" in tool
-
-
 def template_messages(
     items: Sequence[Mapping[str, Any]], instructions: str | None
 ) -> tuple[list[dict[str, Any]], frozenset[str], tuple[ImagePart, ...]]:
     """Input items as template messages, the kinds of media they carry, their images in order.
 
-    `instructions` and every system/developer message become one leading system message.
+    `instructions` and the system/developer messages before the first other item become one
+    leading system message; a later system/developer message stays where it is (as a system
+    turn), so the prompt before it, and the prefix cache that holds it, stay the same.
     """
     system = [instructions or ""]
     messages: list[dict[str, Any]] = []
@@ -117,20 +101,23 @@ def template_messages(
                 if flat.images:
                     message = f"{where}: images are not accepted in {role} messages"
                     raise InvalidRequest(message, param="input")
-                system.append(flat.text)
+                if messages:
+                    messages.append({"role": "system", "content": flat.text})
+                else:
+                    system.append(flat.text)
             else:
                 images.extend(flat.images)
                 messages.append({"role": role, "content": flat.template_content()})
-        elif kind == "function_call":
-            call = _function_call(item, where)
+        elif kind in ("function_call", "custom_tool_call"):
+            read = _function_call if kind == "function_call" else _custom_call
+            call = read(item, where)
             last = messages[-1] if messages else None
             if last is None or last["role"] != "assistant":
                 last = {"role": "assistant", "content": ""}
                 messages.append(last)
             last.setdefault("tool_calls", []).append(call)
-        elif kind == "function_call_output":
-            output = item.get("output")
-            text = output if isinstance(output, str) else json.dumps(output)
+        elif kind in ("function_call_output", "custom_tool_call_output"):
+            text = _output_text(item.get("output"))
             messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": text})
         elif kind == "reasoning":
             continue  # the reference drops reasoning on the way back in
@@ -152,10 +139,37 @@ def _refusal(part: Mapping[str, Any], where: str) -> str:
     return str(part.get("refusal") or "")
 
 
-def _function_call(item: Mapping[str, Any], where: str) -> dict[str, Any]:
+def _output_text(output: Any) -> str:
+    """A call's output as text: a string, the text of a list of content parts, or JSON."""
+    if isinstance(output, str):
+        return output
+    if isinstance(output, list) and all(isinstance(part, dict) for part in output):
+        texts = [part.get("text") for part in output]
+        if all(isinstance(text, str) for text in texts):
+            return "".join(str(text) for text in texts)
+    return json.dumps(output)
+
+
+def _call_name(item: Mapping[str, Any], where: str) -> str:
+    """The tool name a call item names, flat when it names a namespace (as it was offered)."""
     name = item.get("name")
     if not isinstance(name, str):
         raise InvalidRequest(f"{where}.name must be of type str", param="input")
+    namespace = item.get("namespace")
+    return flat_name(namespace, name) if isinstance(namespace, str) else name
+
+
+def _custom_call(item: Mapping[str, Any], where: str) -> dict[str, Any]:
+    name = _call_name(item, where)
+    text = item.get("input")
+    if not isinstance(text, str):
+        raise InvalidRequest(f"{where}.input must be of type str", param="input")
+    call_id = item.get("call_id") or item.get("id") or ""
+    return {"id": call_id, "type": "custom", "custom": {"name": name, "input": text}}
+
+
+def _function_call(item: Mapping[str, Any], where: str) -> dict[str, Any]:
+    name = _call_name(item, where)
     arguments: Any = item.get("arguments") or "{}"
     if isinstance(arguments, str):
         with contextlib.suppress(ValueError):  # templates that want text get the text
@@ -205,6 +219,7 @@ def output_text(text: str) -> dict[str, Any]:
 
 
 def message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
+    """An assistant message item; `status` is `incomplete` when the budget cut it."""
     content = [] if text is None else [output_text(text)]
     return {
         "id": item_id,
@@ -218,14 +233,3 @@ def message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
 def reasoning_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
     summary = [] if text is None else [{"type": "summary_text", "text": text}]
     return {"id": item_id, "type": "reasoning", "status": status, "summary": summary}
-
-
-def function_call_item(item_id: str, call: ToolCall, status: str) -> dict[str, Any]:
-    return {
-        "id": item_id,
-        "type": "function_call",
-        "status": status,
-        "call_id": call.id,
-        "name": call.name,
-        "arguments": call.arguments,
-    }
