@@ -27,7 +27,7 @@ from typing import Any
 from modelhost.engine.engine import Engine, EngineConfig, share_the_gil_with_the_engine
 from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.inference.contracts import GrammarSpec
-from modelhost.inference.grammar_compile import ModelGrammars
+from modelhost.inference.grammars.compiler import ModelGrammars
 from modelhost.models.loaded import LoadedModel
 from modelhost.models.loading.loader import load_model
 

@@ -13,7 +13,7 @@ from modelhost.engine.sampling.grammar_masks import GrammarState, apply_masks
 from modelhost.engine.sampling.sampler import RowSamplingState, sample
 from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.inference.contracts import GrammarSpec
-from modelhost.inference.grammar_compile import GrammarInvalid, ModelGrammars
+from modelhost.inference.grammars.compiler import GrammarInvalid, ModelGrammars
 from modelhost.models.loaded import LoadedModel
 
 # A four-token vocabulary, padded to 40 logits as models pad their embeddings.

@@ -4,7 +4,7 @@ valid answer is a 400 naming the field and the minimum; one that fits passes."""
 from __future__ import annotations
 
 from modelhost.inference.contracts import GrammarSpec
-from modelhost.inference.grammar_compile import budget_refusal
+from modelhost.inference.grammars.compiler import budget_refusal
 
 SCHEMA = GrammarSpec("json_schema", "{}", field="response_format.json_schema")
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import xgrammar
 
-from modelhost.inference.grammar_compile import ModelGrammars
-from modelhost.inference.tool_choice import forced_call, lazy_tool_grammar
+from modelhost.inference.grammars.compiler import ModelGrammars
+from modelhost.inference.grammars.tool_choice import forced_call, lazy_tool_grammar
 from modelhost.models.loaded import LoadedModel
 
 pytestmark = pytest.mark.slow

@@ -52,18 +52,18 @@ from modelhost.inference.contracts import (
     Usage,
 )
 from modelhost.inference.defaults import ServingDefaults, requested_max_tokens, resolve_sampling
-from modelhost.inference.grammar_compile import (
+from modelhost.inference.grammars.compiler import (
     GrammarInvalid,
     GrammarUnavailable,
     ModelGrammars,
     budget_refusal,
 )
+from modelhost.inference.grammars.tool_choice import lazy_tool_grammar
 from modelhost.inference.image_prompt import BuiltPrompt, build_prompt
 from modelhost.inference.images import NO_FETCH, ImageLimits
 from modelhost.inference.media import check_media
 from modelhost.inference.prompt import tool_form
 from modelhost.inference.prompt_fit import answer_room, fit_prompt, trimmed_warning
-from modelhost.inference.tool_choice import lazy_tool_grammar
 from modelhost.models.loaded import LoadedModel
 
 if TYPE_CHECKING:

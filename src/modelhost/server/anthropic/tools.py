@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from modelhost.inference.contracts import GrammarSpec, InvalidRequest
-from modelhost.inference.tool_choice import forced_call
+from modelhost.inference.grammars.tool_choice import forced_call
 from modelhost.server.openai import fields
 from modelhost.server.tools_not_offered import forced_refusal
 

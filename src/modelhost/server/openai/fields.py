@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from modelhost.inference.contracts import GrammarSpec, InvalidRequest, SamplingRequest
-from modelhost.inference.tool_choice import forced_call
+from modelhost.inference.grammars.tool_choice import forced_call
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 _TYPE_NAMES = {bool: "bool", int: "int", float: "float", str: "str", dict: "dict", list: "list"}

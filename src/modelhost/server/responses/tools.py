@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from modelhost.inference.contracts import GrammarSpec, InvalidRequest
-from modelhost.inference.tool_choice import forced_call
+from modelhost.inference.grammars.tool_choice import forced_call
 from modelhost.server.tools_not_offered import forced_refusal
 from modelhost.text.tool_calls import ToolCall
 
