@@ -71,15 +71,12 @@ class GrammarSpec:
     xgrammar's structural tag as JSON text (structural_tag: tool calls in the built-in shape); a
     choice lists its strings in `choices`; json_object needs neither. `field` is the request field
     it came from, as the client wrote it (`response_format.json_schema`), for a 400 that names it.
-    `lazy`: free text is allowed until the grammar's trigger (a model left to choose a tool), so
-    the answer is not a value in itself (reasoning and content still split as usual).
     """
 
     kind: Literal["grammar", "json_schema", "json_object", "regex", "choice", "structural_tag"]
     source: str = ""
     choices: tuple[str, ...] = ()
     field: str = ""
-    lazy: bool = False
 
 
 @dataclass(frozen=True, slots=True)

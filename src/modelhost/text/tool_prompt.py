@@ -16,7 +16,8 @@ templating into one documented format (the README's "Tools every model sees"):
   user turn; not every one renders a `tool` role).
 
 The tool-call parser reads both call shapes for every family (text/tool_calls.py), and a
-request left to choose is held to each tool's schema once a call starts (inference/grammars/tool_choice.py).
+request left to choose is held to each tool's schema once a call starts
+(inference/grammars/tool_choice.py).
 
 Templates that do render tools keep their own format; a `custom` tool reaches them as a function
 of one string argument, `input` (`custom_as_function`), which the output split maps back.

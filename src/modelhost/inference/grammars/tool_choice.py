@@ -64,7 +64,7 @@ def lazy_tool_grammar(tools: Sequence[Mapping[str, Any]]) -> GrammarSpec | None:
     triggers = [CALL_OPEN] * bool(functions) + [INPUT_OPEN] * (len(tags) > len(functions))
     fmt = {"type": "triggered_tags", "triggers": triggers, "tags": tags}
     source = json.dumps({"type": "structural_tag", "format": fmt}, ensure_ascii=False)
-    return GrammarSpec("structural_tag", source, field="tools", lazy=True)
+    return GrammarSpec("structural_tag", source, field="tools")
 
 
 def _function_tag(function: Mapping[str, Any]) -> dict[str, Any]:
