@@ -43,7 +43,9 @@ def serve_flags() -> set[str]:
 
 
 def documented(page: Path, heading: str, pattern: re.Pattern[str]) -> set[str]:
-    return {found for cell in first_cells(section(page, heading)) for found in pattern.findall(cell)}
+    return {
+        found for cell in first_cells(section(page, heading)) for found in pattern.findall(cell)
+    }
 
 
 def test_every_serve_flag_is_in_the_flags_table_and_the_table_names_no_other() -> None:
@@ -97,9 +99,9 @@ def environment_variables_read() -> set[str]:
     names = set()
     for path in (ROOT / "src").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                if ENV_NAME.fullmatch(node.value):
-                    names.add(node.value)
+            is_text = isinstance(node, ast.Constant) and isinstance(node.value, str)
+            if is_text and ENV_NAME.fullmatch(node.value):
+                names.add(node.value)
     return names
 
 

@@ -2,7 +2,7 @@
 
 SmolLM2's and many fine-tunes' templates print only the turns and ignore `tools`, so the
 declarations would never reach the model. For those the conversation is rewritten before
-templating into one documented format (the README's "Tools every model sees"):
+templating into one documented format (docs/engine.md, "Tools every model sees"):
 
 - the system message gains a tool section: each tool as one JSON line (name, description and
   the JSON schema of its arguments, or the freeform format of a `custom` tool), and the exact
@@ -16,7 +16,8 @@ templating into one documented format (the README's "Tools every model sees"):
   user turn; not every one renders a `tool` role).
 
 The tool-call parser reads both call shapes for every family (text/tool_calls.py), and a
-request left to choose is held to each tool's schema once a call starts (inference/grammars/tool_choice.py).
+request left to choose is held to each tool's schema once a call starts
+(inference/grammars/tool_choice.py).
 
 Templates that do render tools keep their own format; a `custom` tool reaches them as a function
 of one string argument, `input` (`custom_as_function`), which the output split maps back.
