@@ -1,5 +1,6 @@
-"""The layers hold: no module imports a layer above its own (DESIGN.md's map, README "Layers"),
-no two files import each other round a circle, and no folder grows past a reader's glance.
+"""The layers hold: no module imports a layer above its own (DESIGN.md's map,
+CONTRIBUTING.md "Layers"), no two files import each other round a circle, and no folder grows
+past a reader's glance.
 
 A module may import its own package and any package ranked below it; packages of one rank sit
 beside each other and never import each other. Lazy imports inside functions and imports for

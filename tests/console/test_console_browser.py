@@ -2,7 +2,7 @@
 the embedded SmolLM2 and Gemma 3 behind one port, and a scripted model that says what a test
 needs it to say. One browser for the module; each test opens its own page.
 
-`MODELHOST_UPDATE_SCREENSHOT=1` also writes the README's screenshot (docs/console.png).
+`MODELHOST_UPDATE_SCREENSHOT=1` also writes docs/console.md's screenshot (docs/console.png).
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ from modelhost.models.modes import HELP as QUANTIZE_HELP
 from modelhost.models.modes import MODES
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """Every subcommand's parser (docs/configuration.md's flags table is checked against it)."""
     parser = argparse.ArgumentParser(prog="modelhost", description="local LLM inference server")
     subparsers = parser.add_subparsers(dest="command", required=True)
     serve = add_serve_parser(subparsers)
@@ -43,7 +44,11 @@ def main(argv: list[str] | None = None) -> int:
         "--threads", type=int, default=max(1, cores - 1),
         help="CPU threads for tensor math in each model's process (default: all cores but one)",
     )  # fmt: skip
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.command == "ls":
         return run_ls(args)
     if args.command == "pull":

@@ -132,7 +132,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         "weight kernels of every step (default: all cores)",
     )  # fmt: skip
     # A prompt's linears are bound by integer products: 8-bit activations (llama.cpp's) do half
-    # of them; benchmarks/README.md has the speed and the perplexity each costs.
+    # of them; benchmarks/README.md has the speed and the perplexity each costs (docs/engine.md).
     parser.add_argument(
         "--prompt-activations", choices=PROMPT_ACTIVATIONS, default="auto",
         metavar="{auto,8,16}",

@@ -5,8 +5,8 @@ ends its broken streams.
 Everything else reads them from here: the app's route table, the leasing middleware's routed
 paths, `GET /v1`'s endpoint list, and every refusal written outside a handler (the API key, the
 body limits, a model that cannot be leased, a worker that died). Adding a protocol is one folder
-beside `openai/` (its handlers and wire format) and one entry in `SURFACES` (README, "Adding a
-protocol surface").
+beside `openai/` (its handlers and wire format) and one entry in `SURFACES` (CONTRIBUTING.md,
+"Adding a protocol surface").
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 SmolLM2's and many fine-tunes' templates print only the turns and ignore `tools`, so the
 declarations would never reach the model. For those the conversation is rewritten before
-templating into one documented format (the README's "Tools every model sees"):
+templating into one documented format (docs/engine.md, "Tools every model sees"):
 
 - the system message gains a tool section: each tool as one JSON line (name, description and
   the JSON schema of its arguments, or the freeform format of a `custom` tool), and the exact
