@@ -52,6 +52,16 @@ def char_tokenizer() -> tokenizers.Tokenizer:
     return backend
 
 
+# A ChatML template that prints the tools it is given, one JSON line each: a test reads what the
+# model was offered (and the built-in tool prompt stays out: the template renders tools).
+TOOLS_TEMPLATE = (
+    "{% for tool in tools or [] %}{{ tool | tojson }}\n{% endfor %}"
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
 def scripted_model(
     model_id: str = "scripted-model",
     *,

@@ -11,7 +11,7 @@ from typing import Any
 
 import anthropic
 import pytest
-from scripted_engine import ScriptedEngine, scripted_model
+from scripted_engine import TOOLS_TEMPLATE, ScriptedEngine, scripted_model
 from starlette.applications import Starlette
 
 from modelhost.assembly import build_serving
@@ -69,12 +69,6 @@ CLAUDE_CODE_BODY: dict[str, Any] = {
     "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
     "metadata": {"user_id": "user_abc_account_1_session_2"},
 }  # fmt: skip
-TOOLS_TEMPLATE = (
-    "{% for tool in tools or [] %}{{ tool | tojson }}\n{% endfor %}"
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
 
 
 def anthropic_client(base_url: str) -> anthropic.Anthropic:

@@ -18,7 +18,7 @@ from openai.types.responses import (
     ResponseOutputItemAddedEvent,
     ResponseOutputItemDoneEvent,
 )
-from scripted_engine import ScriptedEngine, scripted_model
+from scripted_engine import TOOLS_TEMPLATE, ScriptedEngine, scripted_model
 from starlette.applications import Starlette
 
 from modelhost.inference.contracts import GrammarSpec, InferenceResult, Usage
@@ -82,13 +82,6 @@ CODEX_BODY: dict[str, Any] = {
     "prompt_cache_key": "019a-thread-id",
     "text": {"verbosity": "low"},
 }  # fmt: skip
-# A template that shows the tools it is given, so a test can read what the model was offered.
-TOOLS_TEMPLATE = (
-    "{% for tool in tools or [] %}{{ tool | tojson }}\n{% endfor %}"
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
 SPAWN_CALL = (
     "<tool_call>",
     '{"name": "multi_agent_v1__spawn_agent", "arguments": {"task": "run the tests"}}',

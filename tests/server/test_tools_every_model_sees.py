@@ -13,7 +13,7 @@ import anthropic
 import httpx
 import openai
 import pytest
-from scripted_engine import ScriptedEngine, scripted_model
+from scripted_engine import TOOLS_TEMPLATE, ScriptedEngine, scripted_model
 from starlette.applications import Starlette
 
 from modelhost.assembly import build_serving
@@ -135,13 +135,6 @@ def test_listings_say_a_model_reads_tools_because_it_does(
 # ---------------------------------------------------------------------------------------------
 # A scripted model under the built-in prompt: the calls it writes come back as calls
 
-CHATML_WITH_TOOLS = (
-    "{% if tools %}<|im_start|>tools\n{{ tools | tojson }}<|im_end|>\n{% endif %}"
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-
 
 def start(
     make_app: AppFactory, live_server: Any, script: tuple[str, ...], template: str | None = None
@@ -208,12 +201,12 @@ def test_a_model_left_to_choose_gets_a_grammar_that_waits_for_a_call(
 def test_a_template_that_renders_tools_keeps_its_own_format_and_no_lazy_grammar(
     make_app: AppFactory, live_server: Any
 ) -> None:
-    base_url, engine = start(make_app, live_server, ("Sunny.",), CHATML_WITH_TOOLS)
+    base_url, engine = start(make_app, live_server, ("Sunny.",), TOOLS_TEMPLATE)
     with openai.OpenAI(base_url=f"{base_url}/v1", api_key="x", max_retries=0) as client:
         client.chat.completions.create(model="m", messages=ASK, tools=[OPENAI_TOOL, APPLY_PATCH])
     [submission] = engine.submissions
     prompt = scripted_model().tokenizer.decode(submission.prompt_ids, False)
-    assert prompt.startswith('<|im_start|>tools\n[{"type": "function"')
+    assert prompt.startswith('{"type": "function"')
     assert '"name": "apply_patch"' in prompt  # a freeform tool, as a function of `input`
     assert "# Tools" not in prompt
     assert submission.params.grammar is None
