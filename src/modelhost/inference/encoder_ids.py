@@ -1,5 +1,6 @@
-"""Which model ids name sentence encoders, and the errors for asking the wrong kind of model:
-what the HTTP layer decides before any encoder is loaded, so without PyTorch."""
+"""Which model ids name sentence encoders, and the errors for asking the wrong kind of model
+(encoders, rerankers): what the HTTP layer decides before any encoder is loaded, so without
+PyTorch."""
 
 from __future__ import annotations
 
@@ -34,3 +35,21 @@ def not_an_embedding_model(model_id: str) -> InvalidRequest:
 
 def embedding_model_only(model_id: str) -> InvalidRequest:
     return InvalidRequest(embedding_model_only_message(model_id), param="model")
+
+
+# Rerankers (cross-encoders) serve /v1/rerank and nothing else; the same refusals both ways.
+
+
+def not_a_reranker_message(model_id: str) -> str:
+    return (
+        f'model "{model_id}" is not a reranker; serve a cross-encoder '
+        "(a BertForSequenceClassification folder) to use /v1/rerank"
+    )
+
+
+def reranker_only_message(model_id: str) -> str:
+    return f'model "{model_id}" is a reranker; it serves /v1/rerank only'
+
+
+def not_a_reranker(model_id: str) -> InvalidRequest:
+    return InvalidRequest(not_a_reranker_message(model_id), param="model")

@@ -1,6 +1,7 @@
 """Opening a model for serving by what its registry entry says it does, the same way in-process
 and in a worker: a generative model gets an engine and its stage; a companion (a sentence encoder
-serving `/v1/embeddings`, a Whisper model serving `/v1/audio/*`) its own stage.
+serving `/v1/embeddings`, a cross-encoder serving `/v1/rerank`, a Whisper model serving
+`/v1/audio/*`) its own stage.
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ def open_companion(path: Path, model_id: str, operations: Sequence[str]) -> Any:
         from modelhost.models.networks.bert import load_bert
 
         return EncoderStage(load_bert(Path(path), model_id))
+    if "rerank" in operations:
+        from modelhost.inference.rerank import RerankStage
+        from modelhost.models.networks.cross_encoder import load_cross_encoder
+
+        return RerankStage(load_cross_encoder(Path(path), model_id))
     if "transcribe" in operations:
         from modelhost.audio.transcriber import load_transcriber
 

@@ -12,7 +12,9 @@ Places, in order (the first to claim an id keeps it):
 Ids: `org/name` for Hugging Face layouts, the file stem for GGUF, the embedded ids as they are;
 a model in the hub cache also answers to the name a pull took (`hf.co/org/name:QUANT`).
 Besides generative models, an entry may be a sentence encoder (a BERT-family Hugging Face
-directory: `operations=("embed",)`) or a faster-whisper model directory (`("transcribe",)`).
+directory: `operations=("embed",)`), a cross-encoder (one whose config.json's `architectures`
+names a `...ForSequenceClassification`: `("rerank",)`) or a faster-whisper model directory
+(`("transcribe",)`).
 An id is only ever looked up among what a scan found, never turned into a path, and a file that
 resolves outside its root (a symlink out of the models folder) is skipped. Files a pull is
 still writing or checking (residency/pull/marker.py) are skipped too; a finished pull touches
@@ -60,6 +62,7 @@ from modelhost.models.loading.embedded import EMBEDDED, EMBEDDED_ENCODERS
 from modelhost.models.loading.footprint import held_bytes, unsupported_tensor
 from modelhost.models.loading.gguf_header import GGUFFile
 from modelhost.models.loading.hf_config import config_from_hf, read_json
+from modelhost.models.networks.cross_encoder_config import cross_encoder_refusal, is_cross_encoder
 from modelhost.models.vision.pairing import is_mmproj, mmproj_beside, reads_images
 from modelhost.paths import file_cache_key, modelhost_home
 from modelhost.residency.pull.marker import files_being_pulled
@@ -375,6 +378,7 @@ class ModelRegistry:
     ) -> ModelEntry:
         tensors = [t for f in files for t in _safetensors_tensors(f)]
         weights = sum(math.prod(dims) for _, _, dims in tensors) * 4  # encoders run in fp32
+        reranks = is_cross_encoder(raw)
         return ModelEntry(
             id=model_id,
             path=path,
@@ -383,7 +387,8 @@ class ModelRegistry:
             size_bytes=sum(f.stat().st_size for f in files),
             weights_bytes=weights,
             estimate_bytes=weights + _ENCODER_WORK_BYTES,
-            operations=("embed",),
+            operations=("rerank",) if reranks else ("embed",),
+            refusal=cross_encoder_refusal(raw) if reranks else None,
         )
 
     def _transcriber(self, model_id: str, path: Path) -> ModelEntry:
@@ -449,7 +454,7 @@ def gguf_refusal(gguf_file: GGUFFile) -> str | None:
 def hf_refusal(raw: dict[str, Any], tensors: Sequence[TensorEntry]) -> str | None:
     """Why a Hugging Face folder of this config.json and these tensors cannot be served."""
     if raw.get("model_type") in _ENCODER_TYPES:
-        return None
+        return cross_encoder_refusal(raw) if is_cross_encoder(raw) else None
     try:
         hf_model_config(raw)
     except UnservableArchitecture as exc:

@@ -20,7 +20,9 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from modelhost.inference.encoder_ids import (
     embedding_model_only_message,
+    not_a_reranker_message,
     not_an_embedding_model_message,
+    reranker_only_message,
 )
 from modelhost.residency.lease import Lease
 from modelhost.residency.registry import ModelEntry
@@ -85,7 +87,8 @@ class ModelRouter(Generic[U]):
         """The id that answers a request naming `named` for `need`.
 
         Raises ResidencyError("wrong-operation") for a local model that cannot do `need`, or
-        when no local model can."""
+        when no local model can; ("unknown-model") for a reranker named that is not local
+        (rerank clients name their model; there is no stand-in to answer for it)."""
         entry = self.registry.get(named) if named is not None else None
         if entry is not None:
             if need not in entry.operations:
@@ -96,6 +99,8 @@ class ModelRouter(Generic[U]):
             return entry.id
         if need == "generate":
             return self.current
+        if need == "rerank" and named is not None:
+            raise ResidencyError("unknown-model", f"The model '{named}' does not exist")
         current = self.registry.get(self.current)
         if current is not None and need in current.operations:
             return current.id
@@ -194,6 +199,12 @@ def cannot_message(entry: ModelEntry | None, need: str) -> str:
     name = entry.id if entry is not None else "the current model"
     if need == "embed":
         return not_an_embedding_model_message(name)
+    if need == "rerank" and entry is None:
+        return "no reranker is installed: serve a cross-encoder (BertForSequenceClassification)"
+    if need == "rerank":
+        return not_a_reranker_message(name)
+    if entry is not None and "rerank" in entry.operations:
+        return reranker_only_message(name)
     if need == "transcribe" and entry is None:
         return "no transcription model is installed: no local Whisper (faster-whisper) model"
     if need == "transcribe":

@@ -13,7 +13,7 @@ log = logging.getLogger("modelhost.models")
 
 class ResidencyError(Exception):
     """A model that cannot be leased. `code`: does-not-fit, load-failed, closed, in-use,
-    not-switchable, already-resident, wrong-operation, unsupported-model."""
+    not-switchable, already-resident, wrong-operation, unsupported-model, unknown-model."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)

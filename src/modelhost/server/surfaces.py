@@ -35,6 +35,7 @@ from modelhost.server.openai import completions as openai_completions
 from modelhost.server.openai import discovery
 from modelhost.server.openai import embedding_routes as embeddings
 from modelhost.server.openai.wire import COMPLETION_ERRORS, OPENAI_ERRORS
+from modelhost.server.rerank import routes as rerank
 from modelhost.server.responses import routes as openai_responses
 from modelhost.server.responses.forwarding import forward_turn
 from modelhost.server.responses.wire import RESPONSES_ERRORS
@@ -43,7 +44,7 @@ Endpoint = Callable[[Request], Awaitable[Response | EventStreamResponse]]
 Forward = Callable[[Scope, bytes], Awaitable[Forwarded]]
 KeepAlive = Callable[[bytes], float | None]
 ModelNames = Callable[[Any, Callable[[str], bool]], str]
-Operation = Literal["generate", "embed", "transcribe"]
+Operation = Literal["generate", "embed", "rerank", "transcribe"]
 GENERATE: Operation = "generate"
 
 
@@ -184,6 +185,13 @@ SURFACES = Surfaces(
         Surface(
             "openai-embeddings",
             (Route("POST", "/v1/embeddings", embeddings.create_embeddings, "embed"),),
+        ),
+        Surface(
+            "rerank",
+            (
+                Route("POST", "/v1/rerank", rerank.create_rerank, "rerank"),
+                Route("POST", "/rerank", rerank.create_rerank, "rerank"),
+            ),
         ),
         Surface(
             "decisions",

@@ -96,12 +96,21 @@ class BertEncoder(nn.Module):
         self.norm = nn.LayerNorm(hidden, eps=config.layer_norm_eps)
         self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_layers))
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Last hidden states [B, L, H] for right-padded ids; `attention_mask` [B, L] is 1 on
-        real tokens."""
+        real tokens; `token_type_ids` [B, L] tells a pair's segments apart (cross-encoders)."""
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-        # Single-segment input: token type 0 everywhere, as sentence encoders are used.
-        x = self.word(input_ids) + self.position(positions) + self.token_type.weight[0]
+        # Sentence encoders read one segment: token type 0 everywhere.
+        if token_type_ids is None:
+            types = self.token_type.weight[0]
+        else:
+            types = self.token_type(token_type_ids)
+        x = self.word(input_ids) + self.position(positions) + types
         x = self.norm(x)
         mask = attention_mask.bool()[:, None, None, :]
         for layer in self.layers:
@@ -127,7 +136,7 @@ _EMBEDDING_NAMES = {
 }
 
 
-def _our_name(name: str) -> str | None:
+def encoder_tensor_name(name: str) -> str | None:
     """Our parameter name for a Hugging Face BERT tensor; None for tensors we do not use."""
     name = name.removeprefix("bert.")
     stem, _, leaf = name.rpartition(".")
@@ -137,7 +146,7 @@ def _our_name(name: str) -> str | None:
         index, _, rest = stem.removeprefix("encoder.layer.").partition(".")
         if rest in _LAYER_NAMES:
             return f"layers.{index}.{_LAYER_NAMES[rest]}.{leaf}"
-    return None  # position_ids buffers, the pooler: sentence encoders mean-pool instead
+    return None  # position_ids buffers, the pooler and heads: not the encoder's own
 
 
 @dataclass(slots=True)
@@ -195,7 +204,8 @@ def load_bert(path: Path, model_id: str | None = None) -> EmbeddingModel:
     config = BertConfig.from_dir(path)
     network = BertEncoder(config)
     tensors = load_file(str(path / "model.safetensors"))
-    state = {ours: t for name, t in tensors.items() if (ours := _our_name(name)) is not None}
+    named = ((encoder_tensor_name(name), t) for name, t in tensors.items())
+    state = {ours: t for ours, t in named if ours is not None}
     missing, unexpected = network.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ValueError(f"{path}: missing tensors {missing}, unexpected {unexpected}")

@@ -8,7 +8,8 @@ lease the active model (when one is resident) so a change never runs on an
 engine being drained. The body is read once and replayed to the handler (or proxied to the
 worker process that serves the model); the handler finds its stage in the scope
 (`http.serving_stage`). A model that cannot be leased answers in the calling protocol's error
-shape: 502 `model_load_failed`, 503 `server_closing`, 400 otherwise; a client that leaves while
+shape: 502 `model_load_failed`, 503 `server_closing`, 404 `model_not_found` (a reranker
+that is not local), 400 otherwise; a client that leaves while
 its model loads gets 499 and leaves no lease behind.
 """
 
@@ -216,9 +217,12 @@ def residency_status(error: ResidencyError) -> tuple[int, dict[str, Any]]:
         status, kind = 502, "model_load_failed"
     elif error.code == "closed":
         status, kind = 503, "server_closing"
+    elif error.code == "unknown-model":
+        status, kind = 404, "invalid_request_error"
     else:
         status, kind = 400, "invalid_request_error"
-    body = {"message": error.message, "type": kind, "code": error.code}
-    if error.code in ("wrong-operation", "unsupported-model"):
+    code = "model_not_found" if error.code == "unknown-model" else error.code  # OpenAI's word
+    body = {"message": error.message, "type": kind, "code": code}
+    if error.code in ("wrong-operation", "unsupported-model", "unknown-model"):
         body["param"] = "model"
     return status, body

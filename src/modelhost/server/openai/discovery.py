@@ -126,8 +126,9 @@ def served_row(stage: Any) -> dict[str, Any]:
     """The row of the one model this app serves (a worker's, or `build_app`'s)."""
     if hasattr(stage, "card"):
         return model_row(stage.card())
-    operations = ("transcribe",) if hasattr(stage, "transcribe") else ("embed",)
-    return companion_row(stage.model_id, operations)
+    if hasattr(stage, "transcribe"):
+        return companion_row(stage.model_id, ("transcribe",))
+    return companion_row(stage.model_id, ("rerank",) if hasattr(stage, "rerank") else ("embed",))
 
 
 def listed_rows(listing: list[ListedModel]) -> list[dict[str, Any]]:
@@ -181,16 +182,22 @@ def resident_row(unit: Any) -> dict[str, Any]:
 
 
 def companion_row(model_id: str, operations: tuple[str, ...]) -> dict[str, Any]:
-    """An encoder's or a transcriber's row: what it does, and that it does not chat."""
+    """An encoder's, a reranker's or a transcriber's row: what it does, and that it does not
+    chat."""
     embeds, transcribes = "embed" in operations, "transcribe" in operations
+    reranks = "rerank" in operations
     capabilities: dict[str, bool] = {"chat_completions": False}
     if embeds:
         capabilities["embeddings"] = True
+    if reranks:
+        capabilities["rerank"] = True
     if transcribes:
         capabilities.update(transcription=True, translation=True)
     row: dict[str, Any] = {"id": model_id, "object": "model", "created": 0, "owned_by": "modelhost"}
     if embeds:
         row["embeddings"] = True
+    if reranks:
+        row["rerank"] = True
     if transcribes:
         row["transcription"] = True
     return {**row, "capabilities": capabilities}

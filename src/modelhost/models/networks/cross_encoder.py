@@ -1,0 +1,186 @@
+"""BERT cross-encoders (`BertForSequenceClassification` with one label): a query and a document
+read together as one pair, [CLS] query [SEP] document [SEP] with token types 0 then 1; the
+pooler (dense + tanh on [CLS]) and the classifier give one logit per pair.
+
+The score is what sentence-transformers' `CrossEncoder.predict` returns by default: the logit
+through the activation the model's config.json names, else a sigmoid (cross_encoder_config.py).
+A pair longer than the model's window is cut as Hugging Face tokenizers cut it
+(`truncation="longest_first"`), so ids match the reference's token for token.
+
+`CrossEncoderModel.score` runs many pairs as padded batches (attention mask, token types), as
+many pairs a forward as fit a token budget: a query with 100 short documents is one forward.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import tokenizers
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from modelhost.models.networks.bert import BertConfig, BertEncoder, encoder_tensor_name
+from modelhost.models.networks.cross_encoder_config import applies_sigmoid, cross_encoder_refusal
+
+# Padded tokens a forward: bounds its working memory (attention is rows x heads x L x L).
+BATCH_TOKENS = 16384
+_PAIR_SPECIALS = 3  # [CLS] q [SEP] d [SEP]
+
+
+class BertCrossEncoder(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.encoder = BertEncoder(config)
+        self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
+        self.classifier = nn.Linear(config.hidden_size, 1)
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """One logit per row [B] for right-padded pairs."""
+        hidden = self.encoder(input_ids, attention_mask, token_type_ids)
+        pooled = torch.tanh(self.pooler(hidden[:, 0]))
+        return self.classifier(pooled).squeeze(-1)
+
+
+def _tensor_name(name: str) -> str | None:
+    """Our parameter name for a Hugging Face BertForSequenceClassification tensor."""
+    if name.startswith("bert.pooler.dense."):
+        return "pooler." + name.removeprefix("bert.pooler.dense.")
+    if name.startswith("classifier."):
+        return name
+    ours = encoder_tensor_name(name)
+    return None if ours is None else f"encoder.{ours}"
+
+
+def longest_first(query: int, document: int, budget: int) -> tuple[int, int]:
+    """How many tokens of each side a pair keeps under `budget` (the window less its three
+    special tokens), as Hugging Face tokenizers' `longest_first` cuts: the shorter side whole
+    when it takes at most half, else both sides cut to halves (the second gets the odd token)."""
+    if query + document <= budget:
+        return query, document
+    swap = query > document
+    short, long = (document, query) if swap else (query, document)
+    long = short if short > budget else max(short, budget - short)
+    if short + long > budget:
+        short, long = budget // 2, budget // 2 + budget % 2
+    return (long, short) if swap else (short, long)
+
+
+@dataclass(frozen=True, slots=True)
+class Pair:
+    input_ids: list[int]
+    token_type_ids: list[int]
+
+
+@dataclass(slots=True)
+class CrossEncoderModel:
+    """A loaded cross-encoder: its id, tokenizer, network and how its logit becomes a score."""
+
+    id: str
+    path: Path
+    config: BertConfig
+    max_length: int  # the window a pair is cut to, special tokens included
+    sigmoid: bool
+    tokenizer: tokenizers.Tokenizer
+    network: BertCrossEncoder
+    cls_id: int
+    sep_id: int
+    pad_id: int
+    forwards: int = 0  # batched forwards run so far (tests and logs read it)
+
+    @property
+    def weights_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.network.parameters())
+
+    def tokens(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def pair(self, query: Sequence[int], document: Sequence[int]) -> Pair:
+        """[CLS] query [SEP] document [SEP], cut to the window, with its token types."""
+        keep_q, keep_d = longest_first(len(query), len(document), self.max_length - _PAIR_SPECIALS)
+        first = [self.cls_id, *query[:keep_q], self.sep_id]
+        second = [*document[:keep_d], self.sep_id]
+        return Pair([*first, *second], [0] * len(first) + [1] * len(second))
+
+    @torch.inference_mode()
+    def score(self, pairs: Sequence[Pair]) -> list[float]:
+        """One score per pair, in order, as few padded forwards as BATCH_TOKENS allows."""
+        scores: list[float] = []
+        start = 0
+        while start < len(pairs):
+            end, longest = start, 0
+            while end < len(pairs):
+                longest_with = max(longest, len(pairs[end].input_ids))
+                if end > start and longest_with * (end - start + 1) > BATCH_TOKENS:
+                    break
+                longest, end = longest_with, end + 1
+            scores.extend(self._forward(pairs[start:end], longest))
+            start = end
+        return scores
+
+    def _forward(self, pairs: Sequence[Pair], length: int) -> list[float]:
+        ids = torch.full((len(pairs), length), self.pad_id, dtype=torch.long)
+        types = torch.zeros((len(pairs), length), dtype=torch.long)
+        mask = torch.zeros((len(pairs), length), dtype=torch.long)
+        for row, pair in enumerate(pairs):
+            n = len(pair.input_ids)
+            ids[row, :n] = torch.tensor(pair.input_ids, dtype=torch.long)
+            types[row, :n] = torch.tensor(pair.token_type_ids, dtype=torch.long)
+            mask[row, :n] = 1
+        self.forwards += 1
+        logits = self.network(ids, mask, types)
+        return (torch.sigmoid(logits) if self.sigmoid else logits).tolist()
+
+
+def _max_length(path: Path, config: BertConfig) -> int:
+    """The tokenizer's `model_max_length` (what CrossEncoder cuts to), within the positions."""
+    window = config.max_position_embeddings
+    tokenizer_config = path / "tokenizer_config.json"
+    if tokenizer_config.is_file():
+        declared = json.loads(tokenizer_config.read_text()).get("model_max_length")
+        if isinstance(declared, int) and 0 < declared < window:
+            window = declared
+    return window
+
+
+def load_cross_encoder(path: Path, model_id: str | None = None) -> CrossEncoderModel:
+    """A cross-encoder from a folder with config.json, model.safetensors, tokenizer.json."""
+    raw = json.loads((path / "config.json").read_text())
+    refusal = cross_encoder_refusal(raw)
+    if refusal is not None:
+        raise ValueError(f"{path}: {refusal}")
+    config = BertConfig.from_dir(path)
+    network = BertCrossEncoder(config)
+    tensors = load_file(str(path / "model.safetensors"))
+    state = {ours: t for name, t in tensors.items() if (ours := _tensor_name(name)) is not None}
+    missing, unexpected = network.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{path}: missing tensors {missing}, unexpected {unexpected}")
+    network.float().eval()
+    tokenizer = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
+    tokenizer.no_padding()  # we pad per batch, to the longest pair
+    tokenizer.no_truncation()  # and cut pairs ourselves, longest first
+
+    def special(token: str) -> int:
+        token_id = tokenizer.token_to_id(token)
+        if token_id is None:
+            raise ValueError(f"{path}: the tokenizer has no {token}")
+        return token_id
+
+    return CrossEncoderModel(
+        id=model_id or path.name,
+        path=path,
+        config=config,
+        max_length=_max_length(path, config),
+        sigmoid=applies_sigmoid(raw),
+        tokenizer=tokenizer,
+        network=network,
+        cls_id=special("[CLS]"),
+        sep_id=special("[SEP]"),
+        pad_id=special("[PAD]"),
+    )
