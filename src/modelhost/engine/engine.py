@@ -99,6 +99,9 @@ class EngineConfig:
     block_size: int = BLOCK_TOKENS
     max_num_batched_tokens: int = 512  # tokens per step: the prefill chunk size
     context_length: int | None = None  # None: the model's own window
+    # `context_length` is the window the model budget holds (assembly.served_window): the
+    # pool's default ceiling holds one whole window of it (kv_pool_size.default_kv_bytes).
+    budgeted_window: bool = False
     # Intra-op threads for steps that compute at least PROMPT_THREADS_MIN_TOKENS prompt tokens
     # (big matmuls), and the native weight kernels' threads in every step; None: every step on
     # the thread count already set, the native kernels on all cores.
@@ -116,7 +119,13 @@ class EngineConfig:
         token_bytes = model.config.kv_bytes_per_token(model.cache_dtype.itemsize)
         budget = self.kv_cache_bytes
         if budget is None:
-            budget = default_kv_bytes(token_bytes, context_length, self.block_size, self.batch)
+            budget = default_kv_bytes(
+                token_bytes,
+                context_length,
+                self.block_size,
+                self.batch,
+                budgeted=self.budgeted_window and grows_on(model.device),
+            )
         return max(2, budget // (self.block_size * token_bytes))
 
 
