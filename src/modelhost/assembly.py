@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from modelhost.engine.kv.kv_format import kv_token_bytes
+from modelhost.engine.kv.kv_format import kv_token_bytes, parse_kv_format
 from modelhost.inference.admission import (
     BYTES_PER_GB,
     AdmissionPolicy,
@@ -162,6 +162,7 @@ def build_stage(
         max_num_batched_tokens=settings.chunk_tokens,
         context_length=policy.context_window,
         budgeted_window=settings.model_budget_bytes is not None,
+        kv_cache=parse_kv_format(settings.kv_cache),
         prompt_threads=settings.prompt_threads,
         prompt_activations=settings.prompt_activations,
         speculate=speculate_mode(settings.speculate),

@@ -30,6 +30,10 @@ def add_ls_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
     parser.add_argument("--model-budget", type=float, default=None, metavar="GB")
     parser.add_argument("--quantize", choices=MODES, default=None, help=QUANTIZE_HELP)
     parser.add_argument(
+        "--kv-cache", choices=("f16", "q8"), default="f16",
+        help="the KV format the estimates and windows assume (as `serve --kv-cache`)",
+    )  # fmt: skip
+    parser.add_argument(
         "--url", default=DEFAULT_URL, help="a running server to ask what is resident"
     )
     return parser
@@ -47,6 +51,7 @@ def run_ls(args: argparse.Namespace) -> int:
         dtype_bytes=2 if cuda_available() else 4,
         quantize=quantize_mode(args),
         model_budget_bytes=budget,  # the window each model gets: the largest this budget holds
+        kv_cache=args.kv_cache,
     )
     entries = ModelRegistry(args.paths, shape=shape).entries()
     served = _served_rows(args.url)

@@ -78,6 +78,12 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         "up to the model's trained length)",
     )  # fmt: skip
     parser.add_argument(
+        "--kv-cache", choices=("f16", "q8"), default="f16",
+        help="how the KV cache holds keys and values: f16 (default: 16 bits; fp32 with "
+        "--quantize none) or q8 (int8 with a scale per token and head: about half the bytes a "
+        "token, so twice the context in the same memory)",
+    )  # fmt: skip
+    parser.add_argument(
         "--context-overflow", choices=("error", "truncate"), default="error",
         help="a prompt that leaves no room to generate: error (default: a 400 in each client's "
         "own words, which coding agents read as a cue to compact) or truncate (drop the oldest "
