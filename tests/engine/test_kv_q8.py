@@ -40,12 +40,14 @@ def remembered_list(model: LoadedModel) -> list[int]:
     return model.tokenizer.encode(f"Remember this list: {text} Which item came first?")
 
 
-def test_q8_slots_read_back_within_a_step_of_their_scale() -> None:
+def test_q8_slots_read_back_within_half_a_step_of_their_groups_scale() -> None:
     torch.manual_seed(0)
     kv = torch.randn(5, 2, 3, 64) * 4
-    back = kv_q8.dequantize(kv_q8.quantize(kv))
-    step = kv.abs().amax(dim=-1, keepdim=True) / 127
-    assert torch.all((back - kv).abs() <= step / 2 + 1e-6)
+    back = kv_q8.dequantize(kv_q8.quantize(kv), 64)
+    step = kv.unflatten(-1, (2, 32)).abs().amax(dim=-1, keepdim=True) / 127
+    error = (back - kv).unflatten(-1, (2, 32)).abs()
+    # Half a step, and a little more where the bf16 scale rounded down clamps the largest.
+    assert torch.all(error <= step * 0.51 + 1e-6)
 
 
 async def test_greedy_tokens_from_an_8_bit_cache_match_the_16_bit_ones(
@@ -60,7 +62,8 @@ async def test_greedy_tokens_from_an_8_bit_cache_match_the_16_bit_ones(
 def test_a_token_costs_about_half_the_bytes_in_an_8_bit_cache(smollm2: LoadedModel) -> None:
     config = smollm2.config
     sixteen, eight = kv_token_bytes(config, 2, "f16"), kv_token_bytes(config, 2, "q8")
-    assert eight == sixteen // 2 + 2 * config.num_layers * config.num_kv_heads * 4
+    scales = 2 * (config.head_dim // 32)  # an bf16 scale for each group of 32
+    assert eight == sixteen // 2 + 2 * config.num_layers * config.num_kv_heads * scales
     assert eight <= 0.55 * sixteen
 
 

@@ -319,7 +319,7 @@ class Attention(nn.Module):
             pool.index_copy_(0, batch.slot_mapping, kv_q8.quantize(new_kv))
             gathered = gathered.index_select(0, batch.kv_blocks.view(-1))
             slots = gathered.view(rows, -1, 2, kv_heads, kv_q8.slot_width(head_dim))
-            gathered = kv_q8.dequantize(slots)
+            gathered = kv_q8.dequantize(slots, head_dim)
         else:
             pool.index_copy_(0, batch.slot_mapping, new_kv.to(pool.dtype))
             gathered = gathered.index_select(0, batch.kv_blocks.view(-1)).to(qkv.dtype)
