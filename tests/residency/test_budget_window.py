@@ -108,3 +108,24 @@ def test_the_engine_serves_the_window_the_budget_holds(long_tiny: Path) -> None:
         assert stage.policy.context_window == 1500
     finally:
         stage.close()
+
+
+def test_a_worker_is_told_the_model_budget_and_the_kv_format() -> None:
+    from modelhost.serve_config import WorkerConfig
+
+    config = WorkerConfig(ServeSettings(model_budget_bytes=3 * 10**9, kv_cache="q8"))
+    settings = WorkerConfig.from_json(config.to_json()).settings
+    assert (settings.model_budget_bytes, settings.kv_cache) == (3 * 10**9, "q8")
+
+
+def test_serve_reads_the_kv_format_and_the_model_budget_from_its_arguments() -> None:
+    import argparse
+
+    from modelhost.cli.serve_args import add_serve_parser
+    from modelhost.serve_config import settings_from_args
+
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["serve", "--kv-cache", "q8", "--model-budget", "2.5"])
+    settings = settings_from_args(args)
+    assert (settings.kv_cache, settings.model_budget_bytes) == ("q8", 2_500_000_000)
