@@ -3,13 +3,14 @@
     .venv/bin/python benchmarks/engine.py [--models smollm2-135m-instruct gemma-3-270m]
                                           [--modes none auto] [--streams 1 4 8 16]
                                           [--threads N] [--prompt-threads N] [--tokens 128]
-                                          [--out FILE]
+                                          [--kv-cache f16 q8] [--out FILE]
 
 Runs the engine directly (no HTTP), greedy, EOS ignored so every stream makes its full length.
 Each `--modes` entry loads the model with that CPU linear mode (loading/quant.py); with several,
-the table adds each mode's ratio to the first, measured in the same run. Prints a table and writes
-JSON (default benchmarks/results/engine-<time>.json). These machines are shared and noisy: compare
-ratios within one run, not figures across runs.
+the table adds each mode's ratio to the first, measured in the same run; each `--kv-cache`
+entry holds the KV pool in that format (`serve --kv-cache`), with the same ratios to the first.
+Prints a table and writes JSON (default benchmarks/results/engine-<time>.json). These machines
+are shared and noisy: compare ratios within one run, not figures across runs.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 import torch
 
 from modelhost.engine.engine import Engine, EngineConfig, share_the_gil_with_the_engine
+from modelhost.engine.kv.kv_format import KV_FORMATS, KVFormat
 from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.models.loaded import LoadedModel
 from modelhost.models.loading.loader import load_model
@@ -49,8 +51,15 @@ async def timed_stream(engine: Engine, prompt: list[int], max_tokens: int) -> tu
     return first or 0.0, time.perf_counter() - started
 
 
-async def measure(model: LoadedModel, args: argparse.Namespace) -> dict[str, float]:
-    config = EngineConfig(batch=16, max_num_batched_tokens=512, prompt_threads=args.prompt_threads)
+async def measure(
+    model: LoadedModel, args: argparse.Namespace, kv_cache: KVFormat = "f16"
+) -> dict[str, float]:
+    config = EngineConfig(
+        batch=16,
+        max_num_batched_tokens=512,
+        prompt_threads=args.prompt_threads,
+        kv_cache=kv_cache,
+    )
     engine = Engine(model, config)
     try:
         await timed_stream(engine, prompt_of(model, 32, 0), 4)  # warm-up
@@ -90,16 +99,23 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=max(1, cores - 1))
     parser.add_argument("--prompt-threads", type=int, default=cores)
     parser.add_argument("--tokens", type=int, default=128, help="generated tokens per stream")
+    parser.add_argument("--kv-cache", nargs="+", default=["f16"], choices=KV_FORMATS)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     share_the_gil_with_the_engine()  # as `modelhost serve` does where engines run
     torch.set_num_threads(args.threads)
     results: dict[str, dict[str, float]] = {}
+    bases: dict[str, str] = {}  # each row's first row of the same model, its ratios' base
     for name in args.models:
         for mode in args.modes:
             model = load_model(name, quantize=mode)
-            key = name if mode is None else f"{name}:{mode}"
-            results[key] = {"load_s": model.load_seconds, **asyncio.run(measure(model, args))}
+            for kv_cache in args.kv_cache:
+                key = name if mode is None else f"{name}:{mode}"
+                key += "" if len(args.kv_cache) == 1 else f":kv-{kv_cache}"
+                bases[key] = bases.get(name, key)
+                bases.setdefault(name, key)
+                figures = asyncio.run(measure(model, args, kv_cache))
+                results[key] = {"load_s": model.load_seconds, **figures}
             del model
     columns = ["load_s", "prefill_tok_s", "decode_tok_s"] + [
         f"aggregate_{n}_tok_s" for n in args.streams
@@ -107,10 +123,10 @@ def main() -> None:
     print(f"{'model':<30}" + "".join(f"{c.removesuffix('_tok_s'):>14}" for c in columns))
     for key, row in results.items():
         print(f"{key:<30}" + "".join(f"{row[c]:>14.1f}" for c in columns))
-        base = results[key.split(":")[0] + (f":{args.modes[0]}" if args.modes[0] else "")]
+        base = results[bases[key]]
         if row is not base:
             ratios = "".join(f"{row[c] / base[c]:>13.2f}x" for c in columns)
-            print(f"{'  ratio to ' + str(args.modes[0]):<30}" + ratios)
+            print(f"{'  ratio to ' + bases[key]:<30}" + ratios)
     out = args.out or Path(__file__).parent / "results" / f"engine-{int(time.time())}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {

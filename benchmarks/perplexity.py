@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/perplexity.py [--models ...] [--modes none int8 auto int4]
     .venv/bin/python benchmarks/perplexity.py --modes auto --prompt-activations 16 8
+    .venv/bin/python benchmarks/perplexity.py --modes auto --kv-cache f16 q8
 
 For each model and mode: perplexity of a fixed public-domain text (one pass through the
 model's own forward and paged cache, every position computed as generated tokens are), and
@@ -16,6 +17,11 @@ bits and whose window rows (the ones scored) at 16, as a prompt's last token is;
 every row at 8 bits, the LM head's included (llama.cpp's way, a bound). The greedy
 continuations then come from an engine with that setting (the prompts' tokens before their last
 at those bits), compared with the mode's own 16-bit ones.
+
+With `--kv-cache`, each mode also runs with those KV formats (`modelhost serve --kv-cache`): the
+text's perplexity with its keys and values read back from that cache (each position attends to
+the cached form of every earlier one, its own included), and greedy continuations against the
+mode's 16-bit ones.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from pathlib import Path
 import torch
 
 from modelhost.engine.engine import Engine, EngineConfig, share_the_gil_with_the_engine
+from modelhost.engine.kv.kv_format import KV_FORMATS, KVFormat
 from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.engine.scheduler import ScheduledRow, SchedulerOutput
 from modelhost.engine.sequence import Sequence
@@ -87,10 +94,13 @@ PROMPTS = [
 ]
 
 
-def prompt_logits(model: LoadedModel, ids: list[int], coarse: bool = False) -> torch.Tensor:
+def prompt_logits(
+    model: LoadedModel, ids: list[int], coarse: bool = False, kv_cache: KVFormat = "f16"
+) -> torch.Tensor:
     """Logits at every position of one forward; with `coarse` every row at 8 bits (the LM
-    head's included)."""
-    engine = Engine(model, EngineConfig(batch=1, max_num_batched_tokens=len(ids)))
+    head's included); keys and values held in the `kv_cache` format."""
+    config = EngineConfig(batch=1, max_num_batched_tokens=len(ids), kv_cache=kv_cache)
+    engine = Engine(model, config)
     try:
         seq = Sequence.from_prompt(0, ids, SamplingParams())
         engine.block_manager.append_slots(seq, len(ids))
@@ -147,16 +157,18 @@ def all_coarse_perplexity(model: LoadedModel) -> float:
     return math.exp(nll.item())
 
 
-def perplexity(model: LoadedModel) -> tuple[float, int]:
+def perplexity(model: LoadedModel, kv_cache: KVFormat = "f16") -> tuple[float, int]:
     ids = model.tokenizer.encode(TEXT)
-    logits = prompt_logits(model, ids)
+    logits = prompt_logits(model, ids, kv_cache=kv_cache)
     nll = torch.nn.functional.cross_entropy(logits[:-1].float(), torch.tensor(ids[1:]))
     return math.exp(nll.item()), len(ids)
 
 
-def greedy(model: LoadedModel, num_tokens: int, bits: int = 16) -> list[list[int]]:
+def greedy(
+    model: LoadedModel, num_tokens: int, bits: int = 16, kv_cache: KVFormat = "f16"
+) -> list[list[int]]:
     async def run() -> list[list[int]]:
-        engine = Engine(model, EngineConfig(batch=8, prompt_activations=bits))
+        engine = Engine(model, EngineConfig(batch=8, prompt_activations=bits, kv_cache=kv_cache))
         params = SamplingParams(temperature=0, max_tokens=num_tokens, ignore_eos=True)
         try:
             out = []
@@ -209,6 +221,10 @@ def main() -> None:
         "--prompt-activations", nargs="+", type=int, choices=(8, 16), default=[],
         help="also score each mode with these bits of unread prompt rows (see above)",
     )  # fmt: skip
+    parser.add_argument(
+        "--kv-cache", nargs="+", choices=KV_FORMATS, default=[],
+        help="also score each mode with its keys and values in these KV formats",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     share_the_gil_with_the_engine()  # as `modelhost serve` does where engines run
@@ -236,6 +252,17 @@ def main() -> None:
                 results[name][mode]["prompt_activations"] = by_bits(
                     model, args.prompt_activations, args.tokens, continuations
                 )
+            for kv_cache in args.kv_cache:
+                kv_ppl, _ = perplexity(model, kv_cache)
+                same, prefix = agreement(
+                    greedy(model, args.tokens, kv_cache=kv_cache), continuations
+                )
+                results[name][mode].setdefault("kv_cache", {})[kv_cache] = {
+                    "perplexity": kv_ppl,
+                    "change": kv_ppl / ppl - 1,
+                    "greedy_identical": same,
+                    "mean_tokens_before_divergence": prefix,
+                }
             del model
     print(f"{'model':<24}{'mode':>6}{'ppl':>10}{'greedy same':>13}{'agree tok':>11}{'MB':>9}")
     for name, modes in results.items():
@@ -258,6 +285,15 @@ def main() -> None:
                         if "all_rows_perplexity" in figures
                         else ""
                     )
+                )
+    for name, modes in results.items():
+        for mode, row in modes.items():
+            for kv_cache, figures in row.get("kv_cache", {}).items():
+                print(
+                    f"{name:<24}{mode:>6} KV {kv_cache}: ppl {figures['perplexity']:.3f} "
+                    f"({figures['change']:+.3%} against 16-bit), greedy same "
+                    f"{figures['greedy_identical']}/{len(PROMPTS)} "
+                    f"({figures['mean_tokens_before_divergence']:.1f} tokens agree)"
                 )
     out = args.out or Path(__file__).parent / "results" / f"perplexity-{int(time.time())}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

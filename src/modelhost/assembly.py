@@ -19,7 +19,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from modelhost.inference.admission import BYTES_PER_GB, AdmissionPolicy, plan_memory
+from modelhost.engine.kv.kv_format import kv_token_bytes, parse_kv_format
+from modelhost.inference.admission import (
+    BYTES_PER_GB,
+    AdmissionPolicy,
+    budget_window,
+    plan_memory,
+)
 from modelhost.inference.contracts import Overflow
 from modelhost.residency.registry import ModelEntry
 from modelhost.residency.router import ModelRouter
@@ -50,23 +56,45 @@ if TYPE_CHECKING:
 # A stage, and one model's app
 
 
+def kv_token_bytes_of(model: LoadedModel, settings: ServeSettings) -> int:
+    """What a token's keys and values cost in `model`'s KV pool, in the --kv-cache format."""
+    return kv_token_bytes(model.config, model.cache_dtype.itemsize, settings.kv_cache)
+
+
+def served_window(model: LoadedModel, settings: ServeSettings, *, rows: int) -> int:
+    """The window `model` is served at: the largest its model budget holds (weights, a full
+    window of KV and a step's working memory) up to its trained length, or --context-length
+    when smaller. On CUDA, whose pool is preallocated, the trained length (or the flag)."""
+    budget = settings.model_budget_bytes if model.device.type == "cpu" else None
+    return budget_window(
+        model.config,
+        weights_bytes=model.weights_bytes,
+        dtype_bytes=model.dtype.itemsize,
+        kv_token_bytes=kv_token_bytes_of(model, settings),
+        budget_bytes=budget,
+        context_length=settings.context_length,
+        chunk_tokens=settings.chunk_tokens,
+        rows=rows,
+    )
+
+
 def admission_policy(model: LoadedModel, settings: ServeSettings, *, rows: int) -> AdmissionPolicy:
-    """The ceilings for `model`: its window (or --context-length) and the --memory-budget, and
-    what a prompt over them gets (--context-overflow).
+    """The ceilings for `model`: its window (served_window: the model budget's, or
+    --context-length) and the --memory-budget, and what a prompt over them gets
+    (--context-overflow).
 
     Raises BudgetTooSmall when the budget cannot hold the weights and any context.
     """
-    window = model.config.context_length
-    flagged = settings.context_length is not None and settings.context_length < window
-    if flagged:
-        window = settings.context_length  # type: ignore[assignment]
+    window = served_window(model, settings, rows=rows)
+    trained = model.config.context_length
+    flagged = settings.context_length is not None and settings.context_length == window < trained
     memory = None
     if settings.memory_budget_gb is not None:
         memory = plan_memory(
             model.config,
             weights_bytes=model.weights_bytes,
             dtype_bytes=model.dtype.itemsize,
-            kv_dtype_bytes=model.cache_dtype.itemsize,
+            kv_token_bytes=kv_token_bytes_of(model, settings),
             memory_budget_bytes=int(settings.memory_budget_gb * BYTES_PER_GB),
             chunk_tokens=settings.chunk_tokens,
             rows=rows,
@@ -132,7 +160,9 @@ def build_stage(
         max_queue=max_queue,
         kv_cache_bytes=policy.memory.kv_bytes if policy.memory is not None else None,
         max_num_batched_tokens=settings.chunk_tokens,
-        context_length=settings.context_length,
+        context_length=policy.context_window,
+        budgeted_window=settings.model_budget_bytes is not None,
+        kv_cache=parse_kv_format(settings.kv_cache),
         prompt_threads=settings.prompt_threads,
         prompt_activations=settings.prompt_activations,
         speculate=speculate_mode(settings.speculate),

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from modelhost.engine.kv.kv_format import parse_kv_format
 from modelhost.engine.prompt_activations import parse_prompt_activations
 from modelhost.inference.admission import BYTES_PER_GB
 from modelhost.models.modes import default_mode
@@ -37,6 +38,8 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
     return ServeSettings(
         heartbeat_s=args.heartbeat,
         memory_budget_gb=args.memory_budget,
+        model_budget_bytes=model_budget_bytes(args),
+        kv_cache=parse_kv_format(getattr(args, "kv_cache", "f16")),
         context_length=args.context_length,
         context_overflow=getattr(args, "context_overflow", "error"),
         max_tokens=args.max_tokens,
@@ -57,6 +60,12 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         console=not getattr(args, "no_console", False),
         image_urls=bool(getattr(args, "image_urls", False)),
     )
+
+
+def model_budget_bytes(args: argparse.Namespace) -> int:
+    """--model-budget in bytes; without it, the default (70% of memory)."""
+    gb = getattr(args, "model_budget", None)
+    return int(gb * BYTES_PER_GB) if gb else default_budget_bytes()
 
 
 def kv_disk_bytes(args: argparse.Namespace) -> int:
@@ -123,6 +132,8 @@ def serving_shape(args: argparse.Namespace, settings: ServeSettings) -> ServingS
         memory_budget_bytes=int(budget * BYTES_PER_GB) if budget is not None else None,
         quantize=quantize_mode(args),
         kv_store=settings.kv_disk_bytes > 0,
+        model_budget_bytes=settings.model_budget_bytes,
+        kv_cache=settings.kv_cache,
     )
 
 

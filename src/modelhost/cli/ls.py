@@ -30,6 +30,10 @@ def add_ls_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
     parser.add_argument("--model-budget", type=float, default=None, metavar="GB")
     parser.add_argument("--quantize", choices=MODES, default=None, help=QUANTIZE_HELP)
     parser.add_argument(
+        "--kv-cache", choices=("f16", "q8"), default="f16",
+        help="the KV format the estimates and windows assume (as `serve --kv-cache`)",
+    )  # fmt: skip
+    parser.add_argument(
         "--url", default=DEFAULT_URL, help="a running server to ask what is resident"
     )
     return parser
@@ -43,12 +47,18 @@ def run_ls(args: argparse.Namespace) -> int:
     from modelhost.serve_config import cuda_available, default_budget_bytes, quantize_mode
 
     budget = int(args.model_budget * BYTES_PER_GB) if args.model_budget else default_budget_bytes()
-    shape = ServingShape(dtype_bytes=2 if cuda_available() else 4, quantize=quantize_mode(args))
+    shape = ServingShape(
+        dtype_bytes=2 if cuda_available() else 4,
+        quantize=quantize_mode(args),
+        model_budget_bytes=budget,  # the window each model gets: the largest this budget holds
+        kv_cache=args.kv_cache,
+    )
     entries = ModelRegistry(args.paths, shape=shape).entries()
     served = _served_rows(args.url)
     resident = None if served is None else {row["id"]: row for row in served}
     rows = [
-        ("ID", "FORMAT", "ARCH", "SUPPORTED", "VISION", "SIZE", "WEIGHTS", "ESTIMATE", "FITS")
+        ("ID", "FORMAT", "ARCH", "SUPPORTED", "VISION", "SIZE", "WEIGHTS", "ESTIMATE", "WINDOW")
+        + ("FITS",)
         + ("RESIDENT",)
     ]
     for entry in entries:
@@ -64,6 +74,7 @@ def run_ls(args: argparse.Namespace) -> int:
                 _gb(entry.size_bytes),
                 _gb(entry.weights_bytes),
                 _gb(entry.estimate_bytes),
+                str(entry.context_length or "-"),
                 "refused" if entry.refusal is not None else fits,
                 "-" if resident is None else _resident_cell(resident.get(entry.id)),
             )
@@ -81,6 +92,7 @@ def run_ls(args: argparse.Namespace) -> int:
                     _gb(int(remote.get("size_bytes", 0))),
                     "?",
                     _gb(int(remote.get("estimate_bytes", 0))),
+                    str(remote.get("context_length") or "?"),
                     "?",
                     _resident_cell(remote),
                 )

@@ -72,7 +72,17 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         "prompts' KV across model switches and restarts (default: 8, at most a tenth of the "
         "free disk; 0 turns it off)",
     )  # fmt: skip
-    parser.add_argument("--context-length", type=int, default=None, metavar="N")
+    parser.add_argument(
+        "--context-length", type=int, default=None, metavar="N",
+        help="a ceiling on every model's window (default: the largest the model budget holds, "
+        "up to the model's trained length)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--kv-cache", choices=("f16", "q8"), default="f16",
+        help="how the KV cache holds keys and values: f16 (default: 16 bits; fp32 with "
+        "--quantize none) or q8 (int8 with a scale per token and head: about half the bytes a "
+        "token, so twice the context in the same memory)",
+    )  # fmt: skip
     parser.add_argument(
         "--context-overflow", choices=("error", "truncate"), default="error",
         help="a prompt that leaves no room to generate: error (default: a 400 in each client's "

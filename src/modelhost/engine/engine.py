@@ -36,6 +36,7 @@ from modelhost.engine.events import (
     QueueFull,
 )
 from modelhost.engine.kv.block_manager import BlockManager
+from modelhost.engine.kv.kv_format import KVFormat, kv_token_bytes
 from modelhost.engine.kv.kv_memory import grows_on
 from modelhost.engine.kv.kv_pool_size import BLOCK_TOKENS, IDLE_KV_BYTES, default_kv_bytes
 from modelhost.engine.kv.prefix_persistence import PrefixPersistence, kv_layout
@@ -99,6 +100,12 @@ class EngineConfig:
     block_size: int = BLOCK_TOKENS
     max_num_batched_tokens: int = 512  # tokens per step: the prefill chunk size
     context_length: int | None = None  # None: the model's own window
+    # `context_length` is the window the model budget holds (assembly.served_window): the
+    # pool's default ceiling holds one whole window of it (kv_pool_size.default_kv_bytes).
+    budgeted_window: bool = False
+    # How the pool holds keys and values (engine/kv/kv_format.py): f16 (the model's cache
+    # dtype) or q8 (int8 with a scale per token and head: ~half the bytes). --kv-cache.
+    kv_cache: KVFormat = "f16"
     # Intra-op threads for steps that compute at least PROMPT_THREADS_MIN_TOKENS prompt tokens
     # (big matmuls), and the native weight kernels' threads in every step; None: every step on
     # the thread count already set, the native kernels on all cores.
@@ -112,11 +119,21 @@ class EngineConfig:
     # (engine/prompt_activations.py). --prompt-activations.
     prompt_activations: int | str = "auto"
 
+    def token_bytes(self, model: LoadedModel) -> int:
+        """What a token's keys and values cost in this engine's pool."""
+        return kv_token_bytes(model.config, model.cache_dtype.itemsize, self.kv_cache)
+
     def num_blocks(self, model: LoadedModel, context_length: int) -> int:
-        token_bytes = model.config.kv_bytes_per_token(model.cache_dtype.itemsize)
+        token_bytes = self.token_bytes(model)
         budget = self.kv_cache_bytes
         if budget is None:
-            budget = default_kv_bytes(token_bytes, context_length, self.block_size, self.batch)
+            budget = default_kv_bytes(
+                token_bytes,
+                context_length,
+                self.block_size,
+                self.batch,
+                budgeted=self.budgeted_window and grows_on(model.device),
+            )
         return max(2, budget // (self.block_size * token_bytes))
 
 
@@ -224,6 +241,7 @@ class Engine:
             prompt_threads=config.prompt_threads,
             grows=grows,
             coarse_prompts=self.prompt_activations == 8,
+            kv_cache=config.kv_cache,
         )
         self.draft: DraftModel | None = None
         if draft is not None:
@@ -235,15 +253,21 @@ class Engine:
                 block_size=config.block_size,
                 prompt_threads=config.prompt_threads,
             )
-        self.speculator = Speculator(config.speculate, exact_for(model), self.draft)
-        self._block_bytes = config.block_size * model.config.kv_bytes_per_token(
-            model.cache_dtype.itemsize
-        )
+        # An 8-bit pool is read through PyTorch's attention, whose verify rows are not held
+        # to decode's answers bit for bit: its guesses are not called exact.
+        exact = exact_for(model) and config.kv_cache == "f16"
+        self.speculator = Speculator(config.speculate, exact, self.draft)
+        self._block_bytes = config.block_size * config.token_bytes(model)
         self.persistence: PrefixPersistence | None = None
         if prefix_store is not None:
             layout = kv_layout(self.runner.kv)
             if self.prompt_activations == 8:  # its prompts' blocks differ from 16-bit ones
                 layout += ";prompt_activations=8"
+            # The bytes of a q8 block mean int8 values and scales: a 16-bit engine never reads
+            # them, nor a q8 engine a 16-bit block (the layout's dtype says so too). 16-bit
+            # layouts keep the name they had, and the blocks stored under it.
+            if config.kv_cache != "f16":
+                layout += f";kv_cache={config.kv_cache}"
             store = prefix_store(layout)
             self.persistence = PrefixPersistence(store, self.runner.kv, self.block_manager)
         self._idle_keep_blocks = config.idle_kv_bytes // self._block_bytes

@@ -11,6 +11,7 @@ from modelhost.engine.kv.block_manager import cdiv
 from modelhost.engine.kv.kv_memory import ReservedPools
 from modelhost.engine.sampling.prompt_logprobs import prompt_logits_index
 from modelhost.engine.scheduler import ScheduledRow, SchedulerOutput
+from modelhost.models import kv_q8
 from modelhost.models.batch import ForwardBatch, KVCache
 from modelhost.models.kernels import native
 from modelhost.models.loaded import LoadedModel
@@ -29,6 +30,7 @@ class ModelRunner:
         prompt_threads: int | None = None,
         grows: bool = False,
         coarse_prompts: bool = False,
+        kv_cache: str = "f16",
     ) -> None:
         self.model = model
         # --prompt-activations 8: a prompt's tokens before its last, whose logits nobody
@@ -54,19 +56,21 @@ class ModelRunner:
         self.pad_block = num_blocks
         num_slots = (num_blocks + 1) * block_size
         self._reserved: ReservedPools | None = None
+        # --kv-cache q8: int8 slots with their scales (models/kv_q8.py), the same layout else.
+        dtype, width = model.cache_dtype, config.head_dim
+        if kv_cache == "q8":
+            dtype, width = torch.int8, kv_q8.slot_width(config.head_dim)
         if grows:  # reserved, committed as blocks are written (engine/kv/kv_memory.py)
-            slot_shape = (2, config.num_kv_heads, config.head_dim)
-            self._reserved = ReservedPools(
-                config.num_layers, num_slots, slot_shape, model.cache_dtype
-            )
+            slot_shape = (2, config.num_kv_heads, width)
+            self._reserved = ReservedPools(config.num_layers, num_slots, slot_shape, dtype)
             self.kv = KVCache(self._reserved.pools, block_size)
         else:
             self.kv = KVCache.allocate(
                 num_layers=config.num_layers,
                 num_slots=num_slots,
                 num_kv_heads=config.num_kv_heads,
-                head_dim=config.head_dim,
-                dtype=model.cache_dtype,
+                head_dim=width,
+                dtype=dtype,
                 device=model.device,
                 block_size=block_size,
             )

@@ -76,11 +76,13 @@ def plan_memory(
     chunk_tokens: int = 512,
     rows: int = 8,
     kv_dtype_bytes: int | None = None,
+    kv_token_bytes: int | None = None,
 ) -> MemoryPlan:
     """The largest context whose weights + KV + working memory fit `memory_budget_bytes`.
     `dtype_bytes` sizes activations, `kv_dtype_bytes` (default: the same) cached keys and
-    values (fp16 on CPUs in the quantized modes, while activations stay fp32)."""
-    kv_per_token = config.kv_bytes_per_token(kv_dtype_bytes or dtype_bytes)
+    values (fp16 on CPUs in the quantized modes, while activations stay fp32);
+    `kv_token_bytes`, where given, what a token's KV costs (an 8-bit cache, kv_format.py)."""
+    kv_per_token = kv_token_bytes or config.kv_bytes_per_token(kv_dtype_bytes or dtype_bytes)
     usable = memory_budget_bytes
 
     def fits(context: int) -> bool:
@@ -112,6 +114,42 @@ def plan_memory(
         max_safe_context=low,
         working_bytes=work,
     )
+
+
+def budget_window(
+    config: ModelConfig,
+    *,
+    weights_bytes: int,
+    dtype_bytes: int,
+    kv_token_bytes: int,
+    budget_bytes: int | None,
+    context_length: int | None = None,
+    chunk_tokens: int = 512,
+    rows: int = 8,
+) -> int:
+    """The window a model is served at by default: the largest context whose weights, KV and
+    working memory `budget_bytes` (the model budget) holds, up to the model's trained length,
+    and never above `context_length` (--context-length). Without a budget, or with one too
+    small for the weights (the residency host refuses such a model when it is asked for), the
+    trained length."""
+    window = config.context_length
+    if context_length is not None:
+        window = min(window, context_length)
+    if budget_bytes is None:
+        return window
+    try:
+        plan = plan_memory(
+            config,
+            weights_bytes=weights_bytes,
+            dtype_bytes=dtype_bytes,
+            memory_budget_bytes=budget_bytes,
+            chunk_tokens=chunk_tokens,
+            rows=rows,
+            kv_token_bytes=kv_token_bytes,
+        )
+    except BudgetTooSmall:
+        return window
+    return max(1, min(window, plan.max_safe_context))
 
 
 @dataclass(frozen=True, slots=True)

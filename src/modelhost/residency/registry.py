@@ -48,13 +48,14 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from modelhost.engine.kv.kv_format import kv_token_bytes
 from modelhost.engine.kv.kv_pool_size import (
     BLOCK_TOKENS,
     IDLE_KV_BYTES,
     default_kv_bytes,
     store_queue_bytes,
 )
-from modelhost.inference.admission import working_bytes
+from modelhost.inference.admission import budget_window, working_bytes
 from modelhost.models.config import ModelConfig
 from modelhost.models.families import family_for
 from modelhost.models.loading import footprint
@@ -90,6 +91,10 @@ class ServingShape:
     memory_budget_bytes: int | None = None  # --memory-budget: the KV pool fills it
     quantize: str = "auto"  # --quantize (models/loading/quant.py's modes)
     kv_store: bool = False  # --kv-disk above 0: the engine copies full blocks out for the disk
+    # The residency budget a model's default window fills (--model-budget; None: the trained
+    # length), and how the KV pool holds keys and values (--kv-cache, engine/kv/kv_format.py).
+    model_budget_bytes: int | None = None
+    kv_cache: str = "f16"
 
     @property
     def cuda(self) -> bool:
@@ -99,6 +104,10 @@ class ServingShape:
     def kv_dtype_bytes(self) -> int:
         """fp16 keys and values on CPUs (bf16 on CUDA), except the fp32 reference mode."""
         return 4 if self.quantize == "none" and not self.cuda else 2
+
+    def kv_token_bytes(self, config: ModelConfig) -> int:
+        """What a token's keys and values cost in the KV pool, in the --kv-cache format."""
+        return kv_token_bytes(config, self.kv_dtype_bytes, self.kv_cache)
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,7 +379,7 @@ class ModelRegistry:
             kv_pool_bytes=serving.kv_pool,
             store_queue_bytes=serving.store_queue,
             mmproj=named,
-            context_length=serving_context(config, shape),
+            context_length=serving_context(config, shape, weights),
         )
 
     def _encoder(
@@ -506,17 +515,25 @@ class ServingBytes:
     store_queue: int = 0
 
 
-def serving_context(config: ModelConfig, shape: ServingShape) -> int:
-    """The window a model is served at: its own, or --context-length when smaller."""
-    if shape.context_length is None:
-        return config.context_length
-    return min(config.context_length, shape.context_length)
+def serving_context(config: ModelConfig, shape: ServingShape, weights: int) -> int:
+    """The window a model is served at: the largest the model budget holds up to its trained
+    length (inference/admission.py's `budget_window`), or --context-length when smaller."""
+    return budget_window(
+        config,
+        weights_bytes=weights,
+        dtype_bytes=shape.dtype_bytes,
+        kv_token_bytes=shape.kv_token_bytes(config),
+        budget_bytes=None if shape.cuda else shape.model_budget_bytes,
+        context_length=shape.context_length,
+        chunk_tokens=shape.chunk_tokens,
+        rows=shape.batch,
+    )
 
 
 def serving_bytes(config: ModelConfig, weights: int, shape: ServingShape) -> ServingBytes:
     """What a model holds idle and what its requests may claim, at the serving context."""
-    context = serving_context(config, shape)
-    token_bytes = config.kv_bytes_per_token(shape.kv_dtype_bytes)
+    context = serving_context(config, shape, weights)
+    token_bytes = shape.kv_token_bytes(config)
     one_row = (context + BLOCK_TOKENS) * token_bytes
     if shape.memory_budget_bytes is not None:  # the KV pool takes what the weights leave
         left = max(0, shape.memory_budget_bytes - weights)
@@ -525,7 +542,8 @@ def serving_bytes(config: ModelConfig, weights: int, shape: ServingShape) -> Ser
             return ServingBytes(max(shape.memory_budget_bytes, weights) + queue)
         kept = weights + min(IDLE_KV_BYTES, left)
         return ServingBytes(kept, kv_row=left, kv_pool=left, store_queue=queue)
-    kv = default_kv_bytes(token_bytes, context, BLOCK_TOKENS, shape.batch)
+    budgeted = shape.model_budget_bytes is not None and not shape.cuda
+    kv = default_kv_bytes(token_bytes, context, BLOCK_TOKENS, shape.batch, budgeted=budgeted)
     work = working_bytes(
         config, shape.dtype_bytes, context, chunk_tokens=shape.chunk_tokens, rows=shape.batch
     )

@@ -24,6 +24,10 @@ class ServeSettings:
 
     heartbeat_s: float = 15.0
     memory_budget_gb: float | None = None
+    # The residency budget (--model-budget, default 70% of memory): a model's default window is
+    # the largest it holds, up to the trained length (assembly.served_window). None: trained.
+    model_budget_bytes: int | None = None
+    kv_cache: str = "f16"  # --kv-cache: f16 or q8 (engine/kv/kv_format.py)
     context_length: int | None = None  # --context-length: a ceiling below the model's window
     context_overflow: str = "error"  # --context-overflow: refuse a prompt too long, or trim it
     max_tokens: int | None = None

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from modelhost.models import kv_q8
 from modelhost.models.batch import ForwardBatch, KVCache
 from modelhost.models.kernels import native
 
@@ -249,10 +250,13 @@ class Attention(nn.Module):
             assert self.q_proj is not None and self.k_proj is not None and self.v_proj is not None
             qkv = torch.cat((self.q_proj(x), self.k_proj(x), self.v_proj(x)), dim=-1)
         # The pool's dtype (PyTorch's quantized kernels return bf16), except over an fp16 CPU
-        # pool, which only the native kernels write and read: they compute in fp32. A fresh
-        # tensor either way: normed and rotated in place below.
+        # pool, which only the native kernels write and read: they compute in fp32, and over an
+        # 8-bit pool (models/kv_q8.py), which is read back as fp32. A fresh tensor either way:
+        # normed and rotated in place below.
         pool = kv.pools[self.layer]
-        qkv = qkv.to(torch.float32 if pool.dtype == torch.float16 else pool.dtype)
+        q8 = kv_q8.is_q8(pool)
+        computed = torch.float32 if pool.dtype == torch.float16 or q8 else pool.dtype
+        qkv = qkv.to(computed)
         rows, max_q = batch.query_index.shape
         kernels = native.kernels()
         context = batch.token_blocks.shape[1] * kv.block_size  # the longest row's, padded
@@ -310,9 +314,16 @@ class Attention(nn.Module):
         apply_rotary_(qk, *rope)
         # Rotated keys and the values sit side by side in qkv: one write into the pool.
         new_kv = qkv[:, q_size:].view(num_tokens, 2, kv_heads, head_dim)
-        pool.index_copy_(0, batch.slot_mapping, new_kv.to(pool.dtype))
-        gathered = kv.blocks(self.layer).index_select(0, batch.kv_blocks.view(-1)).to(qkv.dtype)
-        gathered = gathered.view(rows, -1, 2, kv_heads, head_dim)
+        gathered = kv.blocks(self.layer)
+        if q8:
+            pool.index_copy_(0, batch.slot_mapping, kv_q8.quantize(new_kv))
+            gathered = gathered.index_select(0, batch.kv_blocks.view(-1))
+            slots = gathered.view(rows, -1, 2, kv_heads, kv_q8.slot_width(head_dim))
+            gathered = kv_q8.dequantize(slots, head_dim)
+        else:
+            pool.index_copy_(0, batch.slot_mapping, new_kv.to(pool.dtype))
+            gathered = gathered.index_select(0, batch.kv_blocks.view(-1)).to(qkv.dtype)
+            gathered = gathered.view(rows, -1, 2, kv_heads, head_dim)
         keys = gathered[:, :, 0].transpose(1, 2)  # [R, Hkv, max_kv, D]
         values = gathered[:, :, 1].transpose(1, 2)
         mask = batch.sliding_mask if self.window is not None else batch.attn_mask
