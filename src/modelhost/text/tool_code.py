@@ -29,21 +29,21 @@ def tool_code_messages(
     for message in messages:
         role = message.get("role")
         if role == "tool":
-            _append(out, "user", f"```tool_output\n{_text(message.get('content'))}\n```")
+            _append(out, "user", f"```tool_output\n{content_text(message.get('content'))}\n```")
         elif role == "assistant" and message.get("tool_calls"):
             calls = "\n".join(_call_line(call) for call in message["tool_calls"])
-            text = _text(message.get("content")).strip()
+            text = content_text(message.get("content")).strip()
             fence = f"```tool_code\n{calls}\n```"
             out.append({"role": "assistant", "content": f"{text}\n{fence}" if text else fence})
         elif role == "user":
-            _append(out, "user", _text(message.get("content")))
+            _append(out, "user", content_text(message.get("content")))
         else:
             out.append(dict(message))
     if tools:
         declarations = "\n".join(json.dumps(_function(tool), ensure_ascii=False) for tool in tools)
         preamble = f"{INSTRUCTION}\n{declarations}"
         if out and out[0].get("role") == "system":
-            system = _text(out[0].get("content"))
+            system = content_text(out[0].get("content"))
             out[0] = {**out[0], "content": f"{system}\n\n{preamble}".strip()}
         else:
             out.insert(0, {"role": "system", "content": preamble})
@@ -84,7 +84,8 @@ def _function(tool: Mapping[str, Any]) -> Any:
     return dict(function) if isinstance(function, Mapping) else function
 
 
-def _text(content: Any) -> str:
+def content_text(content: Any) -> str:
+    """A message's content as prompt text: a string, text parts joined by lines, else JSON."""
     if content is None:
         return ""
     if isinstance(content, str):

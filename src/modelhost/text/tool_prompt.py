@@ -29,7 +29,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from modelhost.text.tool_code import call_parts
+from modelhost.text.tool_code import call_parts, content_text
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
@@ -89,7 +89,7 @@ def builtin_tool_messages(
     for message in messages:
         role = message.get("role")
         if role == "tool":
-            block = f"{RESPONSE_OPEN}\n{_text(message.get('content'))}\n{RESPONSE_CLOSE}"
+            block = f"{RESPONSE_OPEN}\n{content_text(message.get('content'))}\n{RESPONSE_CLOSE}"
             previous = out[-1] if out else None
             if previous is not None and previous.get("tool_results"):
                 out[-1] = {**previous, "content": f"{previous['content']}\n{block}"}
@@ -97,7 +97,7 @@ def builtin_tool_messages(
                 out.append({"role": "user", "content": block, "tool_results": True})
         elif role == "assistant" and message.get("tool_calls"):
             calls = "\n".join(call_text(call) for call in message["tool_calls"])
-            text = _text(message.get("content")).strip()
+            text = content_text(message.get("content")).strip()
             rest = {k: v for k, v in message.items() if k != "tool_calls"}
             out.append({**rest, "content": f"{text}\n{calls}" if text else calls})
         else:
@@ -106,7 +106,7 @@ def builtin_tool_messages(
     if tools:
         section = tool_section(tools)
         if out and out[0].get("role") == "system":
-            system = _text(out[0].get("content"))
+            system = content_text(out[0].get("content"))
             out[0] = {**out[0], "content": f"{system}\n\n{section}" if system else section}
         else:
             out.insert(0, {"role": "system", "content": section})
@@ -181,11 +181,3 @@ def _call_as_function(call: Any) -> Any:
     arguments = {"input": str(custom.get("input", ""))}
     function = {"name": custom.get("name", ""), "arguments": arguments}
     return {"id": call.get("id"), "type": "function", "function": function}
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # text parts
-        return "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
-    return "" if content is None else json.dumps(content, ensure_ascii=False)

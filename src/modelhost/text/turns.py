@@ -86,9 +86,7 @@ def _call_object(call: Mapping[str, Any]) -> dict[str, Any]:
 def system_in_first_user_turn(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """`messages` without system turns: the leading ones' text opens the first user turn, a
     later one's joins the user turn next to it (`later_system_in_user_turns`)."""
-    lead = 0
-    while lead < len(messages) and messages[lead].get("role") == "system":
-        lead += 1
+    lead = _leading_system(messages)
     rest: list[Mapping[str, Any]] = list(later_system_in_user_turns(messages[lead:]))
     prefix = "\n\n".join(_text(message) for message in messages[:lead] if _text(message))
     if not prefix:
@@ -107,9 +105,7 @@ def later_system_in_user_turns(
     turn's text (the previous one's when no user turn follows), for templates that take a system
     turn only first. The turns before it stay as they were, so a cached prefix still matches."""
     out = [dict(message) for message in messages]
-    lead = 0
-    while lead < len(out) and out[lead].get("role") == "system":
-        lead += 1
+    lead = _leading_system(out)
     index = lead
     while index < len(out):
         if out[index].get("role") != "system":
@@ -131,13 +127,15 @@ def later_system_in_user_turns(
 
 def has_later_system_turn(messages: Sequence[Mapping[str, Any]]) -> bool:
     """Whether a system turn comes after a turn of another role."""
-    began = False
-    for message in messages:
-        if message.get("role") != "system":
-            began = True
-        elif began:
-            return True
-    return False
+    return any(m.get("role") == "system" for m in messages[_leading_system(messages) :])
+
+
+def _leading_system(messages: Sequence[Mapping[str, Any]]) -> int:
+    """How many system turns open the conversation."""
+    lead = 0
+    while lead < len(messages) and messages[lead].get("role") == "system":
+        lead += 1
+    return lead
 
 
 def _text(message: Mapping[str, Any]) -> str:

@@ -53,8 +53,12 @@ def _editor_schema(commands: list[str]) -> dict[str, Any]:
 @dataclass(frozen=True, slots=True)
 class AnthropicTools:
     offered: tuple[dict[str, Any], ...] | None  # the neutral function tools; None: none offered
-    not_offered: tuple[str, ...]  # the types of the declared tools nothing here runs
     not_offered_names: Mapping[str, str]  # a refused tool's name → its type (for tool_choice)
+
+    @property
+    def not_offered(self) -> tuple[str, ...]:
+        """The types of the declared tools nothing here runs, each once."""
+        return tuple(dict.fromkeys(self.not_offered_names.values()))
 
 
 def read_tools(body: dict[str, Any]) -> AnthropicTools:
@@ -77,10 +81,9 @@ def read_tools(body: dict[str, Any]) -> AnthropicTools:
         if isinstance(tool.get("description"), str):
             function["description"] = tool["description"]
         functions.append({"type": "function", "function": function})
-    not_offered = tuple(dict.fromkeys(refused.values()))
     if not functions or (choice is not None and choice.get("type") == "none"):
-        return AnthropicTools(None, not_offered, refused)
-    return AnthropicTools(tuple(functions), not_offered, refused)
+        return AnthropicTools(None, refused)
+    return AnthropicTools(tuple(functions), refused)
 
 
 def _schema_of(tool: Mapping[str, Any], kind: str) -> Any:

@@ -25,6 +25,7 @@ from modelhost.inference.contracts import GrammarSpec, InvalidRequest
 from modelhost.inference.grammars.tool_choice import forced_call
 from modelhost.server.tools_not_offered import forced_refusal
 from modelhost.text.tool_calls import ToolCall
+from modelhost.text.tool_prompt import tool_name
 
 NAMESPACE_SEPARATOR = "__"  # Codex's flat form of a namespaced tool's name
 
@@ -106,8 +107,8 @@ def _namespace(tool: Mapping[str, Any], where: str) -> list[tuple[str, str, dict
         at = f"{where}.tools[{number}]"
         if not isinstance(member, dict) or member.get("type") not in ("function", "custom"):
             raise InvalidRequest(f"{at} must be a function or custom tool", param="tools")
-        neutral = _neutral(member, at, flat_name(namespace, str(member.get("name"))))
-        out.append((_name_of(neutral), str(member["name"]), neutral))
+        flat = flat_name(namespace, str(member.get("name")))
+        out.append((flat, str(member["name"]), _neutral(member, at, flat)))
     return out
 
 
@@ -121,7 +122,7 @@ def _allowed(offered: list[dict[str, Any]], choice: Any) -> list[dict[str, Any]]
             namespace = tool.get("namespace")
             name = tool["name"]
             names.add(flat_name(namespace, name) if isinstance(namespace, str) else name)
-    return [tool for tool in offered if _name_of(tool) in names]
+    return [tool for tool in offered if tool_name(tool) in names]
 
 
 def _forced(
@@ -150,11 +151,6 @@ def _forced(
     if choice == "required" and not_offered:
         raise forced_refusal(", ".join(sorted(not_offered)))
     return None
-
-
-def _name_of(tool: Mapping[str, Any]) -> str:
-    own = tool.get("function", tool.get("custom"))
-    return str(own.get("name")) if isinstance(own, Mapping) else ""
 
 
 # ---------------------------------------------------------------------------------------------
