@@ -11,7 +11,7 @@ from modelhost.engine.kv.block_manager import cdiv
 from modelhost.engine.kv.kv_memory import ReservedPools
 from modelhost.engine.sampling.prompt_logprobs import prompt_logits_index
 from modelhost.engine.scheduler import ScheduledRow, SchedulerOutput
-from modelhost.models import kv_q8
+from modelhost.models import kv_q8_layout
 from modelhost.models.batch import ForwardBatch, KVCache
 from modelhost.models.kernels import native
 from modelhost.models.loaded import LoadedModel
@@ -59,7 +59,7 @@ class ModelRunner:
         # --kv-cache q8: int8 slots with their scales (models/kv_q8.py), the same layout else.
         dtype, width = model.cache_dtype, config.head_dim
         if kv_cache == "q8":
-            dtype, width = torch.int8, kv_q8.slot_width(config.head_dim)
+            dtype, width = torch.int8, kv_q8_layout.slot_width(config.head_dim)
         if grows:  # reserved, committed as blocks are written (engine/kv/kv_memory.py)
             slot_shape = (2, config.num_kv_heads, width)
             self._reserved = ReservedPools(config.num_layers, num_slots, slot_shape, dtype)

@@ -3,7 +3,7 @@ GROUP values, each group with a bf16 scale (its absolute maximum / 127), as llam
 but for the scale's type; the scales sit in the same slot after the values, so a pool stays one
 tensor per layer and a block stays a run of slots (the prefix store copies blocks as bytes).
 
-A slot is [2, kv_heads, head_dim + scale_bytes(head_dim)] int8. Groups rather than one scale a
+A slot is [2, kv_heads, kv_q8_layout.slot_width(head_dim)] int8. Groups rather than one scale a
 head: Gemma 3's normed keys carry a few large channels, and one fp32 scale over its 256 put the
 rest on a coarse grid (perplexity +2.6%; +0.3% in groups of 32). bf16 rather than fp16 scales:
 SmolLM2's small values took fp16's subnormal scales (+0.7% against +0.4%). The values are
@@ -16,22 +16,9 @@ from __future__ import annotations
 
 import torch
 
-GROUP = 32  # values a scale (a head whose size is no multiple of it takes one scale)
+from modelhost.models.kv_q8_layout import groups
+
 _LEVELS = 127.0
-
-
-def groups(head_dim: int) -> int:
-    return head_dim // GROUP if head_dim % GROUP == 0 else 1
-
-
-def scale_bytes(head_dim: int) -> int:
-    """The bytes of one head's scales: a bf16 scale a group."""
-    return 2 * groups(head_dim)
-
-
-def slot_width(head_dim: int) -> int:
-    """The int8 columns of one head's key or value in a q8 slot."""
-    return head_dim + scale_bytes(head_dim)
 
 
 def is_q8(pool: torch.Tensor) -> bool:

@@ -14,24 +14,17 @@ from __future__ import annotations
 from typing import Literal
 
 from modelhost.models.config import ModelConfig
+from modelhost.models.kv_q8_layout import slot_width
 
 KVFormat = Literal["f16", "q8"]
 KV_FORMATS: tuple[KVFormat, ...] = ("f16", "q8")
-Q8_GROUP = 32  # values a bf16 scale (models/kv_q8.py's GROUP)
-
-
-def q8_head_bytes(head_dim: int) -> int:
-    """A head's key or value in q8: its int8 values and a bf16 scale a group (one scale when
-    head_dim is no multiple of Q8_GROUP)."""
-    groups = head_dim // Q8_GROUP if head_dim % Q8_GROUP == 0 else 1
-    return head_dim + 2 * groups
 
 
 def kv_token_bytes(config: ModelConfig, dtype_bytes: int, kv_format: str = "f16") -> int:
     """KV bytes one token costs across all layers: keys and values at `dtype_bytes` (f16), or
     int8 with their scales (q8)."""
     if kv_format == "q8":
-        return 2 * config.num_layers * config.num_kv_heads * q8_head_bytes(config.head_dim)
+        return 2 * config.num_layers * config.num_kv_heads * slot_width(config.head_dim)
     return config.kv_bytes_per_token(dtype_bytes)
 
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from modelhost.models import kv_q8
+from modelhost.models import kv_q8, kv_q8_layout
 from modelhost.models.batch import ForwardBatch, KVCache
 from modelhost.models.kernels import native
 
@@ -318,7 +318,7 @@ class Attention(nn.Module):
         if q8:
             pool.index_copy_(0, batch.slot_mapping, kv_q8.quantize(new_kv))
             gathered = gathered.index_select(0, batch.kv_blocks.view(-1))
-            slots = gathered.view(rows, -1, 2, kv_heads, kv_q8.slot_width(head_dim))
+            slots = gathered.view(rows, -1, 2, kv_heads, kv_q8_layout.slot_width(head_dim))
             gathered = kv_q8.dequantize(slots, head_dim)
         else:
             pool.index_copy_(0, batch.slot_mapping, new_kv.to(pool.dtype))
