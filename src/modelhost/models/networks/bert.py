@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -203,33 +203,55 @@ def load_bert(path: Path, model_id: str | None = None) -> EmbeddingModel:
     """A sentence encoder from a directory with config.json, model.safetensors, tokenizer.json."""
     config = BertConfig.from_dir(path)
     network = BertEncoder(config)
+    load_weights(network, path, encoder_tensor_name)
+    files = EncoderTokenizer.from_dir(path)
+    return EmbeddingModel(
+        id=model_id or path.name,
+        path=path,
+        config=config,
+        tokenizer=files.tokenizer,
+        network=network,
+        cls_id=files.cls_id,
+        sep_id=files.sep_id,
+        pad_id=files.pad_id,
+    )
+
+
+def load_weights(network: nn.Module, path: Path, rename: Callable[[str], str | None]) -> None:
+    """`path`'s model.safetensors into `network` (each tensor under `rename`'s name for it;
+    None drops it), every parameter accounted for, then fp32 and eval mode."""
     tensors = load_file(str(path / "model.safetensors"))
-    named = ((encoder_tensor_name(name), t) for name, t in tensors.items())
+    named = ((rename(name), t) for name, t in tensors.items())
     state = {ours: t for ours, t in named if ours is not None}
     missing, unexpected = network.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ValueError(f"{path}: missing tensors {missing}, unexpected {unexpected}")
     network.float().eval()
-    tokenizer = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
-    tokenizer.no_padding()  # we pad per batch, to the longest input
-    tokenizer.no_truncation()  # and cut to max_seq_length ourselves
 
-    def special(token: str) -> int:
-        token_id = tokenizer.token_to_id(token)
-        if token_id is None:
-            raise ValueError(f"{path}: the tokenizer has no {token}")
-        return token_id
 
-    return EmbeddingModel(
-        id=model_id or path.name,
-        path=path,
-        config=config,
-        tokenizer=tokenizer,
-        network=network,
-        cls_id=special("[CLS]"),
-        sep_id=special("[SEP]"),
-        pad_id=special("[PAD]"),
-    )
+@dataclass(frozen=True, slots=True)
+class EncoderTokenizer:
+    """A BERT-style folder's tokenizer.json, padding and truncation left to the caller (inputs
+    are padded per batch and cut by the model's own rule), with its special tokens' ids."""
+
+    tokenizer: tokenizers.Tokenizer
+    cls_id: int
+    sep_id: int
+    pad_id: int
+
+    @classmethod
+    def from_dir(cls, path: Path) -> EncoderTokenizer:
+        tokenizer = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+
+        def special(token: str) -> int:
+            token_id = tokenizer.token_to_id(token)
+            if token_id is None:
+                raise ValueError(f"{path}: the tokenizer has no {token}")
+            return int(token_id)
+
+        return cls(tokenizer, special("[CLS]"), special("[SEP]"), special("[PAD]"))
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -20,10 +20,15 @@ from pathlib import Path
 
 import tokenizers
 import torch
-from safetensors.torch import load_file
 from torch import nn
 
-from modelhost.models.networks.bert import BertConfig, BertEncoder, encoder_tensor_name
+from modelhost.models.networks.bert import (
+    BertConfig,
+    BertEncoder,
+    EncoderTokenizer,
+    encoder_tensor_name,
+    load_weights,
+)
 from modelhost.models.networks.cross_encoder_config import applies_sigmoid, cross_encoder_refusal
 
 # Padded tokens a forward: bounds its working memory (attention is rows x heads x L x L).
@@ -156,31 +161,17 @@ def load_cross_encoder(path: Path, model_id: str | None = None) -> CrossEncoderM
         raise ValueError(f"{path}: {refusal}")
     config = BertConfig.from_dir(path)
     network = BertCrossEncoder(config)
-    tensors = load_file(str(path / "model.safetensors"))
-    state = {ours: t for name, t in tensors.items() if (ours := _tensor_name(name)) is not None}
-    missing, unexpected = network.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise ValueError(f"{path}: missing tensors {missing}, unexpected {unexpected}")
-    network.float().eval()
-    tokenizer = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
-    tokenizer.no_padding()  # we pad per batch, to the longest pair
-    tokenizer.no_truncation()  # and cut pairs ourselves, longest first
-
-    def special(token: str) -> int:
-        token_id = tokenizer.token_to_id(token)
-        if token_id is None:
-            raise ValueError(f"{path}: the tokenizer has no {token}")
-        return token_id
-
+    load_weights(network, path, _tensor_name)
+    files = EncoderTokenizer.from_dir(path)  # pairs are cut here, longest first
     return CrossEncoderModel(
         id=model_id or path.name,
         path=path,
         config=config,
         max_length=_max_length(path, config),
         sigmoid=applies_sigmoid(raw),
-        tokenizer=tokenizer,
+        tokenizer=files.tokenizer,
         network=network,
-        cls_id=special("[CLS]"),
-        sep_id=special("[SEP]"),
-        pad_id=special("[PAD]"),
+        cls_id=files.cls_id,
+        sep_id=files.sep_id,
+        pad_id=files.pad_id,
     )
