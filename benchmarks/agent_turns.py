@@ -40,6 +40,7 @@ from typing import Any
 
 import httpx
 from server_tree import ServerTree, install_cleanup
+from switch import one_completion
 
 LLAMA_SERVER = Path("/work/llama-server/bin/llama-server")
 SERVERS = ("modelhost", "llama-server")
@@ -138,43 +139,20 @@ def session_turns(tool_kb: float, turns: int, seed: int = 7) -> list[str]:
 
 
 def complete(url: str, model: str, prompt: str, tokens: int) -> dict[str, Any]:
-    """One streamed completion: time to its first text, and what the server said of its prompt."""
-    body = {
-        "model": model, "prompt": prompt, "max_tokens": tokens, "temperature": 0,
-        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
-    }  # fmt: skip
-    started = time.perf_counter()
-    first: float | None = None
-    usage: dict[str, Any] = {}
-    timings: dict[str, Any] = {}
+    """One streamed completion (switch.py's): time to its first text, and what the server said
+    of its prompt (usage, or llama-server's timings: cache_n + prompt_n)."""
     # A connection a request: nothing kept alive across a server's restart.
-    with (
-        httpx.Client(timeout=3600) as client,
-        client.stream("POST", f"{url}/v1/completions", json=body) as response,
-    ):
-        if response.status_code != 200:
-            raise RuntimeError(f"HTTP {response.status_code}: {response.read()[:300]!r}")
-        for line in response.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            frame = json.loads(line[len("data: ") :])
-            if first is None and any(c.get("text") for c in frame.get("choices") or []):
-                first = time.perf_counter() - started
-            usage = frame.get("usage") or usage
-            timings = frame.get("timings") or timings
-    total = time.perf_counter() - started
-    details = usage.get("prompt_tokens_details") or {}
-    cached = details.get("cached_tokens")
-    if cached is None:
-        cached = timings.get("cache_n")
-    prompt_tokens = usage.get("prompt_tokens")
-    if prompt_tokens is None and timings:
-        prompt_tokens = timings.get("cache_n", 0) + timings.get("prompt_n", 0)
+    with httpx.Client(timeout=3600) as client:
+        row = one_completion(client, url, model, prompt, tokens)
+    prompt_tokens = row.get("prompt_tokens")
+    if prompt_tokens is None and row.get("prompt_n") is not None:
+        prompt_tokens = (row.get("cache_n") or 0) + row["prompt_n"]
+    cached = row.get("cached_tokens")
     return {
-        "ttft_s": first if first is not None else total,
-        "total_s": total,
+        "ttft_s": row["first_token_s"],
+        "total_s": row["total_s"],
         "prompt_tokens": prompt_tokens,
-        "cached_tokens": cached,
+        "cached_tokens": cached if cached is not None else row.get("cache_n"),
     }
 
 
