@@ -85,15 +85,18 @@ def serve(make_app: AppFactory, live_server: Any, engine: ScriptedEngine, **mode
     return str(live_server(make_app(engine, scripted_model(**model))).base_url)
 
 
-def create(base_url: str, body: dict[str, Any]) -> Any:
-    """The raw answer to `body` (Claude Code's fields the SDK's types lack go as they are)."""
+def create(base_url: str, body: dict[str, Any], read: Any = None) -> Any:
+    """The raw answer to `body` (Claude Code's fields the SDK's types lack go as they are);
+    `read(raw)`, when given, reads it while the client is open (a stream is read from its
+    connection) and is what comes back."""
     known = ("model", "max_tokens", "system", "messages", "tools", "tool_choice", "metadata",
              "stream")  # fmt: skip
     extra = {key: value for key, value in body.items() if key not in known}
     with anthropic_client(base_url) as client:
-        return client.messages.with_raw_response.create(
+        raw = client.messages.with_raw_response.create(
             **{key: body[key] for key in known if key in body}, extra_body=extra
         )
+        return raw if read is None else read(raw)
 
 
 def prompt_of(engine: ScriptedEngine) -> str:
@@ -114,9 +117,12 @@ def test_a_streamed_claude_code_turn_ends_with_message_stop(
     make_app: AppFactory, live_server: Any
 ) -> None:
     base_url = serve(make_app, live_server, ScriptedEngine())
-    raw = create(base_url, {**CLAUDE_CODE_BODY, "stream": True})
-    kinds = [event.type for event in raw.parse()]
-    assert raw.headers["x-modelhost-tools-not-offered"] == "web_search_20250305"
+    headers, kinds = create(
+        base_url,
+        {**CLAUDE_CODE_BODY, "stream": True},
+        lambda raw: (raw.headers, [event.type for event in raw.parse()]),
+    )
+    assert headers["x-modelhost-tools-not-offered"] == "web_search_20250305"
     assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
 
 
