@@ -117,6 +117,19 @@ async def test_a_streamed_response_completes_with_the_same_answer_as_json(
     assert completed["usage"]["output_tokens"] == 4
 
 
+async def test_a_stream_cut_by_max_output_tokens_ends_with_response_incomplete(
+    client: httpx.AsyncClient,
+) -> None:
+    events = sse_events(
+        (await post(client, {**HELLO, "max_output_tokens": 2, "stream": True})).text
+    )
+    name, data = events[-1]
+    assert name == "response.incomplete"
+    assert data["response"]["status"] == "incomplete"
+    assert data["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert "response.completed" not in [n for n, _ in events]
+
+
 async def test_an_error_after_the_stream_opened_ends_it_with_response_failed(
     make_app: AppFactory, client_of: ClientFactory
 ) -> None:

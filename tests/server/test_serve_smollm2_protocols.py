@@ -67,7 +67,7 @@ def test_openai_sdk_responses_chain_through_previous_response_id(server: Any) ->
     assert first.output_text.strip()
     assert first.usage is not None and first.usage.output_tokens > 0
     completed = events[-1]
-    assert completed.type == "response.completed"
+    assert completed.type in ("response.completed", "response.incomplete")  # 8 tokens may cut it
     second = completed.response  # type: ignore[union-attr]
     assert second.previous_response_id == first.id
     assert second.usage is not None

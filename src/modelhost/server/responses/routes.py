@@ -3,7 +3,8 @@
 Wire request → InferenceRequest → the stage → a `response` object, or SSE: `response.created`,
 `response.in_progress`, a reasoning item when the model thinks, the message item
 (`output_item.added`, `content_part.added`, `output_text.delta`…, `output_text.done`,
-`content_part.done`, `output_item.done`), function_call items, then `response.completed`. An
+`content_part.done`, `output_item.done`), function_call items, then `response.completed` (or
+`response.incomplete` when `max_output_tokens` cut the answer, as the API ends it). An
 error after the stream opened ends it with `response.failed`.
 
 `previous_response_id` continues a stored conversation: the stored input, its output items and
@@ -324,7 +325,11 @@ class ResponseStream:
         response = self.turn.complete(
             self.store, self.output, event.finish_reason, event.usage, reasoning
         )
-        frames.append(self._event("response.completed", {"response": response}))
+        # The API ends a stream its budget cut with `response.incomplete`, not `completed`.
+        closing = (
+            "response.incomplete" if response["status"] == "incomplete" else "response.completed"
+        )
+        frames.append(self._event(closing, {"response": response}))
         return frames
 
     def error(self, status: int, body: Mapping[str, Any]) -> list[str]:
