@@ -142,6 +142,41 @@ async def test_a_client_that_leaves_a_relayed_stream_is_logged_and_counted_as_49
     assert 'status="499"' in metrics.render().decode()
 
 
+class EndingStream(httpx.AsyncByteStream):
+    """A stream whose body ends a moment after its last event."""
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield b"event: response.completed\ndata: {}\n\n"
+        await asyncio.sleep(0.02)
+
+
+async def test_a_client_that_closes_right_after_the_last_event_is_not_logged_as_499(
+    caplog: pytest.LogCaptureFixture,
+):
+    caplog.set_level(logging.INFO, logger="modelhost.server")
+    unit = WorkerUnit("tiny-a", 1, WorkerProcess([]))
+    upstream = httpx.Response(
+        200, headers={"content-type": "text/event-stream"}, stream=EndingStream()
+    )
+    sent: list[dict[str, Any]] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await relay(unit, upstream, scope, receive, send, SURFACES.errors_for(scope["path"]))
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        while len(sent) < 2:  # Codex closes once it has read `response.completed`
+            await asyncio.sleep(0.001)
+        return {"type": "http.disconnect"}
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/responses", "headers": []}
+    await ObservedRequests(app, Metrics(SimpleNamespace()))(scope, receive, send)
+    assert "POST /v1/responses 200 " in caplog.text
+    assert " 499 " not in caplog.text
+
+
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
 async def test_a_json_answer_cut_short_gets_no_sse_frame(path):
     _, body = await relayed(path, b'{"id":', content_type="application/json")

@@ -427,8 +427,7 @@ class EventStreamResponse:
         listener = asyncio.create_task(wait_for_disconnect(receive))
         status: int | None = 503  # unless the wait below ends: the server cancelled us
         try:
-            await asyncio.wait({writer, listener}, return_when=asyncio.FIRST_COMPLETED)
-            status = stream_status(writer)
+            status = await race_the_client(writer, listener)
         finally:
             for task in (writer, listener):
                 task.cancel()
@@ -438,6 +437,22 @@ class EventStreamResponse:
                 await self.frames.aclose()  # type: ignore[attr-defined]
         if status == 500:
             writer.result()  # a bug in writing: let the server log it
+
+
+# A client that closes as soon as it has read a stream's last event (Codex after
+# `response.completed`) leaves while the body's end is still on its way: this long a grace tells
+# that from a client leaving mid-stream, whose row then runs this much longer.
+END_GRACE_S = 0.1
+
+
+async def race_the_client(writer: asyncio.Task[None], listener: asyncio.Task[None]) -> int | None:
+    """Wait for the stream's `writer` or the client's disconnect `listener`, then the stream's
+    final status (stream_status). A client that left gets END_GRACE_S for the writer to end on
+    its own: then the whole answer was delivered, and it is not a 499."""
+    await asyncio.wait({writer, listener}, return_when=asyncio.FIRST_COMPLETED)
+    if not writer.done():
+        await asyncio.wait({writer}, timeout=END_GRACE_S)
+    return stream_status(writer)
 
 
 def stream_status(writer: asyncio.Task[None]) -> int | None:

@@ -37,7 +37,7 @@ from modelhost.server.front.stream_handoff import (
 from modelhost.server.http import (
     FRONT_WAITED_HEADER,
     ErrorShape,
-    stream_status,
+    race_the_client,
     wait_for_disconnect,
 )
 from modelhost.server.http_server import TRANSPORT_EXTENSION
@@ -183,8 +183,8 @@ async def relay(
     writer = asyncio.create_task(write())
     listener = asyncio.create_task(wait_for_disconnect(receive))
     try:
-        await asyncio.wait({writer, listener}, return_when=asyncio.FIRST_COMPLETED)
-        context, status = current_request(), stream_status(writer)
+        status = await race_the_client(writer, listener)
+        context = current_request()
         if context is not None and status is not None:
             context.status = status  # the front logs and counts what the worker does
     finally:
