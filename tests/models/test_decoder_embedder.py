@@ -100,3 +100,10 @@ def test_a_gguf_with_last_token_pooling_equals_sentence_transformers_on_its_fold
     torch.testing.assert_close(
         our_vectors(model, TEXTS), sentence_transformers_vectors(folder, TEXTS)
     )
+
+
+def test_on_the_default_quantized_path_vectors_stay_within_a_thousandth(folder: Path) -> None:
+    model = decoder_embedder(load_model(str(folder)), folder.name)  # 16-bit weights and KV
+    texts = [" ".join(["bamboo"] * (1 + i % 40)) + f" number {i}" for i in range(30)]
+    expected = sentence_transformers_vectors(folder, texts)
+    torch.testing.assert_close(our_vectors(model, texts), expected, atol=1e-3, rtol=0)

@@ -77,3 +77,19 @@ def test_a_vocabulary_without_yes_and_no_is_refused(folder: Path) -> None:
     model.tokenizer.backend = NoYesNo()
     with pytest.raises(ValueError, match="yes and no"):
         decoder_reranker(model, "no-yes")
+
+
+def test_documents_longer_than_the_native_attention_context_score_as_the_reference(
+    reranker: DecoderReranker, folder: Path
+) -> None:
+    # rows past NATIVE_PROMPT_CONTEXT (256 tokens) attend through SDPA with the step's mask
+    documents = [" ".join(["bamboo forest"] * n) for n in (90, 150, 3, 120)]
+    scores = reranker.score(reranker.read(QUERY, documents))
+    assert scores == pytest.approx(reference_rerank_scores(folder, QUERY, documents), abs=1e-6)
+
+
+def test_on_the_default_quantized_path_scores_stay_within_a_thousandth(folder: Path) -> None:
+    model = decoder_reranker(load_model(str(folder)), folder.name)  # 16-bit weights and KV
+    documents = [" ".join(["panda"] * (1 + i % 60)) + f" document {i}" for i in range(30)]
+    scores = model.score(model.read(QUERY, documents))
+    assert scores == pytest.approx(reference_rerank_scores(folder, QUERY, documents), abs=1e-3)

@@ -5,7 +5,9 @@ each refused for what the other does."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,13 +23,16 @@ from tiny_retrieval import (
     sentence_transformers_vectors,
 )
 
+from modelhost.assembly import worker_loader
 from modelhost.models.loaded import LoadedModel
 from modelhost.models.loading.loader import load_model
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.inprocess import InProcessUnit, in_process_loader
 from modelhost.residency.registry import ModelRegistry
 from modelhost.residency.router import ModelRouter
+from modelhost.residency.workers.worker_unit import WorkerUnit
 from modelhost.server.app import create_routed_app
+from modelhost.server.front.worker_proxy import PID_HEADER
 from modelhost.server.settings import ServeSettings
 
 EMBEDDER = "tiny-qwen3-embedding"
@@ -143,3 +148,33 @@ def test_each_is_refused_for_what_the_other_does(served: dict[str, Any]) -> None
         json={"model": EMBEDDER, "messages": [{"role": "user", "content": "hi"}]},
     )
     assert chat.status_code == 400 and "is an embedding model" in chat.text
+
+
+@pytest.mark.slow
+def test_both_answer_from_worker_processes_of_their_own(
+    served: dict[str, Any], tmp_path: Path
+) -> None:
+    models = served["models"]
+    registry = ModelRegistry([models], home=tmp_path / "home", hf_hub=tmp_path / "hub")
+    settings = ServeSettings()
+    host: ResidencyHost[WorkerUnit] = ResidencyHost(
+        budget_bytes=10**12, source=registry.get, load=worker_loader(settings, batch=2)
+    )
+    router = ModelRouter(host, registry, current=EMBEDDER)
+    with (
+        LiveServer(create_routed_app(router, settings)) as server,
+        httpx.Client(base_url=server.base_url, timeout=120) as client,
+    ):
+        embedded = client.post("/v1/embeddings", json={"model": EMBEDDER, "input": TEXTS})
+        assert embedded.status_code == 200, embedded.text
+        ours = torch.tensor([item["embedding"] for item in embedded.json()["data"]])
+        expected = sentence_transformers_vectors(models / EMBEDDER, TEXTS)
+        torch.testing.assert_close(ours, expected, atol=1e-3, rtol=0)  # 16-bit weights and KV
+        body = {"model": RERANKER, "query": QUERY, "documents": DOCUMENTS}
+        ranked = client.post("/v1/rerank", json=body)
+        assert ranked.status_code == 200, ranked.text
+        scores = {row["index"]: row["relevance_score"] for row in ranked.json()["results"]}
+        reference = reference_rerank_scores(models / RERANKER, QUERY, DOCUMENTS)
+        assert [scores[i] for i in range(3)] == pytest.approx(reference, abs=1e-3)
+        pids = {int(r.headers[PID_HEADER]) for r in (embedded, ranked)}
+        assert len(pids) == 2 and os.getpid() not in pids
