@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tiny_gguf import write_gguf_from_hf
 from tiny_retrieval import make_tiny_qwen3_reranker, reference_rerank_scores
 
 from modelhost.models.loaded import LoadedModel
@@ -93,3 +94,16 @@ def test_on_the_default_quantized_path_scores_stay_within_a_thousandth(folder: P
     documents = [" ".join(["panda"] * (1 + i % 60)) + f" document {i}" for i in range(30)]
     scores = model.score(model.read(QUERY, documents))
     assert scores == pytest.approx(reference_rerank_scores(folder, QUERY, documents), abs=1e-3)
+
+
+def test_a_gguf_with_llama_cpps_rank_head_scores_as_the_reference_on_its_folder(
+    reranker: DecoderReranker, folder: Path, tmp_path: Path
+) -> None:
+    head = (reranker.yes_id, reranker.no_id)
+    path = write_gguf_from_hf(
+        folder, tmp_path / "tiny-qwen3-reranker.gguf", rank_head=head, pre_tokenizer="qwen2"
+    )
+    model = decoder_reranker(load_model(str(path), quantize="none"), path.stem)
+    assert model.head is not None  # scored from cls.output, not the LM head
+    scores = model.score(model.read(QUERY, DOCUMENTS))
+    assert scores == pytest.approx(reference_rerank_scores(folder, QUERY, DOCUMENTS), abs=1e-6)

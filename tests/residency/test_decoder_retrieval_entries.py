@@ -101,7 +101,7 @@ def test_a_llama_folder_whose_name_says_reranker_is_listed_with_why_it_is_not_se
         (None, ("generate",), None),
         (3, ("embed",), None),
         (1, ("embed",), "last-token pooling, not mean"),
-        (4, ("rerank",), "GGUF rerankers (rank pooling) are not served yet"),
+        (4, ("rerank",), "its rank pooling has no cls.output.weight head"),
     ],
 )
 def test_a_decoder_gguf_does_what_its_pooling_type_says(
@@ -113,3 +113,11 @@ def test_a_decoder_gguf_does_what_its_pooling_type_says(
     found = entry(tmp_path, "tiny")
     assert found.operations == operations
     assert (found.refusal is None) if refusal is None else refusal in (found.refusal or "")
+
+
+def test_a_qwen3_gguf_with_llama_cpps_rank_head_is_a_reranker(tmp_path: Path) -> None:
+    folder = decoder_folder(tmp_path / "folder")
+    (tmp_path / "models").mkdir()
+    write_gguf_from_hf(folder, tmp_path / "models" / "tiny.gguf", rank_head=(1, 2))
+    found = entry(tmp_path, "tiny")
+    assert found.operations == ("rerank",) and found.refusal is None

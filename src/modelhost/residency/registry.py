@@ -343,7 +343,7 @@ class ModelRegistry:
                 config, architecture, tensors, size, pooling = _read_gguf(path)
             except UnservableArchitecture as exc:
                 return _refused(model_id, path, "gguf", exc, path.stat().st_size)
-            retrieval = gguf_retrieval(pooling)
+            retrieval = gguf_retrieval(pooling, architecture, {t[0] for t in tensors})
             named = self._named_mmproj.get(path.resolve())
             mmproj = named or (mmproj_beside(path) if reads_images(path) else None)
             if mmproj is not None:  # its tower loads with it, and costs its file

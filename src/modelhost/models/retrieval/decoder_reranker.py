@@ -5,7 +5,8 @@ The prompt and the score are Qwen3-Reranker's own (its model card's reference co
 turn that asks for "yes" or "no", then `<Instruct>: {instruction}\\n<Query>: {query}\\n
 <Document>: {document}` tokenized as one text and cut to fit, then the assistant's empty
 thinking block. The score is softmax([logit(no), logit(yes)]) at the last position: P(yes),
-in 0..1. A query's documents run as one forward (whole_prompts.py), each row's last token its
+in 0..1; a GGUF (llama.cpp's rank pooling) keeps only those two rows of the LM head, as
+`cls.output`. A query's documents run as one forward (whole_prompts.py), each row's last token its
 own, without padding.
 """
 
@@ -14,11 +15,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pathlib import Path
+
 import tokenizers
 import torch
 
 from modelhost.models.loaded import LoadedModel
+from modelhost.models.loading.gguf_header import GGUFFile
+from modelhost.models.loading.load_gguf import FileReader, GGUFTensor
 from modelhost.models.networks.decoder import DecoderLM
+from modelhost.models.retrieval.retrieval_files import RANK_HEAD
 from modelhost.models.retrieval.whole_prompts import groups, last_hidden
 
 PREFIX = (
@@ -53,6 +59,9 @@ class DecoderReranker:
     yes_id: int
     no_id: int
     max_length: int
+    # [2, hidden] rows (no, yes) of the LM head, where a GGUF keeps only those (cls.output);
+    # None: the network's own LM head
+    head: torch.Tensor | None = None
     forwards: int = 0  # batched forwards run so far (tests read it)
 
     @property
@@ -79,8 +88,12 @@ class DecoderReranker:
         for start, end in groups([len(p.input_ids) for p in prompts]):
             self.forwards += 1
             rows = [p.input_ids for p in prompts[start:end]]
-            logits = network.logits(last_hidden(self.model, rows))
-            odds = torch.stack((logits[:, self.no_id], logits[:, self.yes_id]), dim=1)
+            hidden = last_hidden(self.model, rows)
+            if self.head is not None:
+                odds = hidden.float() @ self.head.t()
+            else:
+                logits = network.logits(hidden)
+                odds = torch.stack((logits[:, self.no_id], logits[:, self.yes_id]), dim=1)
             scores.extend(torch.log_softmax(odds, dim=1)[:, 1].exp().tolist())
         return scores
 
@@ -100,4 +113,17 @@ def decoder_reranker(model: LoadedModel, model_id: str) -> DecoderReranker:
         yes_id=yes_id,
         no_id=no_id,
         max_length=min(MAX_LENGTH, model.config.context_length),
+        head=_rank_head(model) if Path(model.path).suffix == ".gguf" else None,
     )
+
+
+def _rank_head(model: LoadedModel) -> torch.Tensor:
+    """A reranker GGUF's `cls.output` head as rows (no, yes): llama.cpp's converter writes the
+    LM head's rows of yes and no, in the order `<arch>.classifier.output_labels` names them."""
+    header = GGUFFile(Path(model.path))
+    entry = next(t for t in header.tensors if t["name"] == RANK_HEAD)
+    rows = GGUFTensor(FileReader(Path(model.path)), RANK_HEAD, entry, None).dense()
+    labels = list(header.arch_field("classifier.output_labels") or ("yes", "no"))
+    if sorted(labels) != ["no", "yes"]:
+        raise ValueError(f"{model.path}: a rank head labelled {labels}, not yes and no")
+    return rows[[labels.index("no"), labels.index("yes")]].to(model.device)

@@ -16,6 +16,7 @@ never served as something else.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from modelhost.models.loading.hf_config import read_json
 # llama.cpp's `<arch>.pooling_type` (enum llama_pooling_type).
 POOLING_NONE, POOLING_MEAN, POOLING_CLS, POOLING_LAST, POOLING_RANK = 0, 1, 2, 3, 4
 _POOLING_NAMES = {POOLING_MEAN: "mean", POOLING_CLS: "cls", POOLING_RANK: "rank"}
+RANK_HEAD = "cls.output.weight"  # a reranker GGUF's head: the LM head's rows of yes and no
 RERANKER_FAMILY = "qwen3"  # the decoder rerankers served: Qwen3-Reranker's prompt and head
 _SERVED_MODULES = ("Transformer", "Pooling", "Normalize")  # sentence_transformers.models.*
 
@@ -127,16 +129,20 @@ def reranker_refusal(architecture: str) -> str | None:
     return None
 
 
-def gguf_retrieval(pooling_type: int | None) -> Retrieval | None:
+def gguf_retrieval(
+    pooling_type: int | None, architecture: str, tensor_names: Collection[str]
+) -> Retrieval | None:
     """What a decoder GGUF whose header's `<arch>.pooling_type` is `pooling_type` does
-    besides generating; None: it generates."""
+    besides generating; None: it generates. Rank pooling with a `cls.output` head of two rows
+    is llama.cpp's Qwen3-Reranker (its converter keeps the yes and no rows of the LM head)."""
     if pooling_type is None or pooling_type == POOLING_NONE:
         return None
     if pooling_type == POOLING_LAST:
         return Retrieval("embed")
     if pooling_type == POOLING_RANK:
-        reason = "GGUF rerankers (rank pooling) are not served yet; serve the reranker's folder"
-        return Retrieval("rerank", reason)
+        if RANK_HEAD not in tensor_names:
+            return Retrieval("rerank", f"its rank pooling has no {RANK_HEAD} head")
+        return Retrieval("rerank", reranker_refusal(architecture))
     name = _POOLING_NAMES.get(pooling_type, str(pooling_type))
     return Retrieval("embed", f"decoder embedders are served with last-token pooling, not {name}")
 
