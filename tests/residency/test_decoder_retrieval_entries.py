@@ -121,3 +121,15 @@ def test_a_qwen3_gguf_with_llama_cpps_rank_head_is_a_reranker(tmp_path: Path) ->
     write_gguf_from_hf(folder, tmp_path / "models" / "tiny.gguf", rank_head=(1, 2))
     found = entry(tmp_path, "tiny")
     assert found.operations == ("rerank",) and found.refusal is None
+
+
+def test_a_decoder_converted_to_a_sequence_classifier_is_listed_with_why_it_is_not_served(
+    tmp_path: Path,
+) -> None:
+    folder = decoder_folder(tmp_path / "models" / "seq-cls")
+    raw = json.loads((folder / "config.json").read_text())
+    raw["architectures"] = ["Qwen3ForSequenceClassification"]
+    (folder / "config.json").write_text(json.dumps(raw))
+    found = entry(tmp_path, "seq-cls")
+    assert found.operations == ("rerank",)
+    assert "sequence classifier is not served" in (found.refusal or "")

@@ -105,6 +105,10 @@ def folder_retrieval(path: Path, names: tuple[str, ...], raw: dict[str, Any]) ->
     hints = (*names, path.name, str(raw.get("_name_or_path") or ""))
     if any("reranker" in hint.lower() for hint in hints):
         return Retrieval("rerank", reranker_refusal(str(raw.get("model_type") or "")))
+    if any(str(a).endswith("ForSequenceClassification") for a in raw.get("architectures") or ()):
+        # Qwen3-Reranker converted to a classifier (a `score` head, no LM head)
+        reason = "a decoder sequence classifier is not served; serve the causal LM it came from"
+        return Retrieval("rerank", reason)
     return None
 
 
