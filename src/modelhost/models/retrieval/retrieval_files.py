@@ -8,7 +8,9 @@ lists embedders and rerankers from them):
 - a **decoder reranker** (Qwen3-Reranker): a Qwen3 causal LM folder that the model's name
   calls one (its folder, id or config's `_name_or_path` contains "reranker": the weights are a
   plain Qwen3ForCausalLM, so nothing else in its files tells it from a chat model; llama.cpp's
-  converter decides the same way). It is scored from the next-token odds of "yes" against "no".
+  converter decides the same way); or a Qwen3 GGUF as that converter writes one: rank
+  pooling (4) and a `cls.output` head. It is scored from the next-token odds of "yes" against
+  "no".
 
 A file that says it embeds or reranks in a way not served here is listed with its refusal,
 never served as something else.
@@ -33,7 +35,8 @@ RERANKER_FAMILY = "qwen3"  # the decoder rerankers served: Qwen3-Reranker's prom
 _SERVED_MODULES = ("Transformer", "Pooling", "Normalize")  # sentence_transformers.models.*
 
 # One forward's bounds (models/retrieval/whole_prompts.py): padded tokens, rows, and attention
-# score elements per head (rows x longest^2, where SDPA builds them); the estimate reads them.
+# elements per head (rows x longest^2: the mask, and SDPA's scores where it builds them); the
+# registry's estimate reads them.
 BATCH_TOKENS = 16384  # as many as a cross-encoder forward takes (models/networks/cross_encoder.py)
 BATCH_ROWS = 128
 BATCH_SCORES = 4 << 20
