@@ -45,19 +45,41 @@ def write_gguf_from_hf(
     qtype: str = "F32",
     added_tokens: Sequence[str] = (),
     chat_template: str | None = None,
+    pooling_type: int | None = None,
+    appended_eos: int | None = None,
+    rank_head: tuple[int, int] | None = None,
+    pre_tokenizer: str | None = None,
 ) -> Path:
     """`directory`'s checkpoint as a GGUF at `path`, 2-D weights in `qtype` (F32 or Q8_0);
     `added_tokens` follow the donor's vocabulary as control tokens (a checkpoint whose
     tokenizer added them, as SmolVLM's image tokens); `chat_template` in place of the
-    donor's ("" for none)."""
+    donor's ("" for none); `pooling_type`, an embedder's `<arch>.pooling_type`; `appended_eos`,
+    an EOS id the tokenizer appends to every text (`tokenizer.ggml.add_eos_token`), as the
+    converter writes a tokenizer whose post-processor appends one (Qwen3-Embedding's). A
+    checkpoint saved from a base model (no `model.` prefix) is read as its causal LM's.
+    `rank_head` (the ids of "yes" and "no"): a Qwen3-Reranker as llama.cpp's converter writes
+    one, rank pooling and a `cls.output` head of the LM head's yes and no rows.
+    `pre_tokenizer`: `tokenizer.ggml.pre` in place of the donor's (a real Qwen3 file's "qwen2")."""
     raw = json.loads((directory / "config.json").read_text())
     arch = GGUF_ARCHITECTURES[raw["model_type"]]
     writer = gguf.GGUFWriter(path, arch)
-    _metadata(writer, raw, arch, added_tokens, chat_template)
+    _metadata(writer, raw, arch, added_tokens, chat_template, appended_eos, pre_tokenizer)
+    if pooling_type is not None:
+        writer.add_pooling_type(gguf.PoolingType(pooling_type))
+    if rank_head is not None:
+        writer.add_pooling_type(gguf.PoolingType.RANK)
+        writer.add_classifier_output_labels(["yes", "no"])
     names = gguf.get_tensor_name_map(_arch_enum(arch), raw["num_hidden_layers"])
     # llama.cpp's qwen3moe has no dense layers; a checkpoint's (mlp_only_layers) keep qwen3's
     dense_names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3, raw["num_hidden_layers"])
-    tensors = _experts_stacked(load_file(str(directory / "model.safetensors")))
+    saved = load_file(str(directory / "model.safetensors"))
+    saved = {
+        k if k.startswith(("model.", "lm_head.")) else f"model.{k}": v for k, v in saved.items()
+    }
+    tensors = _experts_stacked(saved)
+    if rank_head is not None:
+        head = tensors.get("lm_head.weight", tensors["model.embed_tokens.weight"])
+        writer.add_tensor("cls.output.weight", head[list(rank_head)].float().numpy())
     for name, tensor in tensors.items():
         if name == "lm_head.weight" and raw.get("tie_word_embeddings"):
             continue
@@ -105,6 +127,8 @@ def _metadata(
     arch: str,
     added_tokens: Sequence[str] = (),
     chat_template: str | None = None,
+    appended_eos: int | None = None,
+    pre_tokenizer: str | None = None,
 ) -> None:
     heads = raw["num_attention_heads"]
     head_dim = raw.get("head_dim") or raw["hidden_size"] // heads
@@ -155,7 +179,13 @@ def _metadata(
             if not chat_template:  # "": the file carries no template (the family's is used)
                 continue
             value = chat_template
+        elif field.key == "tokenizer.ggml.eos_token_id" and appended_eos is not None:
+            value = appended_eos
+        elif field.key == "tokenizer.ggml.pre" and pre_tokenizer is not None:
+            value = pre_tokenizer
         writer.add_key_value(field.key, value, field.types[0], sub_type=sub_type)
+    if appended_eos is not None:
+        writer.add_add_eos_token(True)
 
 
 def _converted(name: str, value: torch.Tensor, raw: dict[str, Any], arch: str) -> torch.Tensor:

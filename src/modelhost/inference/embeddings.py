@@ -12,6 +12,7 @@ import asyncio
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,28 @@ from modelhost.models.loading.embedded import encoder_path
 from modelhost.models.networks.bert import EmbeddingModel, load_bert
 
 
+class VocabSize(Protocol):
+    @property
+    def vocab_size(self) -> int: ...
+
+
+class Embedder(Protocol):
+    """What an embedding model offers the stage: a BERT encoder (models/networks/bert.py) or
+    a decoder embedder (models/retrieval/decoder_embedder.py)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def config(self) -> VocabSize: ...
+    @property
+    def dimensions(self) -> int: ...
+    @property
+    def weights_bytes(self) -> int: ...
+    def token_ids(self, text: str) -> list[int]: ...
+    def framed(self, ids: Sequence[int]) -> list[int]: ...
+    def embed(self, inputs: Sequence[list[int]]) -> torch.Tensor: ...
+
+
 @dataclass(frozen=True, slots=True)
 class EmbeddingResult:
     vectors: list[list[float]]
@@ -29,7 +52,7 @@ class EmbeddingResult:
 
 
 class EncoderStage:
-    def __init__(self, model: EmbeddingModel) -> None:
+    def __init__(self, model: Embedder) -> None:
         self.model = model
         self._lock = threading.Lock()
 

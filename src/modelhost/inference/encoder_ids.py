@@ -37,13 +37,14 @@ def embedding_model_only(model_id: str) -> InvalidRequest:
     return InvalidRequest(embedding_model_only_message(model_id), param="model")
 
 
-# Rerankers (cross-encoders) serve /v1/rerank and nothing else; the same refusals both ways.
+# Rerankers (cross-encoders, decoder rerankers) serve /v1/rerank and nothing else; the same
+# refusals both ways.
 
 
 def not_a_reranker_message(model_id: str) -> str:
     return (
         f'model "{model_id}" is not a reranker; serve a cross-encoder '
-        "(a BertForSequenceClassification folder) to use /v1/rerank"
+        "(a BertForSequenceClassification folder) or a Qwen3-Reranker to use /v1/rerank"
     )
 
 

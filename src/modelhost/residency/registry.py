@@ -13,8 +13,9 @@ Ids: `org/name` for Hugging Face layouts, the file stem for GGUF, the embedded i
 a model in the hub cache also answers to the name a pull took (`hf.co/org/name:QUANT`).
 Besides generative models, an entry may be a sentence encoder (a BERT-family Hugging Face
 directory: `operations=("embed",)`), a cross-encoder (one whose config.json's `architectures`
-names a `...ForSequenceClassification`: `("rerank",)`) or a faster-whisper model directory
-(`("transcribe",)`).
+names a `...ForSequenceClassification`: `("rerank",)`), a decoder embedder or reranker (what
+models/retrieval/retrieval_files.py reads from its files: `("embed",)`, `("rerank",)`) or a
+faster-whisper model directory (`("transcribe",)`).
 An id is only ever looked up among what a scan found, never turned into a path, and a file that
 resolves outside its root (a symlink out of the models folder) is skipped. Files a pull is
 still writing or checking (residency/pull/marker.py) are skipped too; a finished pull touches
@@ -64,6 +65,12 @@ from modelhost.models.loading.footprint import held_bytes, unsupported_tensor
 from modelhost.models.loading.gguf_header import GGUFFile
 from modelhost.models.loading.hf_config import config_from_hf, read_json
 from modelhost.models.networks.cross_encoder_config import cross_encoder_refusal, is_cross_encoder
+from modelhost.models.retrieval.retrieval_files import (
+    Retrieval,
+    folder_retrieval,
+    forward_work_bytes,
+    gguf_retrieval,
+)
 from modelhost.models.vision.pairing import is_mmproj, mmproj_beside, reads_images
 from modelhost.paths import file_cache_key, modelhost_home
 from modelhost.residency.pull.marker import files_being_pulled
@@ -333,9 +340,10 @@ class ModelRegistry:
         named: Path | None = None
         if path.suffix == ".gguf":
             try:
-                config, architecture, tensors, size = _read_gguf(path)
+                config, architecture, tensors, size, pooling = _read_gguf(path)
             except UnservableArchitecture as exc:
                 return _refused(model_id, path, "gguf", exc, path.stat().st_size)
+            retrieval = gguf_retrieval(pooling, architecture, {t[0] for t in tensors})
             named = self._named_mmproj.get(path.resolve())
             mmproj = named or (mmproj_beside(path) if reads_images(path) else None)
             if mmproj is not None:  # its tower loads with it, and costs its file
@@ -362,10 +370,11 @@ class ModelRegistry:
                 return _refused(model_id, path, "safetensors", refusal, size)
             tensors = [t for f in files for t in _safetensors_tensors(f)]
             fmt = "safetensors"
+            retrieval = folder_retrieval(path, (model_id,), raw)
         shape = self.shape
         weights = held_bytes(((t[1], t[2]) for t in tensors), shape.quantize, cuda=shape.cuda)
         serving = serving_bytes(config, weights, shape)
-        return ModelEntry(
+        entry = ModelEntry(
             id=model_id,
             path=path,
             format=fmt,
@@ -381,6 +390,7 @@ class ModelRegistry:
             mmproj=named,
             context_length=serving_context(config, shape, weights),
         )
+        return entry if retrieval is None else _retrieving(entry, config, retrieval)
 
     def _encoder(
         self, model_id: str, path: Path, files: list[Path], raw: dict[str, Any]
@@ -471,6 +481,28 @@ def hf_refusal(raw: dict[str, Any], tensors: Sequence[TensorEntry]) -> str | Non
     return unsupported_tensor((name, kind, len(dims)) for name, kind, dims in tensors)
 
 
+def _retrieving(entry: ModelEntry, config: ModelConfig, retrieval: Retrieval) -> ModelEntry:
+    """A decoder that embeds or reranks (models/retrieval/retrieval_files.py): it holds its
+    weights and one forward's working memory, and keeps no KV cache between requests."""
+    work = forward_work_bytes(
+        hidden=config.hidden_size,
+        intermediate=config.intermediate_size,
+        heads=config.num_heads,
+        kv_dim=config.num_kv_heads * config.head_dim,
+        vocab=config.vocab_size,
+    )
+    return replace(
+        entry,
+        operations=(retrieval.operation,),
+        refusal=retrieval.refusal or entry.refusal,
+        estimate_bytes=entry.weights_bytes + work,
+        work_bytes=0,
+        kv_row_bytes=0,
+        kv_pool_bytes=0,
+        store_queue_bytes=0,
+    )
+
+
 def _refused(
     model_id: str, path: Path, fmt: str, refusal: UnservableArchitecture, size: int
 ) -> ModelEntry:
@@ -556,38 +588,42 @@ def serving_bytes(config: ModelConfig, weights: int, shape: ServingShape) -> Ser
     )
 
 
-_GGUF_META_VERSION = 2  # the cached config's layout
+_GGUF_META_VERSION = 3  # the cached config's layout
 # A tensor as the registry sees it: name, GGUF type, shape in PyTorch's order.
 TensorEntry = tuple[str, int, tuple[int, ...]]
 
 
-def _read_gguf(path: Path) -> tuple[ModelConfig, str, list[TensorEntry], int]:
+def _read_gguf(path: Path) -> tuple[ModelConfig, str, list[TensorEntry], int, int | None]:
     """What the registry needs of a GGUF file, kept in MODELHOST_HOME/cache keyed by the file's
-    path, size and modification time (a scan reads each file's header once)."""
+    path, size and modification time (a scan reads each file's header once): its config,
+    architecture, tensors, size and `<arch>.pooling_type` (None where it has none)."""
     size = path.stat().st_size
     cached = modelhost_home() / "cache" / "gguf-meta" / f"{file_cache_key(path)}.json"
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         meta = json.loads(cached.read_text())
         if meta.get("version") == _GGUF_META_VERSION:
             tensors = [(name, kind, tuple(dims)) for name, kind, dims in meta["tensors"]]
-            return ModelConfig.from_json(meta["config"]), meta["architecture"], tensors, size
+            config = ModelConfig.from_json(meta["config"])
+            return config, meta["architecture"], tensors, size, meta["pooling"]
 
     gguf_file = GGUFFile(path)
     architecture = gguf_file.architecture
     config = gguf_model_config(gguf_file)
     tensors = [(t["name"], t["type"], tuple(reversed(t["shape"]))) for t in gguf_file.tensors]
+    pooling = gguf_file.arch_field("pooling_type")
     meta = {
         "version": _GGUF_META_VERSION,
         "config": asdict(config),
         "architecture": architecture,
         "tensors": tensors,
+        "pooling": int(pooling) if pooling is not None else None,
     }
     with contextlib.suppress(OSError):  # a read-only home only costs the next scan its time
         cached.parent.mkdir(parents=True, exist_ok=True)
         partial = cached.with_suffix(f".{os.getpid()}.partial")
         partial.write_text(json.dumps(meta))
         partial.replace(cached)
-    return config, architecture, tensors, size
+    return config, architecture, tensors, size, meta["pooling"]
 
 
 def _safetensors_tensors(path: Path) -> list[TensorEntry]:

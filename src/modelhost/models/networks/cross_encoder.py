@@ -105,6 +105,11 @@ class CrossEncoderModel:
     def tokens(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
+    def read(self, query: str, documents: Sequence[str]) -> list[Pair]:
+        """The query paired with each document (what inference/rerank.py's stage scores)."""
+        query_ids = self.tokens(query)
+        return [self.pair(query_ids, self.tokens(document)) for document in documents]
+
     def pair(self, query: Sequence[int], document: Sequence[int]) -> Pair:
         """[CLS] query [SEP] document [SEP], cut to the window, with its token types."""
         keep_q, keep_d = longest_first(len(query), len(document), self.max_length - _PAIR_SPECIALS)

@@ -140,6 +140,28 @@ class DecoderLM(nn.Module):
         """Next-token logits [S, vocab] for the tokens in `batch.logits_index`.
         `before_layers` runs once the layers are about to start: their kernels let go of the
         GIL for most of the step, and the engine hands its last step's tokens out then."""
+        return self.logits(self.final_hidden(batch, kv, before_layers))
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 next-token logits [S, vocab] of final hidden states [S, hidden]."""
+        logits = self.lm_head(hidden)
+        if self.config.logits_scaling != 1.0:
+            logits = logits / self.config.logits_scaling
+        cap = self.config.final_logit_softcapping
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits.float()
+
+    @torch.inference_mode()
+    def final_hidden(
+        self,
+        batch: ForwardBatch,
+        kv: KVCache,
+        before_layers: Callable[[], None] | None = None,
+    ) -> torch.Tensor:
+        """The hidden states [S, hidden] after the final norm (before the LM head) of the
+        tokens in `batch.logits_index`: what decoder embedders pool (models/retrieval/)."""
         hidden = self.model.embed_tokens(batch.input_ids)
         if self.embed_scale != 1.0:
             hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
@@ -173,11 +195,5 @@ class DecoderLM(nn.Module):
                     # other tokens would be dropped after it (1/layers of a prompt's work saved).
                     keep = batch.logits_index if index == len(blocks) - 1 else None
                     hidden = layer(hidden, ropes[self.config.rope_kind(index)], batch, kv, keep)
-        hidden = self.model.norm(hidden)
-        logits = self.lm_head(hidden)
-        if self.config.logits_scaling != 1.0:
-            logits = logits / self.config.logits_scaling
-        cap = self.config.final_logit_softcapping
-        if cap is not None:
-            logits = torch.tanh(logits / cap) * cap
-        return logits.float()
+        normed: torch.Tensor = self.model.norm(hidden)
+        return normed
