@@ -7,14 +7,15 @@ modelhost (its first worker forked from the fork server, the default, and spawne
 
 The file defaults to the Llama-shaped 1B Q4_K_M file of `synthetic_gguf.py` under
 /tmp/synth-models (written when missing). "Cached": the file is read through the page cache
-first, and modelhost's home (a fresh one) already holds the native kernels built and the
-file's packed weights (loaded once before the first start, as on any day after the first),
-so each start measures starting, not converting. A start is timed from spawning the server to
-the answer of its first one-token completion (`user_sized.wait_first_token`: the request is
-sent again until it is answered); modelhost's `GET /engine` then says where its worker's start
-went (Python and imports, weights and tokenizer, engine, listening; `python_ms` of a forked
-worker is the wait for the fork server's warm-up). llama-server runs as a user would start it:
-`llama-server -m FILE` (its defaults) on a free port. Prints a table and writes JSON (default
+first, and modelhost's home (a fresh one) already holds the native kernels built and the file's
+packed weights (loaded once before the first start, as on any day after the first) and has
+scanned its models once (`modelhost ls`), so each start measures starting, not converting. A
+start is timed from spawning the server to the answer of its first one-token completion
+(`user_sized.wait_first_token`: the request is sent again until it is answered); modelhost's
+`GET /engine` then says where its worker's start went (Python and imports, weights and
+tokenizer, engine, listening; `python_ms` of a forked worker is the wait for the fork server's
+warm-up). llama-server runs as a user would start it: `llama-server -m FILE` (its defaults) on
+a free port. Prints a table and writes JSON (default
 benchmarks/results/serve-start-<time>.json).
 """
 
@@ -26,6 +27,7 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -73,6 +75,10 @@ def run_server(name: str, path: Path, args: argparse.Namespace, workdir: Path) -
         home = fresh_home(workdir / "homes", native if native.is_dir() else None)
         env["MODELHOST_HOME"] = str(home)
         keep_packed_weights([path], env)  # the day after the first: its weights are packed
+        # and the models it finds are known (a first scan of a home assembles the embedded
+        # models' files from their packages: once, whatever model is served)
+        subprocess.run([sys.executable, "-m", "modelhost", "ls"], env=env, check=True,
+                       stdout=subprocess.DEVNULL)  # fmt: skip
     try:
         runs = []
         for run in range(args.runs):

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import importlib
 import json
 import os
@@ -197,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     warm_up = getattr(module, "warm_up", None)
     if warm_up is not None:
         warm_up()
+    # What the children share with this process stays shared: the collector no longer writes
+    # to every object's header (its generation links) in a child, copying the page it is on.
+    gc.freeze()
     if args.ready:
         Path(args.ready).touch()
     ForkServer(module, listener).run()
