@@ -16,6 +16,10 @@ low-priority warm-up), the next spares warm up at the usual priority instead (`u
 a hand-over finds one that has waited `REFILL_AFTER_S` since it was warm: each then shares the
 CPU with the requests after a switch, rather than adding its whole warm-up to the next one.
 
+Where `modelhost serve` runs a fork server (forks.py), a spare is forked from it instead: warm
+at once, for the cost of a fork, with no warm-up to compete with anything (the priorities above
+are then moot); where the fork server is gone, spares are spawned and warm up as above.
+
 A spare that dies is reaped and replaced, never handed a model (at most `max_restarts` deaths
 in `restart_window_s`, the rule workers follow). `close()` stops it with the server; a server
 that dies without closing leaves it nothing either: its stdin ends and it exits. Its resident
@@ -70,6 +74,11 @@ class Spare:
         self.directory = directory
         self.started_at = time.monotonic()
         self.warm_s: float | None = None  # seconds from its start until it was warm
+
+    @property
+    def forked(self) -> bool:
+        """Whether the fork server forked it (warm at once), rather than it being spawned."""
+        return not isinstance(self.process, subprocess.Popen)
 
     @property
     def state(self) -> str:
@@ -181,8 +190,7 @@ class SpareWorkers:
         spare = self._spare
         if spare is None:
             return 0
-        forked = not isinstance(spare.process, subprocess.Popen)
-        return ((pss_bytes if forked else rss_bytes)(spare.process.pid)) or 0
+        return ((pss_bytes if spare.forked else rss_bytes)(spare.process.pid)) or 0
 
     def view(self) -> dict[str, Any]:
         """The spare for `GET /engine`."""
@@ -191,7 +199,7 @@ class SpareWorkers:
         row["pid"] = spare.process.pid if spare is not None else None
         row["rss_bytes"] = self.held_bytes() if spare is not None else None
         row["warm_s"] = spare.warm_s if spare is not None else None
-        row["forked"] = spare is not None and not isinstance(spare.process, subprocess.Popen)
+        row["forked"] = spare is not None and spare.forked
         row["urgent"] = self.urgent
         return {**row, "handed": self.handed, "died": self.deaths.count}
 
