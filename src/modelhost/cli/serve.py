@@ -24,6 +24,7 @@ from modelhost.assembly import (
     worker_loader,
 )
 from modelhost.cli.progress import ProgressBar, load_reporter
+from modelhost.cli.serve_early import EarlyStart, start_worker_processes
 from modelhost.inference.admission import BYTES_PER_GB, BudgetTooSmall
 from modelhost.models.loading.embedded import DEFAULT_MODEL
 from modelhost.residency.host import ResidencyHost
@@ -48,18 +49,15 @@ if TYPE_CHECKING:
     from modelhost.residency.workers.spare_pool import SpareWorkers
 
 
-def run_serve(args: argparse.Namespace) -> int:
+def run_serve(args: argparse.Namespace, started: EarlyStart | None = None) -> int:
+    """Serve until a signal; `started`: what `start_worker_processes(args)` started already
+    (the CLI does, before importing this module), else it starts now. The workers' request
+    series (for the front's /metrics) and the fork server end with the server."""
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    samples: WorkerSamples | None = None  # the workers' request series, for the front's /metrics
-    forks: ForkServerHandle | None = None
-    if getattr(args, "workers", False) and not getattr(args, "cluster", None):
-        samples = WorkerSamples()
-        if getattr(args, "fork_server", True):  # first: it imports PyTorch as this one goes on
-            forks = ForkServerHandle(WORKER_MODULE, env=samples.env())
-            forks.start()
+    samples, forks = started if started is not None else start_worker_processes(args)
     try:
         return _run_serve(args, samples, forks)
     finally:
