@@ -22,22 +22,26 @@ A model's visits alternate between:
 
 and each visit is followed by the same request again, the model resident (`resident`). The very
 first visit of A only warms the server up (modelhost has A loaded at start) and is left out.
+After the last visit, once the spare is warm and `QUIET_S` have passed, the last resident
+request is sent once more (`quiet`): `resident` over `quiet` is what switching back to back
+costs a model that is answering (issue 48's target: at most 2x).
 
 Servers: `modelhost` is `modelhost serve A B --model-budget GB --hold 0 --log-level info` (a
 spare worker kept warm, the default; no hold, which would keep a model 5 s after its answer for
 an agent's next call, where this client switches on purpose); `modelhost-no-spare` adds
-`--no-spare-worker`; `llama-server` is the router (`--models-dir` over a folder of links to both
-files, `--models-max 1`) with `user_sized.py`'s settings (`-np 8 -c 16384 -t 2`), a model named
-by its file's stem. Each switch and return also says where its time went (`phases`, ms). For
-modelhost: the drain of the other model (from the server's log), the new worker's start (`GET
-/engine`: waiting for a spare, Python, imports, weights and tokenizer, engine, listening) and
-the rest (prefill and the first token). For llama-server, from its log (the router's clock and
-its new instance's): the drain (evicting the other -> its instance exited), the instance's
-start (spawned -> its model load began), its load (weights, context and warm-up -> model
-loaded), listening (-> the router proxies the request), the prefill (its prompt eval time) and
-the rest. The memory of each server's process tree is sampled throughout (peak), and the
-spare's RSS read from `/engine`. Prints a table of medians and writes JSON (default
-benchmarks/results/switch-<time>.json).
+`--no-spare-worker`, `modelhost-no-fork` `--no-fork-server` (spares and workers spawned and
+warmed up afresh, as before the fork server); `llama-server` is the router (`--models-dir` over
+a folder of links to both files, `--models-max 1`) with `user_sized.py`'s settings (`-np 8 -c
+16384 -t 2`), a model named by its file's stem. Each switch and return also says where its time
+went (`phases`, ms). For modelhost: the drain of the other model (from the server's log), the
+new worker's start (`GET /engine`: waiting for a spare, Python, imports, weights and tokenizer,
+engine, listening) and the rest (prefill and the first token). For llama-server, from its log
+(the router's clock and its new instance's): the drain (evicting the other -> its instance
+exited), the instance's start (spawned -> its model load began), its load (weights, context and
+warm-up -> model loaded), listening (-> the router proxies the request), the prefill (its
+prompt eval time) and the rest. The memory of each server's process tree is sampled throughout
+(peak), and the spare's RSS read from `/engine`. Prints a table of medians and writes JSON
+(default benchmarks/results/switch-<time>.json).
 
 Each request has a connection of its own: llama-server's router closed a kept-alive connection
 as the next request arrived on it, right after a stream ("Server disconnected without sending a
@@ -90,8 +94,9 @@ DEFAULT_FILES = (SYNTH / "1b-q4_k_m.gguf", SYNTH / "3b-q4_k_m.gguf")
 LLAMA_SERVER_BUILT = Path(
     "/work/llamacpp/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin/llama-server"
 )
-SERVERS = ("modelhost", "modelhost-no-spare", "llama-server")
-KINDS = ("switch", "return", "resident")
+SERVERS = ("modelhost", "modelhost-no-spare", "modelhost-no-fork", "llama-server")
+KINDS = ("switch", "return", "resident", "quiet")
+QUIET_S = 5.0  # before the quiet request: whatever a switch left running has ended
 PHASES = ("drain_ms", "spare_wait_ms", "python_ms", "imports_ms", "weights_ms", "engine_ms",
           "listen_ms", "rest_ms")  # fmt: skip
 LOG_TIME = re.compile(
@@ -193,6 +198,8 @@ def server_argv(name: str, files: list[Path], port: int, args: argparse.Namespac
         argv += ["--model-budget", str(args.model_budget), "--hold", "0", "--log-level", "info"]
         if name == "modelhost-no-spare":
             argv.append("--no-spare-worker")
+        if name == "modelhost-no-fork":
+            argv.append("--no-fork-server")
         return [*argv, *shlex.split(args.modelhost_args)]
     return [
         str(args.llama_server), "--models-dir", str(args.models_dir), "--models-max", "1",
@@ -309,7 +316,12 @@ def where_it_went(
     phases["drain_ms"] = drain_ms(log, asked.replace(microsecond=0), other)
     spent = sum(v for v in phases.values() if isinstance(v, int | float))
     phases["rest_ms"] = round(row["first_token_s"] * 1000 - spent, 1)
-    return {"from_spare": worker.get("from_spare"), "phases": phases, "spare": view.get("spare")}
+    return {
+        "from_spare": worker.get("from_spare"),
+        "forked": worker.get("forked"),
+        "phases": phases,
+        "spare": view.get("spare"),
+    }
 
 
 def run_server(
@@ -366,6 +378,15 @@ def run_server(
                 print(f"  {kind:8} {model:24} first token {row['first_token_s']:7.2f} s  "
                       f"cached {row.get('cached_tokens')}  resident {again['first_token_s']:.2f} s",
                       flush=True)  # fmt: skip
+            # The last resident request once more, with nothing else running (the spare warm,
+            # no load): the yardstick for the resident requests made between switches.
+            if name.startswith("modelhost"):
+                warm_spare(url, args.start_timeout)
+            time.sleep(QUIET_S)
+            quiet = stream_completion(client, url, model, prompt, args.tokens)
+            quiet.update(model=model, kind="quiet", step=step)
+            result["visits"].append(quiet)
+            print(f"  quiet    {model:24} first token {quiet['first_token_s']:7.2f} s", flush=True)
         result["peak_rss_bytes"] = tree.peak_rss
         if name == "modelhost":
             result["spare"] = warm_spare(url, args.start_timeout)
@@ -430,8 +451,8 @@ def summarize(visits: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def format_table(report: dict[str, Any]) -> str:
-    lines = ["server               switch s  return s  cached on return  resident s  peak RSS GB",
-             "-" * 86]  # fmt: skip
+    lines = ["server               switch s  return s  cached on return  resident s   quiet s"
+             "  resident/quiet  peak RSS GB", "-" * 112]  # fmt: skip
     for name, result in report["servers"].items():
         if "error" in result and "summary" not in result:
             lines.append(f"{name:20} failed: {result['error'][:60]}")
@@ -444,8 +465,12 @@ def format_table(report: dict[str, Any]) -> str:
         back = s.get("return", {})
         cached = f"{back.get('cached_tokens_median', '-')}/{back.get('prompt_tokens_median', '-')}"
         peak = result.get("peak_rss_bytes", 0) / 1e9
+        ratio = (s["resident"]["first_token_s_median"] / s["quiet"]["first_token_s_median"]
+                 if "resident" in s and "quiet" in s else None)  # fmt: skip
+        shown = f"{ratio:13.2f}x" if ratio is not None else "             -"
         lines.append(f"{name:20} {median['switch']}  {median['return']}  {cached:>16}  "
-                     f"{median['resident']}    {peak:9.2f}")  # fmt: skip
+                     f"{median['resident']}  {median['quiet']}  {shown}"
+                     f"    {peak:9.2f}")  # fmt: skip
     for name, result in report["servers"].items():
         for kind in ("switch", "return"):
             phases = result.get("summary", {}).get(kind, {}).get("phases_ms_median")

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from modelhost.engine.engine import Engine
     from modelhost.inference.stage import InferenceStage
     from modelhost.models.loaded import LoadedModel
+    from modelhost.residency.workers.forks import ForkServerHandle
     from modelhost.residency.workers.spare_pool import SpareWorkers
 
 
@@ -231,11 +232,13 @@ def worker_loader(
     quantize: str | None = None,
     threads: int | None = None,
     spares: SpareWorkers | None = None,
+    forks: ForkServerHandle | None = None,
 ) -> Callable[[ModelEntry, LoadProgress], Awaitable[WorkerUnit]]:
     """The host's `load`: spawn a worker for the entry (`env` added to its environment) and
     wait until it answers; `quantize` and `threads` as `worker_launch` takes them. With
     `spares` (built with the same `env`, following the host), a warm spare becomes the worker
-    when one is ready."""
+    when one is ready; with `forks` (started with the same `env`), a new worker is forked from
+    the fork server while it runs."""
     arguments = worker_launch(
         settings,
         batch=batch,
@@ -254,6 +257,7 @@ def worker_loader(
             env=env,
             progress=progress,
             spares=spares,
+            forks=forks,
         )
         try:
             await worker.start()
@@ -291,8 +295,10 @@ def serve_router(
     mode: str,
     worker_samples: SampleSource | None = None,
     spares: SpareWorkers | None = None,
+    forks: ForkServerHandle | None = None,
 ) -> int:
-    """The app over `router`, served until a signal; `start(host)` runs before listening."""
+    """The app over `router`, served until a signal; `start(host)` runs before listening
+    (`forks`: the fork server, shown on `/engine`)."""
     host = router.host
     startup_id = router.current
 
@@ -308,6 +314,7 @@ def serve_router(
     app = create_routed_app(
         router, settings, start_all, worker_samples=worker_samples, spare_workers=spares
     )
+    app.state.fork_server = forks
     app.state.serving_mode = "cluster" if "cluster" in mode else "workers" if mode else "in-process"
     budget_text = f"{host.budget_bytes / BYTES_PER_GB:.1f} GB model budget{mode}"
     if "cluster" in mode:  # its nodes and their budgets join once it starts

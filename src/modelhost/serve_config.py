@@ -22,6 +22,7 @@ from modelhost.inference.admission import BYTES_PER_GB
 from modelhost.models.modes import default_mode
 from modelhost.residency.kv.kv_store import default_budget_bytes as default_kv_disk_bytes
 from modelhost.residency.registry import ServingShape
+from modelhost.residency.workers import WORKER_MODULE
 from modelhost.residency.workers.supervisor import proc_bytes
 from modelhost.server.edge.limits import DEFAULT_MAX_BODY_BYTES, MiB
 from modelhost.server.settings import ServeSettings
@@ -29,7 +30,6 @@ from modelhost.server.settings import ServeSettings
 SETTING_FIELDS = frozenset(ServeSettings.__dataclass_fields__)
 # A worker process's entry, and the file beside its socket where `--listen` writes its TCP port:
 # the same on this machine (assembly.worker_loader) and on a cluster's node (cluster/actors.py).
-WORKER_MODULE = "modelhost.cli.worker"  # its main, and warm_up for spare workers
 WORKER_COMMAND = (sys.executable, "-m", WORKER_MODULE)
 TCP_PORT_FILE = "tcp-port"
 

@@ -1,9 +1,12 @@
-"""A warm spare worker under a real server: it becomes the next model's worker and a new spare
-replaces it; a killed spare is never handed a model; answers are the same either way; `serve`
-stops its spare on SIGINT and SIGTERM, and keeps none in-process or with --no-spare-worker."""
+"""A warm spare worker and the fork server under a real server: a spare becomes the next model's
+worker and a new spare replaces it; a killed spare is never handed a model; answers are the same
+either way, and from a forked worker as from a spawned one; `serve` stops its spare, its fork
+server and their workers on SIGINT and SIGTERM, and they end when it is killed; it keeps no spare
+in-process or with --no-spare-worker, and no fork server with --no-fork-server."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -157,15 +160,23 @@ def start_serve(model: Path, *flags: str) -> tuple[subprocess.Popen[bytes], http
     return process, client
 
 
+def serving_pids(client: httpx.Client) -> list[int]:
+    """The spare's, the fork server's and the workers' pids, once a forked spare is ready."""
+    until(lambda: engine(client)["spare"]["state"] == "ready")
+    view = engine(client)
+    assert view["spare"]["forked"] is True and view["fork_server"]["state"] == "ready"
+    assert all(row["forked"] for row in view["workers"])
+    return [view["spare"]["pid"], view["fork_server"]["pid"], *(w["pid"] for w in view["workers"])]
+
+
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_serve_leaves_no_spare_worker_behind(models_dir, stop):
+def test_serve_leaves_no_spare_worker_fork_server_or_forked_worker_behind(models_dir, stop):
     process, client = start_serve(models_dir / "tiny-a")
     try:
-        spare = until(lambda: engine(client)["spare"]["pid"])
-        worker = engine(client)["workers"][0]["pid"]
+        pids = serving_pids(client)
         process.send_signal(stop)
         assert process.wait(timeout=60) == 0
-        for pid in (spare, worker):
+        for pid in pids:
             until(lambda pid=pid: not process_alive(pid), timeout_s=15)
     finally:
         client.close()
@@ -174,11 +185,67 @@ def test_serve_leaves_no_spare_worker_behind(models_dir, stop):
             process.wait()
 
 
+def test_a_killed_serve_leaves_no_fork_server_spare_or_forked_worker_running(models_dir):
+    process, client = start_serve(models_dir / "tiny-a")
+    try:
+        pids = serving_pids(client)
+    finally:
+        client.close()
+        process.kill()  # no shutdown: each notices the server is gone
+        process.wait()
+    for pid in pids:
+        until(lambda pid=pid: not process_alive(pid), timeout_s=30)
+
+
+def test_the_fork_server_runs_no_thread_of_its_own_after_forking(models_dir):
+    process, client = start_serve(models_dir / "tiny-a", "--no-spare-worker")
+    try:
+        complete(client, "tiny-a")
+        fork_server = engine(client)["fork_server"]
+        assert fork_server["forked"] >= 1
+        # One thread: PyTorch's pool was never started there (numpy's OpenBLAS pool, the only
+        # other, stops itself at a fork and is never needed again).
+        assert len(os.listdir(f"/proc/{fork_server['pid']}/task")) == 1
+    finally:
+        client.close()
+        process.terminate()
+        process.wait(timeout=60)
+
+
+def test_a_forked_workers_answers_are_a_spawned_ones(models_dir):
+    process, client = start_serve(models_dir / "tiny-a", "--no-spare-worker")
+    try:
+        forked = complete(client, "tiny-a")
+        assert worker_row(client, "tiny-a")["forked"] is True
+        os.kill(engine(client)["fork_server"]["pid"], signal.SIGKILL)
+        until(lambda: engine(client)["fork_server"]["state"] == "gone")
+        assert client.post("/api/models/tiny-a/unload").status_code == 200
+        assert complete(client, "tiny-a") == forked
+        assert worker_row(client, "tiny-a")["forked"] is False  # spawned: no fork server now
+    finally:
+        client.close()
+        process.terminate()
+        process.wait(timeout=60)
+
+
 @pytest.mark.parametrize("flag", ["--in-process", "--no-spare-worker"])
 def test_serve_keeps_no_spare_worker_in_process_or_when_told_not_to(models_dir, flag):
     process, client = start_serve(models_dir / "tiny-a", flag)
     try:
         assert engine(client)["spare"] is None
+    finally:
+        client.close()
+        process.terminate()
+        process.wait(timeout=60)
+
+
+def test_serve_forks_no_worker_when_told_not_to(models_dir):
+    process, client = start_serve(models_dir / "tiny-a", "--no-fork-server")
+    try:
+        assert engine(client)["fork_server"] is None
+        assert worker_row(client, "tiny-a")["forked"] is False
+        spare = until(lambda: (s := engine(client)["spare"])["state"] == "ready" and s)
+        assert spare["forked"] is False  # spawned and warmed up as before
     finally:
         client.close()
         process.terminate()

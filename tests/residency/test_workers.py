@@ -25,8 +25,10 @@ from modelhost.models.loading.embedded import EMBEDDING_MODEL
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.registry import ModelRegistry, ServingShape
 from modelhost.residency.router import ModelRouter
+from modelhost.residency.workers.forks import ForkServerHandle, fork_server_supported
 from modelhost.residency.workers.supervisor import MAX_RESTARTS
 from modelhost.residency.workers.worker_unit import WorkerUnit
+from modelhost.serve_config import WORKER_MODULE
 from modelhost.server.app import create_routed_app
 from modelhost.server.front.worker_proxy import PID_HEADER
 from modelhost.server.observability.prometheus import WorkerSamples
@@ -40,21 +42,30 @@ ENGLISH = Path(__file__).resolve().parents[1] / "fixtures" / "audio" / "deliver-
 
 @pytest.fixture
 def served(models_dir, tmp_path, request) -> Iterator[dict[str, Any]]:
-    max_restarts = getattr(request, "param", MAX_RESTARTS)
+    """A server of worker processes; `forked` (param): forked from a fork server, as `modelhost
+    serve` starts them, instead of spawned."""
+    options = getattr(request, "param", {})
+    max_restarts = options.get("max_restarts", MAX_RESTARTS)
     registry = ModelRegistry(
         [models_dir], home=tmp_path / "home", hf_hub=tmp_path / "hub", embedded=False, shape=SHAPE
     )
     settings = ServeSettings()
     samples = WorkerSamples()  # as `modelhost serve` wires its workers
+    if options.get("forked") and not fork_server_supported():
+        pytest.skip("the fork server needs Linux")
+    forks = ForkServerHandle(WORKER_MODULE, env=samples.env()) if options.get("forked") else None
+    if forks is not None:
+        forks.start()
     load = worker_loader(
-        settings, batch=2, start_timeout_s=WAIT_S, max_restarts=max_restarts, env=samples.env()
-    )
+        settings, batch=2, start_timeout_s=WAIT_S, max_restarts=max_restarts, env=samples.env(),
+        forks=forks,
+    )  # fmt: skip
     host: ResidencyHost[WorkerUnit] = ResidencyHost(
         budget_bytes=10**12, source=registry.get, load=load, hold_s=0.0
     )
     router = ModelRouter(host, registry, current="tiny-a")
     pids: list[int] = []
-    world: dict[str, Any] = {"host": host, "pids": pids}
+    world: dict[str, Any] = {"host": host, "pids": pids, "forked": forks is not None}
     app = create_routed_app(router, settings, worker_samples=samples)
     with LiveServer(app) as server:
         world["url"] = server.base_url
@@ -62,8 +73,12 @@ def served(models_dir, tmp_path, request) -> Iterator[dict[str, Any]]:
             world["client"] = client
             yield world
     assert host.resident() == []
+    if forks is not None:
+        assert forks.process is not None
+        pids.append(forks.process.pid)
+        forks.close()
     for pid in pids:
-        assert not process_alive(pid), f"worker {pid} outlived the server"
+        assert not process_alive(pid), f"process {pid} outlived the server"
 
 
 def process_alive(pid: int) -> bool:
@@ -94,7 +109,14 @@ def unit_of(world: dict[str, Any], model_id: str) -> WorkerUnit:
     unit = world["host"].peek(model_id)
     assert unit is not None
     world["pids"].append(unit.pid)
+    assert unit.worker.forked is world["forked"]  # forked where the fork server runs
     return unit  # type: ignore[no-any-return]
+
+
+# The tests that kill or stop a worker, run with spawned workers and with forked ones.
+SPAWNED_AND_FORKED = pytest.mark.parametrize(
+    "served", [{}, {"forked": True}], indirect=True, ids=["spawned", "forked"]
+)
 
 
 def test_a_worker_process_answers_on_a_private_socket(served):
@@ -118,6 +140,7 @@ def test_a_worker_process_answers_on_a_private_socket(served):
     assert resident["bytes"] >= unit.weights_bytes  # the RSS, never below the weights
 
 
+@SPAWNED_AND_FORKED
 def test_a_worker_killed_mid_stream_ends_with_one_error_frame_and_is_respawned(served):
     client = served["client"]
     assert chat(client, "tiny-a").status_code == 200
@@ -210,6 +233,7 @@ def test_an_http_1_0_client_gets_a_workers_stream_relayed_to_the_end(served):
     assert handed_off_streams(served["client"]) == before
 
 
+@SPAWNED_AND_FORKED
 def test_evicting_a_model_stops_its_worker_and_removes_its_socket(served):
     client = served["client"]
     assert chat(client, "tiny-b").status_code == 200
@@ -247,11 +271,13 @@ def test_the_engine_route_lists_each_resident_models_worker(served):
         "id": "tiny-a", "role": "primary", "state": "ready", "pid": pid,
         "worker_state": "ready", "restarts": 0,
         "socket": unit_of(served, "tiny-a").worker.socket_path, "from_spare": False,
+        "forked": False,
     }  # fmt: skip
     assert set(startup) == {
         "spare_wait_ms", "python_ms", "imports_ms", "weights_ms", "engine_ms", "listen_ms"
     }  # fmt: skip
     assert engine["spare"] is None  # this server keeps no spare worker
+    assert engine["fork_server"] is None  # nor a fork server
 
 
 def test_the_workers_private_routes_exist_on_its_socket_and_not_on_the_port(served):
@@ -281,7 +307,10 @@ def test_the_workers_private_routes_exist_on_its_socket_and_not_on_the_port(serv
         assert refused.status_code == 503  # a drained worker admits nothing new
 
 
-@pytest.mark.parametrize("served", [1], indirect=True)  # one restart allowed in the window
+@pytest.mark.parametrize(  # one restart allowed in the window
+    "served", [{"max_restarts": 1}, {"max_restarts": 1, "forked": True}], indirect=True,
+    ids=["spawned", "forked"],
+)  # fmt: skip
 def test_a_worker_out_of_restarts_is_evicted_and_respawned_on_the_next_request(served):
     client = served["client"]
     assert chat(client, "tiny-a").status_code == 200
@@ -332,6 +361,7 @@ def test_a_scrape_of_the_front_sees_the_requests_every_worker_served(served):
     assert scraped(client, "modelhost_generation_tokens_total") == generated
 
 
+@SPAWNED_AND_FORKED
 def test_a_workers_requests_still_count_after_it_was_killed_and_respawned(served):
     client = served["client"]
     assert chat(client, "tiny-a").status_code == 200
@@ -371,6 +401,7 @@ def test_a_responses_chain_survives_its_worker_being_evicted_between_turns(serve
     assert second.usage.input_tokens > alone.usage.input_tokens  # the first turn was in it
 
 
+@SPAWNED_AND_FORKED
 def test_a_streamed_responses_turn_chains_on_after_its_worker_was_killed(served):
     turn: dict[str, Any] = {"model": "tiny-a", "max_output_tokens": 4}
     with sdk(served) as client:

@@ -15,6 +15,7 @@ from modelhost.cli.kv import add_kv_parser, run_kv
 from modelhost.cli.ls import add_ls_parser, run_ls
 from modelhost.cli.pull import add_pull_parser, run_pull
 from modelhost.cli.serve_args import add_serve_parser
+from modelhost.cli.serve_early import start_worker_processes
 from modelhost.models.modes import HELP as QUANTIZE_HELP
 from modelhost.models.modes import MODES
 
@@ -60,9 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "kv":
         return run_kv(args)
     if args.command == "serve":
+        # First the fork server: it imports PyTorch while this process imports the server.
+        started = start_worker_processes(args)
         from modelhost.cli.serve import run_serve  # the server: only to serve
 
-        return run_serve(args)
+        return run_serve(args, started)
     return run_generate(args)
 
 

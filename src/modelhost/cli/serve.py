@@ -24,12 +24,14 @@ from modelhost.assembly import (
     worker_loader,
 )
 from modelhost.cli.progress import ProgressBar, load_reporter
+from modelhost.cli.serve_early import EarlyStart, start_worker_processes
 from modelhost.inference.admission import BYTES_PER_GB, BudgetTooSmall
 from modelhost.models.loading.embedded import DEFAULT_MODEL
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.registry import ModelEntry, ModelRegistry, with_draft
 from modelhost.residency.router import ModelRouter
 from modelhost.residency.unit import LoadProgress, ResidencyError
+from modelhost.residency.workers.forks import ForkServerHandle
 from modelhost.serve_config import (
     WORKER_MODULE,
     available_memory_bytes,
@@ -47,11 +49,27 @@ if TYPE_CHECKING:
     from modelhost.residency.workers.spare_pool import SpareWorkers
 
 
-def run_serve(args: argparse.Namespace) -> int:
+def run_serve(args: argparse.Namespace, started: EarlyStart | None = None) -> int:
+    """Serve until a signal; `started`: what `start_worker_processes(args)` started already
+    (the CLI does, before importing this module), else it starts now. The workers' request
+    series (for the front's /metrics) and the fork server end with the server."""
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    samples, forks = started if started is not None else start_worker_processes(args)
+    try:
+        return _run_serve(args, samples, forks)
+    finally:
+        if forks is not None:  # after the workers it forked: the app has stopped them
+            forks.close()
+        if samples is not None:
+            samples.close()
+
+
+def _run_serve(
+    args: argparse.Namespace, samples: WorkerSamples | None, forks: ForkServerHandle | None
+) -> int:
     settings = settings_from_args(args)
     if getattr(args, "cluster", None):  # the only path that imports Ray
         refused = cluster_refusal(args)
@@ -86,8 +104,8 @@ def run_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"modelhost serve: {exc}", file=sys.stderr)
         return 2
-    if getattr(args, "workers", False):
-        return _run_workers(args, settings, registry, startup)
+    if samples is not None:  # --workers
+        return _run_workers(args, settings, registry, startup, samples, forks)
     # In-process: the engines run here (a worker-mode front never imports PyTorch).
     from modelhost.engine.draft_model import DraftMismatch
     from modelhost.engine.engine import set_threads, share_the_gil_with_the_engine
@@ -125,9 +143,15 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def _run_workers(
-    args: argparse.Namespace, settings: ServeSettings, registry: ModelRegistry, startup: ModelEntry
+    args: argparse.Namespace,
+    settings: ServeSettings,
+    registry: ModelRegistry,
+    startup: ModelEntry,
+    samples: WorkerSamples,
+    forks: ForkServerHandle | None,
 ) -> int:
-    """`--workers`: every resident model in its own process; the startup model loads first."""
+    """`--workers`: every resident model in its own process (forked by `forks` where it runs);
+    the startup model loads first."""
     from modelhost.residency.workers.spare_pool import SpareWorkers
     from modelhost.residency.workers.worker_unit import WorkerUnit
 
@@ -142,9 +166,8 @@ def _run_workers(
         finally:
             shown.cancel()
 
-    samples = WorkerSamples()  # the workers' request series, for the front's /metrics
     wanted = getattr(args, "spare_worker", True)
-    spares = SpareWorkers(WORKER_MODULE, env=samples.env()) if wanted else None
+    spares = SpareWorkers(WORKER_MODULE, env=samples.env(), forks=forks) if wanted else None
     load = worker_loader(
         settings,
         batch=args.batch,
@@ -154,10 +177,11 @@ def _run_workers(
         quantize=quantize_mode(args),
         threads=getattr(args, "threads", None),
         spares=spares,
+        forks=forks,
     )
     return _serve_routed(
         args, settings, registry, startup, load, load_startup_model, ", worker processes", samples,
-        spares,
+        spares, forks,
     )  # fmt: skip
 
 
@@ -228,20 +252,26 @@ def _serve_routed(
     mode: str,
     worker_samples: WorkerSamples | None = None,
     spares: SpareWorkers | None = None,
+    forks: ForkServerHandle | None = None,
 ) -> int:
     """Host, router and app over `load`; `start` brings the startup model in before listening.
-    A spare worker's memory counts against the budget beside the models'."""
+    A spare worker's memory and the fork server's count against the budget beside the models'."""
     budget_gb = args.model_budget
     draft = registry.get(settings.draft_model_id) if settings.draft_model_id else None
     host: ResidencyHost[Any] = ResidencyHost(
         budget_bytes=int(budget_gb * BYTES_PER_GB) if budget_gb else default_budget_bytes(),
         source=registry.get if draft is None else functools.partial(paired, registry, draft),
         load=load,
-        external=spares.held_bytes if spares is not None else lambda: 0,
+        external=functools.partial(held_beside_models, spares, forks),
         hold_s=args.hold,
         available=available_memory_bytes,
     )
     if spares is not None:  # the next spare waits for the model just loaded to answer
         spares.follow(host)
     router = ModelRouter(host, registry, current=startup.id)
-    return serve_router(args, settings, router, start, mode, worker_samples, spares)
+    return serve_router(args, settings, router, start, mode, worker_samples, spares, forks)
+
+
+def held_beside_models(spares: SpareWorkers | None, forks: ForkServerHandle | None) -> int:
+    """The memory of the processes kept for the next load: the spare and the fork server."""
+    return (spares.held_bytes() if spares else 0) + (forks.held_bytes() if forks else 0)

@@ -50,6 +50,11 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         "saves its memory (a few hundred MB), and every switch then starts Python afresh",
     )  # fmt: skip
     parser.add_argument(
+        "--no-fork-server", dest="fork_server", action="store_false",
+        help="fork no worker from a warm fork server: every worker and spare starts Python "
+        "and imports PyTorch afresh (the fork server needs Linux)",
+    )  # fmt: skip
+    parser.add_argument(
         "--whisper-resident", action="store_true",
         help="load the Whisper companion at start and pin it (never evicted)",
     )  # fmt: skip

@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from modelhost.residency.workers.fork_server import serving_process_gone
+from modelhost.residency.workers.private_socket import bind_private_socket
 from modelhost.residency.workers.supervisor import PROGRESS_FILE, write_load_progress
 from modelhost.residency.workers.worker_startup import STARTUP_FILE, StartupMarks
 from modelhost.serve_config import TCP_PORT_FILE, WorkerConfig
@@ -58,20 +60,6 @@ def warm_up() -> None:
     kernels()
 
 
-def bind_private_socket(path: str) -> socket.socket:
-    """A listening Unix socket at `path` that only this user can connect to (0600)."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    previous = os.umask(0o177)
-    try:
-        sock.bind(path)
-    finally:
-        os.umask(previous)
-    os.chmod(path, 0o600)
-    sock.listen(128)
-    sock.set_inheritable(False)
-    return sock
-
-
 def bind_tcp(host: str, port_file: Path) -> socket.socket:
     """A listening TCP socket on `host` at a free port, the port written to `port_file`."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -88,11 +76,12 @@ def bind_tcp(host: str, port_file: Path) -> socket.socket:
 
 
 def exit_with_parent(socket_path: str, interval_s: float = 1.0) -> None:
-    """End this worker (and its socket's directory) when the serving process is gone."""
-    parent = os.getppid()
+    """End this worker (and its socket's directory) when the serving process is gone (its
+    parent, or the fork server's parent for a worker forked there: fork_server.py)."""
+    gone = serving_process_gone()
 
     def watch() -> None:
-        while os.getppid() == parent:
+        while not gone():
             time.sleep(interval_s)
         shutil.rmtree(os.path.dirname(socket_path), ignore_errors=True)
         os._exit(1)

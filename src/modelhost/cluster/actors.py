@@ -156,7 +156,7 @@ class ModelWorker:
         return self.worker is None or await self.worker.wait_dead(timeout_s)
 
     def rss_bytes(self) -> int | None:
-        return self.worker.rss_bytes() if self.worker is not None else None
+        return self.worker.memory_bytes() if self.worker is not None else None
 
     def exhausted(self) -> bool:
         return self.worker is None or self.worker.exhausted()

@@ -16,6 +16,10 @@ low-priority warm-up), the next spares warm up at the usual priority instead (`u
 a hand-over finds one that has waited `REFILL_AFTER_S` since it was warm: each then shares the
 CPU with the requests after a switch, rather than adding its whole warm-up to the next one.
 
+Where `modelhost serve` runs a fork server (forks.py), a spare is forked from it instead: warm
+at once, for the cost of a fork, with no warm-up to compete with anything (the priorities above
+are then moot); where the fork server is gone, spares are spawned and warm up as above.
+
 A spare that dies is reaped and replaced, never handed a model (at most `max_restarts` deaths
 in `restart_window_s`, the rule workers follow). `close()` stops it with the server; a server
 that dies without closing leaves it nothing either: its stdin ends and it exits. Its resident
@@ -32,12 +36,12 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from modelhost.residency.workers.private_socket import private_directory
 from modelhost.residency.workers.spare_process import WARM_UP_NICE
 from modelhost.residency.workers.supervisor import (
     MAX_RESTARTS,
@@ -45,11 +49,14 @@ from modelhost.residency.workers.supervisor import (
     SOCKET_NAME,
     RestartWindow,
     end_group,
+    pss_bytes,
     rss_bytes,
 )
 
 if TYPE_CHECKING:
     from modelhost.residency.host import ResidencyHost
+    from modelhost.residency.workers.forks import ForkServerHandle
+    from modelhost.residency.workers.supervisor import WorkerPid
 
 log = logging.getLogger("modelhost.models")
 
@@ -62,11 +69,16 @@ WATCH_INTERVAL_S = 0.1
 class Spare:
     """One spare process and the directory it will serve its socket from."""
 
-    def __init__(self, process: subprocess.Popen[bytes], directory: Path) -> None:
+    def __init__(self, process: WorkerPid, directory: Path) -> None:
         self.process = process
         self.directory = directory
         self.started_at = time.monotonic()
         self.warm_s: float | None = None  # seconds from its start until it was warm
+
+    @property
+    def forked(self) -> bool:
+        """Whether the fork server forked it (warm at once), rather than it being spawned."""
+        return not isinstance(self.process, subprocess.Popen)
 
     @property
     def state(self) -> str:
@@ -108,10 +120,13 @@ class SpareWorkers:
         wait_s: float = SPARE_WAIT_S,
         max_restarts: int = MAX_RESTARTS,
         restart_window_s: float = RESTART_WINDOW_S,
+        forks: ForkServerHandle | None = None,
     ) -> None:
         """`module`: the worker's (`python -m module ...` is the command a spare stands in
-        for); `env`: added to the spare's environment, as to a worker's."""
+        for); `env`: added to the spare's environment, as to a worker's; `forks`: the fork
+        server spares are forked from while it runs (spawned otherwise)."""
         self.module = module
+        self.forks = forks
         self.command_prefix = [sys.executable, "-m", module]
         self.env = dict(env or {})
         self.wait_s = wait_s
@@ -170,9 +185,12 @@ class SpareWorkers:
             await asyncio.to_thread(spare.discard)
 
     def held_bytes(self) -> int:
-        """The spare's resident set now (0 without one)."""
+        """The spare's memory now (0 without one): its RSS, or its PSS when forked (the pages
+        it shares with the fork server are counted once, beside the fork server's)."""
         spare = self._spare
-        return (rss_bytes(spare.process.pid) or 0) if spare is not None else 0
+        if spare is None:
+            return 0
+        return ((pss_bytes if spare.forked else rss_bytes)(spare.process.pid)) or 0
 
     def view(self) -> dict[str, Any]:
         """The spare for `GET /engine`."""
@@ -181,14 +199,13 @@ class SpareWorkers:
         row["pid"] = spare.process.pid if spare is not None else None
         row["rss_bytes"] = self.held_bytes() if spare is not None else None
         row["warm_s"] = spare.warm_s if spare is not None else None
+        row["forked"] = spare is not None and spare.forked
         row["urgent"] = self.urgent
         return {**row, "handed": self.handed, "died": self.deaths.count}
 
     # -- the supervisor's side -------------------------------------------------------------
 
-    async def hand_over(
-        self, command: Sequence[str]
-    ) -> tuple[subprocess.Popen[bytes], Path] | None:
+    async def hand_over(self, command: Sequence[str]) -> tuple[WorkerPid, Path] | None:
         """A warm process running `command` (`--socket` in its directory added), with that
         directory; None when there is no spare to give (start one afresh)."""
         if self._closed or list(command[: len(self.command_prefix)]) != self.command_prefix:
@@ -221,7 +238,7 @@ class SpareWorkers:
         log.info("[models] spare worker (pid %d) takes the load", spare.process.pid)
         return spare.process, spare.directory
 
-    def lost(self, process: subprocess.Popen[bytes]) -> None:
+    def lost(self, process: WorkerPid) -> None:
         """A spare handed over that ended before it read its arguments (its death was not
         seen in time to keep it from the load): it counts among the spares that died."""
         self.deaths.record()
@@ -235,7 +252,11 @@ class SpareWorkers:
         while not self._closed:
             self._check()
             if self._spare is None and self._wanted and self.deaths.allows() and self._due():
-                self._spare = self._spawn()
+                spare = await self._start_one()
+                if self._closed:  # closed while it started
+                    await asyncio.to_thread(spare.discard)
+                    return
+                self._spare = spare
             await asyncio.sleep(WATCH_INTERVAL_S)
 
     def _back_to_back(self, spare: Spare | None) -> bool:
@@ -266,9 +287,16 @@ class SpareWorkers:
             return
         spare.check_warm()
 
-    def _spawn(self) -> Spare:
-        directory = Path(tempfile.mkdtemp(prefix="modelhost-worker-"))
-        os.chmod(directory, 0o700)
+    async def _start_one(self) -> Spare:
+        """A spare forked from the fork server (warm at once), or spawned where there is none."""
+        directory = private_directory()
+        if self.forks is not None and self.forks.serves(self.command_prefix, self.env):
+            forked = await self.forks.fork_spare(directory / READY_FILE)
+            if forked is not None:
+                return Spare(forked, directory)
+        return self._spawn(directory)
+
+    def _spawn(self, directory: Path) -> Spare:
         command = [sys.executable, "-m", "modelhost.residency.workers.spare_process"]
         command += ["--module", self.module, "--ready", str(directory / READY_FILE)]
         command += ["--nice", str(0 if self.urgent else WARM_UP_NICE)]

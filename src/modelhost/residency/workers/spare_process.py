@@ -27,6 +27,7 @@ import json
 import os
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -78,15 +79,27 @@ def main(argv: list[str] | None = None) -> int:
         target=warm, args=(module, Path(args.ready), args.nice), name="spare-warm-up", daemon=True
     )
     warming.start()
+
+    def settle() -> None:
+        if args.nice:
+            autogroup.set(0)  # the usual priority, from the load on
+        warming.join()
+
+    return become_worker(module, Path(args.ready), settle)
+
+
+def become_worker(
+    module: ModuleType, ready: Path, settle: Callable[[], None] = lambda: None
+) -> int:
+    """Wait for the worker's arguments on stdin and run MODULE's main with them (`settle` first,
+    once they have come); a spare forked warm (fork_server.py) comes here at once."""
     arguments = read_command()
     if arguments is None:
         os._exit(0)  # not even waiting for the warm-up: nobody will use this process
-    Path(args.ready).with_name(TAKEN_FILE).touch()  # from here on, failing is the worker's
-    if args.nice:
-        autogroup.set(0)  # the usual priority, from the load on
+    ready.with_name(TAKEN_FILE).touch()  # from here on, failing is the worker's
+    settle()
     with open(os.devnull, "rb") as nothing:  # as a worker started afresh has it
         os.dup2(nothing.fileno(), 0)
-    warming.join()
     result: int = module.main(arguments)
     return result
 

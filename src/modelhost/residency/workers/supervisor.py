@@ -4,7 +4,10 @@ The worker is whatever program `command` runs, told where to listen with `--sock
 in its own process group (so a stop reaches anything it started) and listens on
 `<dir>/worker.sock`, the directory made here with mode 0700 and removed when the worker stops.
 Its first start may take a spare worker instead of a new process (`spares`, spare_pool.py): a
-Python that has imported PyTorch and the rest already, in a directory made the same way.
+Python that has imported PyTorch and the rest already, in a directory made the same way. A new
+process is forked by the fork server where there is one (`forks`, forks.py), and spawned
+where not: a forked one is stopped, reaped, restarted and measured as a spawned one (its
+end told by a pidfd, its memory counted as its PSS).
 A dead worker is respawned on demand (a new process), at most `MAX_RESTARTS` times in
 `RESTART_WINDOW_S` (`RestartWindow`, the one rule a cluster's actors are restarted by too); past
 that the supervisor reports itself exhausted and the host evicts the model.
@@ -19,20 +22,25 @@ import select
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 import httpx
 
 from modelhost.residency.unit import LoadProgress
+from modelhost.residency.workers.private_socket import private_directory
 from modelhost.residency.workers.spare_process import TAKEN_FILE
 
 if TYPE_CHECKING:
+    from modelhost.residency.workers.forks import ForkedProcess, ForkServerHandle
     from modelhost.residency.workers.spare_pool import SpareWorkers
+
+    # A worker's process: spawned here, or forked by the fork server (forks.py), which offers
+    # the same surface (pid, poll, wait, returncode, stdin).
+    WorkerPid: TypeAlias = subprocess.Popen[bytes] | ForkedProcess
 
 MAX_RESTARTS = 3
 RESTART_WINDOW_S = 60.0
@@ -54,6 +62,14 @@ class WorkerFailed(RuntimeError):
 def rss_bytes(pid: int) -> int | None:
     """The process's resident set (VmRSS in /proc/<pid>/status), or None when it is gone."""
     return proc_bytes(f"/proc/{pid}/status", "VmRSS:")
+
+
+def pss_bytes(pid: int) -> int | None:
+    """The process's proportional set (Pss in /proc/<pid>/smaps_rollup): each page it shares
+    with other processes counted as its share (a forked process's pages shared with the fork
+    server); its RSS where the kernel has no such file (before Linux 4.14), None when gone."""
+    pss = proc_bytes(f"/proc/{pid}/smaps_rollup", "Pss:")
+    return pss if pss is not None else rss_bytes(pid)
 
 
 def proc_bytes(path: str, field: str) -> int | None:
@@ -118,6 +134,7 @@ class WorkerProcess:
         progress: LoadProgress | None = None,
         restart_ages: Sequence[float] = (),
         spares: SpareWorkers | None = None,
+        forks: ForkServerHandle | None = None,
     ) -> None:
         self.command = list(command)  # `--socket PATH` follows
         self.env = dict(env or {})  # added to this process's environment
@@ -125,11 +142,12 @@ class WorkerProcess:
         self.start_timeout_s = start_timeout_s
         # `restart_ages`: restarts this model had before this worker (RestartWindow.ages).
         self.restart_window = RestartWindow(max_restarts, restart_window_s, restart_ages)
-        self.process: subprocess.Popen[bytes] | None = None
+        self.process: WorkerPid | None = None
         self.directory: Path | None = None
         self.state = "new"
         self.spares = spares  # where the first start may find a warm process
         self.from_spare = False  # whether the running process was a spare
+        self.forks = forks  # where a new process is forked from (None or gone: spawned)
         self.spawned_at = 0.0
         self._lock = asyncio.Lock()
 
@@ -145,6 +163,11 @@ class WorkerProcess:
     @property
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None else None
+
+    @property
+    def forked(self) -> bool:
+        """Whether the running process came from the fork server (as a worker or a spare)."""
+        return self.process is not None and not isinstance(self.process, subprocess.Popen)
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -180,13 +203,16 @@ class WorkerProcess:
         if handed is not None:
             self.process, self.directory = handed
         else:
-            self.directory = Path(tempfile.mkdtemp(prefix="modelhost-worker-"))
-            os.chmod(self.directory, 0o700)
+            self.directory = private_directory()
             command = [*self.command, "--socket", self.socket_path]
-            env = {**os.environ, **self.env} if self.env else None
-            self.process = subprocess.Popen(
-                command, start_new_session=True, stdin=subprocess.DEVNULL, env=env
-            )
+            forked = await self.forks.fork(command, self.env) if self.forks else None
+            if forked is not None:
+                self.process = forked
+            else:
+                env = {**os.environ, **self.env} if self.env else None
+                self.process = subprocess.Popen(
+                    command, start_new_session=True, stdin=subprocess.DEVNULL, env=env
+                )
         try:
             await self._wait_healthy()
         except WorkerFailed:
@@ -248,8 +274,12 @@ class WorkerProcess:
             await asyncio.sleep(0.02)
         return True
 
-    def rss_bytes(self) -> int | None:
-        return rss_bytes(self.process.pid) if self.alive() and self.process else None
+    def memory_bytes(self) -> int | None:
+        """What the worker holds: its RSS, or for a forked one its PSS (the pages it shares
+        with the fork server are counted once, beside the fork server's); None when dead."""
+        if not self.alive() or self.process is None:
+            return None
+        return pss_bytes(self.process.pid) if self.forked else rss_bytes(self.process.pid)
 
     async def stop(self) -> None:
         async with self._lock:
@@ -270,7 +300,7 @@ class WorkerProcess:
             shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def end_group(process: subprocess.Popen[bytes]) -> None:
+def end_group(process: WorkerPid) -> None:
     """SIGTERM the process's group (it leads its own session), SIGKILL it after
     STOP_TIMEOUT_S, and reap it."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -285,11 +315,15 @@ def end_group(process: subprocess.Popen[bytes]) -> None:
         os.killpg(process.pid, signal.SIGKILL)  # anything the process left in its group
 
 
-def wait_exit(process: subprocess.Popen[bytes], timeout_s: float) -> int:
+def wait_exit(process: WorkerPid, timeout_s: float) -> int:
     """`process.wait(timeout_s)`, told of the exit by the kernel where it can be (a pidfd turns
     readable when the process ends) instead of polling, whose naps grow to 50 ms: a drain's
     next load starts the moment the old worker's memory is back."""
-    if process.returncode is None and hasattr(os, "pidfd_open"):
+    if (
+        isinstance(process, subprocess.Popen)
+        and process.returncode is None
+        and hasattr(os, "pidfd_open")
+    ):  # (a forked process's own wait is told by its pidfd already)
         try:
             pidfd = os.pidfd_open(process.pid)
         except OSError:  # an older kernel, or the process already reaped

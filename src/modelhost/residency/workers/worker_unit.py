@@ -51,10 +51,11 @@ class WorkerUnit:
         return self._ending
 
     def measured_bytes(self) -> int | None:
-        """The worker's RSS at the last reading, never below the weights."""
+        """The worker's memory (RSS, or PSS when forked) at the last reading, never below the
+        weights."""
         if self._closed:
             return None
-        rss = self.worker.rss_bytes()
+        rss = self.worker.memory_bytes()
         if rss is not None:
             self._measured = max(rss, self.weights_bytes)
         return self._measured

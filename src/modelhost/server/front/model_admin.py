@@ -70,7 +70,8 @@ async def hub_serve(request: Request) -> Response:
 
 async def engine(request: Request) -> Response:
     """How models are served: each resident one's worker process (or this process), and the
-    spare worker kept warm for the next load (`spare`: null when none is kept)."""
+    spare worker kept warm for the next load (`spare`: null when none is kept), and the fork
+    server new workers are forked from (`fork_server`: null when there is none)."""
     router: ModelRouter[Any] = request.app.state.router
     workers = []
     for model in router.host.resident():
@@ -85,6 +86,7 @@ async def engine(request: Request) -> Response:
             row.update(pid=worker.pid, worker_state=worker.state, restarts=worker.restarts)
             row["socket"] = worker.socket_path if worker.directory is not None else None
             row["from_spare"] = bool(getattr(worker, "from_spare", False))
+            row["forked"] = bool(getattr(worker, "forked", False))
             row["startup"] = getattr(unit, "startup", None) or None
         else:
             row.update(pid=os.getpid(), restarts=0)
@@ -92,8 +94,10 @@ async def engine(request: Request) -> Response:
     mode = getattr(request.app.state, "serving_mode", "in-process")  # set by `modelhost serve`
     spares = getattr(request.app.state, "spare_workers", None)  # None: no spare kept
     spare = spares.view() if spares is not None else None
+    forks = getattr(request.app.state, "fork_server", None)  # None: no fork server
+    fork_server = forks.view() if forks is not None else None
     return JSONResponse({"mode": mode, "current": router.current, "workers": workers,
-                         "spare": spare})  # fmt: skip
+                         "spare": spare, "fork_server": fork_server})  # fmt: skip
 
 
 ADMIN_ROUTES = (
