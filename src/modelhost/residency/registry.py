@@ -64,6 +64,7 @@ from modelhost.models.loading.footprint import held_bytes, unsupported_tensor
 from modelhost.models.loading.gguf_header import GGUFFile
 from modelhost.models.loading.hf_config import config_from_hf, read_json
 from modelhost.models.networks.cross_encoder_config import cross_encoder_refusal, is_cross_encoder
+from modelhost.models.networks.sentence_pooling import embedding_refusal
 from modelhost.models.vision.pairing import is_mmproj, mmproj_beside, reads_images
 from modelhost.paths import file_cache_key, modelhost_home
 from modelhost.residency.pull.marker import files_being_pulled
@@ -397,7 +398,7 @@ class ModelRegistry:
             weights_bytes=weights,
             estimate_bytes=weights + _ENCODER_WORK_BYTES,
             operations=("rerank",) if reranks else ("embed",),
-            refusal=cross_encoder_refusal(raw) if reranks else None,
+            refusal=cross_encoder_refusal(raw) if reranks else embedding_refusal(path, raw),
         )
 
     def _transcriber(self, model_id: str, path: Path) -> ModelEntry:
