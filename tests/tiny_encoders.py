@@ -81,19 +81,7 @@ def make_xlmr_encoder(path: Path, *, pooling: str = "cls", normalize: bool = Tru
     torch.manual_seed(0)
     config = _xlmr_config(vocab, initializer_range=0.3)
     transformers.XLMRobertaModel(config, add_pooling_layer=False).eval().save_pretrained(path)
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-    ]
-    if normalize:
-        modules.append(
-            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
-        )
-        (path / "2_Normalize").mkdir(exist_ok=True)
-    (path / "modules.json").write_text(json.dumps(modules))
-    (path / "1_Pooling").mkdir(exist_ok=True)
-    pooling_config = {"word_embedding_dimension": 32, f"pooling_mode_{_FLAG[pooling]}": True}
-    (path / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config))
+    _sentence_modules(path, pooling, normalize=normalize)
     (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 48}))
     return path
 
@@ -115,3 +103,46 @@ def make_xlmr_reranker(path: Path) -> Path:
     model = transformers.XLMRobertaForSequenceClassification(config).eval()
     model.save_pretrained(path)
     return path
+
+
+def make_bert_encoder(path: Path, *, pooling: str = "mean") -> Path:
+    """A BertModel sentence encoder (all-MiniLM-L6-v2's layout and tokenizer, random weights)."""
+    import shutil
+
+    import torch
+    import transformers
+    from tiny_reranker import TOKENIZER_FILES
+
+    from modelhost.models.loading.embedded import EMBEDDED_ENCODERS, EMBEDDING_MODEL
+
+    path.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        initializer_range=0.3,
+    )
+    transformers.BertModel(config, add_pooling_layer=False).eval().save_pretrained(path)
+    source = EMBEDDED_ENCODERS[EMBEDDING_MODEL]()
+    for name in TOKENIZER_FILES:
+        shutil.copy(source / name, path / name)
+    _sentence_modules(path, pooling, normalize=True)
+    return path
+
+
+def _sentence_modules(path: Path, pooling: str, *, normalize: bool) -> None:
+    kinds = ["Transformer", "Pooling", *(["Normalize"] if normalize else [])]
+    folders = ["", "1_Pooling", "2_Normalize"]
+    modules = [
+        {"idx": i, "name": str(i), "path": folders[i], "type": f"sentence_transformers.models.{k}"}
+        for i, k in enumerate(kinds)
+    ]
+    if normalize:
+        (path / "2_Normalize").mkdir(exist_ok=True)
+    (path / "modules.json").write_text(json.dumps(modules))
+    (path / "1_Pooling").mkdir(exist_ok=True)
+    pooling_config = {"word_embedding_dimension": 32, f"pooling_mode_{_FLAG[pooling]}": True}
+    (path / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config))

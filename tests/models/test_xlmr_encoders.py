@@ -78,5 +78,6 @@ def test_an_xlmr_pair_is_framed_with_two_separators_between(reranker: Path) -> N
 def test_a_hundred_documents_rerank_in_one_forward(reranker: Path) -> None:
     model = load_cross_encoder(reranker)
     query = model.tokens(QUERY)
-    pairs = [model.pair(query, model.tokens(f"document number {i} about bamboo")) for i in range(100)]
+    documents = [model.tokens(f"document number {i} about bamboo") for i in range(100)]
+    pairs = [model.pair(query, document) for document in documents]
     assert len(model.score(pairs)) == 100 and model.forwards == 1

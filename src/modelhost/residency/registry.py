@@ -64,7 +64,11 @@ from modelhost.models.loading.footprint import held_bytes, unsupported_tensor
 from modelhost.models.loading.gguf_header import GGUFFile
 from modelhost.models.loading.hf_config import config_from_hf, read_json
 from modelhost.models.networks.cross_encoder_config import cross_encoder_refusal, is_cross_encoder
-from modelhost.models.networks.sentence_pooling import embedding_refusal
+from modelhost.models.networks.sentence_pooling import (
+    GGUF_ENCODER_ARCHITECTURES,
+    embedding_refusal,
+    gguf_encoder_kind,
+)
 from modelhost.models.vision.pairing import is_mmproj, mmproj_beside, reads_images
 from modelhost.paths import file_cache_key, modelhost_home
 from modelhost.residency.pull.marker import files_being_pulled
@@ -336,6 +340,8 @@ class ModelRegistry:
             try:
                 config, architecture, tensors, size = _read_gguf(path)
             except UnservableArchitecture as exc:
+                if exc.architecture in GGUF_ENCODER_ARCHITECTURES:
+                    return _gguf_encoder(model_id, path)
                 return _refused(model_id, path, "gguf", exc, path.stat().st_size)
             named = self._named_mmproj.get(path.resolve())
             mmproj = named or (mmproj_beside(path) if reads_images(path) else None)
@@ -413,6 +419,29 @@ class ModelRegistry:
             estimate_bytes=size * (1 + _WHISPER_WORK_FACTOR),
             operations=("transcribe",),
         )
+
+
+def _gguf_encoder(model_id: str, path: Path) -> ModelEntry:
+    """A BERT-family GGUF (llama.cpp's "bert"): an embedder, or a reranker with its classifier
+    head; its tensors run in fp32."""
+    gguf_file = GGUFFile(path)
+    operation, refusal = gguf_encoder_kind(
+        gguf_file.arch_field("pooling_type"),
+        gguf_file.field("tokenizer.ggml.model"),
+        {t["name"] for t in gguf_file.tensors},
+    )
+    weights = sum(math.prod(t["shape"]) for t in gguf_file.tensors) * 4
+    return ModelEntry(
+        id=model_id,
+        path=path,
+        format="gguf",
+        architecture=gguf_file.architecture,
+        size_bytes=path.stat().st_size,
+        weights_bytes=weights,
+        estimate_bytes=weights + _ENCODER_WORK_BYTES,
+        operations=(operation,),
+        refusal=refusal,
+    )
 
 
 class UnservableArchitecture(ValueError):

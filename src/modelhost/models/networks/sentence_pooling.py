@@ -29,6 +29,10 @@ _FLAGS = {
 _TRANSFORMER, _POOLING, _NORMALIZE = "Transformer", "Pooling", "Normalize"
 # config.json's model_type of the encoders served (networks/bert.py).
 ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta"})
+# GGUF encoders (models/loading/encoder_gguf.py): llama.cpp's architecture name for BERT, RoBERTa
+# and XLM-R, and the vocabularies it writes for them (WordPiece; XLM-R's Unigram).
+GGUF_ENCODER_ARCHITECTURES = frozenset({"bert"})
+GGUF_ENCODER_TOKENIZERS = frozenset({"bert", "t5"})
 # llama.cpp's enum llama_pooling_type, as `<arch>.pooling_type` stores it.
 GGUF_POOLING = {0: "none", 1: "mean", 2: "cls", 3: "lasttoken", 4: "rank"}
 
@@ -93,3 +97,19 @@ def embedding_refusal(path: Path, raw: dict[str, object]) -> str | None:
     except UnsupportedPooling as exc:
         return str(exc)
     return None
+
+
+def gguf_encoder_kind(
+    pooling_type: int | None, tokenizer_model: object, tensor_names: set[str]
+) -> tuple[str, str | None]:
+    """What a GGUF encoder serves ("rerank" or "embed": a classifier head's `cls.output` or
+    pooling_type rank make a reranker) and why it cannot be served (None: it can)."""
+    operation = "rerank" if pooling_type == 4 or "cls.output.weight" in tensor_names else "embed"
+    if tokenizer_model not in GGUF_ENCODER_TOKENIZERS:
+        served = ", ".join(sorted(GGUF_ENCODER_TOKENIZERS))
+        return operation, f"its {tokenizer_model} tokenizer is not supported (only {served})"
+    try:
+        gguf_pooling(pooling_type, default="mean")
+    except UnsupportedPooling as exc:
+        return operation, str(exc)
+    return operation, None
