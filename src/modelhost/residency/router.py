@@ -200,7 +200,7 @@ def cannot_message(entry: ModelEntry | None, need: str) -> str:
     if need == "embed":
         return not_an_embedding_model_message(name)
     if need == "rerank" and entry is None:
-        return "no reranker is installed: serve a cross-encoder (BertForSequenceClassification)"
+        return "no reranker is installed: serve a cross-encoder (BERT or XLM-R, folder or GGUF)"
     if need == "rerank":
         return not_a_reranker_message(name)
     if entry is not None and "rerank" in entry.operations:
