@@ -11,7 +11,8 @@ converter drops, so its scores differ from modelhost's (which reads type 1 for t
 transformers does); the ranking work is the same.
 
     .venv/bin/python benchmarks/rerank.py [--documents 100] [--repeats 3] [--embeddings]
-        [--llama-server PATH] [--convert PATH/convert_hf_to_gguf.py] [--work DIR]
+        [--llama-server PATH] [--llama-threads 1 2] [--convert PATH/convert_hf_to_gguf.py]
+        [--work DIR]
 """
 
 from __future__ import annotations
@@ -120,10 +121,9 @@ def measure(base: str, route: str, body: dict[str, Any], repeats: int) -> list[f
 
 
 def run_server(
-    name: str, file: Path, kind: str, args: argparse.Namespace, work: Path
+    name: str, file: Path, kind: str, args: argparse.Namespace, work: Path, threads: int = 0
 ) -> dict[str, Any]:
     port = free_port()
-    threads = str(os.cpu_count() or 1)
     if name == "modelhost":
         argv = [sys.executable, "-m", "modelhost", "serve", str(file), "--port", str(port)]
     else:
@@ -131,7 +131,7 @@ def run_server(
         argv = [str(args.llama_server), "-m", str(file), flag, "--port", str(port)]
         # Eight slots of 1,024 tokens, batched together up to 2,048 tokens a forward (a 16k
         # ubatch with one slot ran a document a second: its graph is sized for the ubatch).
-        argv += ["-t", threads, "-np", "8", "-c", "8192", "-b", "2048", "-ub", "2048"]
+        argv += ["-t", str(threads), "-np", "8", "-c", "8192", "-b", "2048", "-ub", "2048"]
     docs = documents(args.documents)
     if kind == "rerank":
         route = "/v1/rerank"
@@ -142,14 +142,15 @@ def run_server(
         }
     else:
         route, body = "/v1/embeddings", {"model": file.stem, "input": docs}
-    process = start(argv, port, work / f"{name}-{kind}.log")
+    label = f"{name} -t {threads}" if threads else name
+    process = start(argv, port, work / f"{label.replace(' ', '')}-{kind}.log")
     try:
         times = measure(f"http://127.0.0.1:{port}", route, body, args.repeats)
     finally:
         process.terminate()
         process.wait(timeout=30)
     median = statistics.median(times)
-    return {"server": name, "kind": kind, "seconds": times, "docs_per_s": len(docs) / median}
+    return {"server": label, "kind": kind, "seconds": times, "docs_per_s": len(docs) / median}
 
 
 def main() -> None:
@@ -158,6 +159,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--embeddings", action="store_true")
     parser.add_argument("--llama-server", type=Path, default=LLAMA_SERVER)
+    parser.add_argument(
+        "--llama-threads",
+        type=int,
+        nargs="+",
+        default=sorted({1, os.cpu_count() or 1}),
+        help="llama-server's -t, one run each (its spinning threads suffer on a loaded machine)",
+    )
     parser.add_argument("--convert", type=Path, default=CONVERT)
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/rerank.json"))
@@ -170,12 +178,13 @@ def main() -> None:
         if not file.is_file():
             folder = make_folder(work / f"minilm-l6-{kind}", reranker=kind == "rerank")
             convert(folder, file, args.convert)
-        for name in ("modelhost", "llama-server"):
-            rows.append(run_server(name, file, kind, args, work))
-    print(f"{'kind':8} {'server':14} {'docs/s':>8}  seconds a request ({args.documents} docs)")
+        rows.append(run_server("modelhost", file, kind, args, work))
+        for threads in args.llama_threads:
+            rows.append(run_server("llama-server", file, kind, args, work, threads))
+    print(f"{'kind':8} {'server':18} {'docs/s':>8}  seconds a request ({args.documents} docs)")
     for row in rows:
         seconds = ", ".join(f"{s:.2f}" for s in row["seconds"])
-        print(f"{row['kind']:8} {row['server']:14} {row['docs_per_s']:8.1f}  {seconds}")
+        print(f"{row['kind']:8} {row['server']:18} {row['docs_per_s']:8.1f}  {seconds}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"documents": args.documents, "rows": rows}, indent=2))
 

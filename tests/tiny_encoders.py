@@ -81,7 +81,7 @@ def make_xlmr_encoder(path: Path, *, pooling: str = "cls", normalize: bool = Tru
     torch.manual_seed(0)
     config = _xlmr_config(vocab, initializer_range=0.3)
     transformers.XLMRobertaModel(config, add_pooling_layer=False).eval().save_pretrained(path)
-    _sentence_modules(path, pooling, normalize=normalize)
+    sentence_modules(path, pooling, normalize=normalize)
     (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 48}))
     return path
 
@@ -129,11 +129,11 @@ def make_bert_encoder(path: Path, *, pooling: str = "mean") -> Path:
     source = EMBEDDED_ENCODERS[EMBEDDING_MODEL]()
     for name in TOKENIZER_FILES:
         shutil.copy(source / name, path / name)
-    _sentence_modules(path, pooling, normalize=True)
+    sentence_modules(path, pooling, normalize=True)
     return path
 
 
-def _sentence_modules(path: Path, pooling: str, *, normalize: bool) -> None:
+def sentence_modules(path: Path, pooling: str, *, normalize: bool) -> None:
     kinds = ["Transformer", "Pooling", *(["Normalize"] if normalize else [])]
     folders = ["", "1_Pooling", "2_Normalize"]
     modules = [
@@ -146,3 +146,34 @@ def _sentence_modules(path: Path, pooling: str, *, normalize: bool) -> None:
     (path / "1_Pooling").mkdir(exist_ok=True)
     pooling_config = {"word_embedding_dimension": 32, f"pooling_mode_{_FLAG[pooling]}": True}
     (path / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config))
+
+
+def make_nomic_encoder(path: Path) -> Path:
+    """A NomicBertModel sentence encoder (nomic-embed-text's layout: mean pooling, normalised;
+    all-MiniLM-L6-v2's tokenizer, random weights)."""
+    import shutil
+
+    import torch
+    import transformers
+    from tiny_reranker import TOKENIZER_FILES
+
+    from modelhost.models.loading.embedded import EMBEDDED_ENCODERS, EMBEDDING_MODEL
+
+    path.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    config = transformers.NomicBertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=48,
+        max_position_embeddings=64,
+        initializer_range=0.3,
+    )
+    transformers.NomicBertModel(config).eval().save_pretrained(path)
+    source = EMBEDDED_ENCODERS[EMBEDDING_MODEL]()
+    for name in TOKENIZER_FILES:
+        shutil.copy(source / name, path / name)
+    sentence_modules(path, "mean", normalize=True)
+    (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 40}))
+    return path

@@ -1,6 +1,6 @@
 """The encoder kinds beyond BERT folders, found by the registry and served by a real server: an
-XLM-R reranker folder and a GGUF reranker on /v1/rerank, an XLM-R sentence encoder folder and a
-GGUF embedder on /v1/embeddings, /api/embed and /api/embeddings, each answering what
+XLM-R reranker folder and a GGUF reranker on /v1/rerank, XLM-R and NomicBERT sentence encoder
+folders and a GGUF embedder on /v1/embeddings, /api/embed and /api/embeddings, each answering what
 sentence-transformers computes; `dimensions` truncates and renormalises, more than the model has
 is OpenAI's 400; the listing marks each kind."""
 
@@ -13,7 +13,12 @@ import httpx
 import pytest
 import torch
 from live_server import LiveServer
-from tiny_encoders import make_bert_encoder, make_xlmr_encoder, make_xlmr_reranker
+from tiny_encoders import (
+    make_bert_encoder,
+    make_nomic_encoder,
+    make_xlmr_encoder,
+    make_xlmr_reranker,
+)
 from tiny_gguf_encoders import write_encoder_gguf
 
 from modelhost.residency.host import ResidencyHost
@@ -40,6 +45,7 @@ def served(
     models, sources = root / "models", root / "sources"
     make_xlmr_reranker(models / "xlmr-reranker")
     make_xlmr_encoder(models / "xlmr-encoder")
+    make_nomic_encoder(models / "nomic-encoder")
     write_encoder_gguf(make_xlmr_reranker(sources / "reranker"), models / "gguf-reranker.gguf")
     write_encoder_gguf(make_bert_encoder(sources / "encoder"), models / "gguf-encoder.gguf")
     registry = ModelRegistry([models], home=root / "home", hf_hub=root / "hub", embedded=False)
@@ -91,7 +97,11 @@ def test_a_gguf_reranker_scores_the_logits_of_the_model_it_was_converted_from(se
 
 @pytest.mark.parametrize(
     ("model", "folder"),
-    [("xlmr-encoder", ("models", "xlmr-encoder")), ("gguf-encoder", ("sources", "encoder"))],
+    [
+        ("xlmr-encoder", ("models", "xlmr-encoder")),
+        ("nomic-encoder", ("models", "nomic-encoder")),
+        ("gguf-encoder", ("sources", "encoder")),
+    ],
 )
 def test_embeddings_equal_sentence_transformers_on_every_embedding_route(
     served, model: str, folder: tuple[str, str]

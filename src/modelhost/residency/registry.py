@@ -64,7 +64,7 @@ from modelhost.models.loading.footprint import held_bytes, unsupported_tensor
 from modelhost.models.loading.gguf_header import GGUFFile
 from modelhost.models.loading.hf_config import config_from_hf, read_json
 from modelhost.models.networks.cross_encoder_config import cross_encoder_refusal, is_cross_encoder
-from modelhost.models.networks.sentence_pooling import (
+from modelhost.models.networks.encoder_files import (
     GGUF_ENCODER_ARCHITECTURES,
     embedding_refusal,
     gguf_encoder_kind,
@@ -82,7 +82,7 @@ _RESCAN_S = 5.0  # an unknown id rescans the disk at most this often (clients se
 # of its weights, beam state and audio features (~400 MB resident for base's 145 MB file).
 _ENCODER_WORK_BYTES = 128 << 20
 _WHISPER_WORK_FACTOR = 2
-_ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "distilbert"})
+_ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "nomic_bert"})
 
 
 @dataclass(frozen=True, slots=True)

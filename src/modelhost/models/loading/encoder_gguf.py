@@ -37,7 +37,7 @@ from modelhost.models.networks.bert import (
     load_state,
 )
 from modelhost.models.networks.cross_encoder import BertCrossEncoder, CrossEncoderModel
-from modelhost.models.networks.sentence_pooling import (
+from modelhost.models.networks.encoder_files import (
     GGUF_ENCODER_TOKENIZERS,
     Pooling,
     gguf_pooling,

@@ -1,6 +1,6 @@
 """BERT-family sentence encoders (BERT, RoBERTa, XLM-R; sentence-transformers layouts):
 post-LayerNorm encoder layers with a padding mask, then the model's own pooling (cls, mean, max
-or last token over real tokens, sentence_pooling.py) and L2 normalisation when it has it.
+or last token over real tokens, encoder_files.py) and L2 normalisation when it has it.
 
 RoBERTa and XLM-R are BERT with their positions counted from `pad_token_id + 1` (Hugging Face
 numbers real tokens after the padding index; a GGUF has the rows before cut off), one token type,
@@ -20,6 +20,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import tokenizers
 import torch
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from modelhost.models.networks.sentence_pooling import ENCODER_TYPES, Pooling, read_pooling
+from modelhost.models.networks.encoder_files import ENCODER_TYPES, Pooling, read_pooling
 
 # config.json's model_type whose positions are counted from the padding index (docstring).
 _OFFSET_POSITIONS = frozenset({"roberta", "xlm-roberta"})
@@ -181,13 +182,24 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: Pooling) -> torch.Te
     return F.normalize(pooled, p=2, dim=-1) if pooling.normalize else pooled
 
 
+class EncoderShape(Protocol):
+    """What serving an encoder reads of its config (BertConfig, nomic_bert's NomicConfig)."""
+
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def max_seq_length(self) -> int: ...
+
+
 @dataclass(slots=True)
 class EmbeddingModel:
     """A loaded sentence encoder: its id, tokenizer, network and pooling."""
 
     id: str
     path: Path
-    config: BertConfig
+    config: EncoderShape
     text: EncoderTokenizer
     network: nn.Module  # input ids, attention mask → hidden states [B, L, H]
     pooling: Pooling

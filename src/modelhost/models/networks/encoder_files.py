@@ -1,5 +1,6 @@
-"""How a sentence encoder turns its hidden states into one vector, read from its own files without
-PyTorch (the registry refuses an unsupported layout before anything loads).
+"""What an encoder's files say, read without PyTorch (the registry lists and refuses from it
+before anything loads): which encoders are served, and how a sentence encoder turns its hidden
+states into one vector.
 
 A sentence-transformers folder says it in `modules.json`: a Transformer, a Pooling module whose
 `config.json` names the mode (`pooling_mode: "cls"` since v5, `pooling_mode_cls_token: true` and
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 MODES = ("cls", "mean", "max", "lasttoken")
 # sentence-transformers' older Pooling config: one flag a mode.
@@ -28,7 +30,7 @@ _FLAGS = {
 # Modules that change nothing we compute: the encoder itself and the normalisation flag.
 _TRANSFORMER, _POOLING, _NORMALIZE = "Transformer", "Pooling", "Normalize"
 # config.json's model_type of the encoders served (networks/bert.py).
-ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta"})
+ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "nomic_bert"})
 # GGUF encoders (models/loading/encoder_gguf.py): llama.cpp's architecture name for BERT, RoBERTa
 # and XLM-R, and the vocabularies it writes for them (WordPiece; XLM-R's Unigram).
 GGUF_ENCODER_ARCHITECTURES = frozenset({"bert"})
@@ -86,11 +88,15 @@ def gguf_pooling(pooling_type: int | None, *, default: str) -> str:
     return GGUF_POOLING[pooling_type]
 
 
-def embedding_refusal(path: Path, raw: dict[str, object]) -> str | None:
+def embedding_refusal(path: Path, raw: dict[str, Any]) -> str | None:
     """Why the sentence-encoder folder `path` (its config.json `raw`) cannot be served."""
     if raw.get("model_type") not in ENCODER_TYPES:
         return f"{raw.get('model_type')} encoders are not served (only {sorted(ENCODER_TYPES)})"
-    if raw.get("hidden_act", "gelu") != "gelu":
+    if raw["model_type"] == "nomic_bert":
+        refusal = nomic_refusal(raw)
+        if refusal is not None:
+            return refusal
+    elif raw.get("hidden_act", "gelu") != "gelu":
         return f"its activation {raw.get('hidden_act')} is not supported (only gelu)"
     try:
         read_pooling(path)
@@ -113,3 +119,19 @@ def gguf_encoder_kind(
     except UnsupportedPooling as exc:
         return operation, str(exc)
     return operation, None
+
+
+def nomic_refusal(raw: dict[str, Any]) -> str | None:
+    """Why a nomic_bert config.json describes a model networks/nomic_bert.py does not compute
+    (transformers' keys or nomic's original ones)."""
+    activation = raw.get("hidden_act") or raw.get("activation_function") or "silu"
+    if activation not in ("silu", "swiglu"):
+        return f"a NomicBERT with {activation} activations is not supported (only SwiGLU)"
+    if raw.get("moe_every_n_layers") or raw.get("prenorm") or raw.get("qkv_proj_bias"):
+        return "NomicBERT mixture-of-experts, pre-norm or biased variants are not supported"
+    rope_type = (raw.get("rope_parameters") or {}).get("rope_type", "default")
+    if rope_type != "default" or raw.get("rotary_emb_scale_base") is not None:
+        return f"NomicBERT with {rope_type} rotary scaling is not supported"
+    if raw.get("rotary_emb_fraction", 1.0) != 1.0 or raw.get("rotary_emb_interleaved"):
+        return "NomicBERT with partial or interleaved rotary embeddings is not supported"
+    return None
