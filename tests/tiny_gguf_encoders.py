@@ -1,9 +1,10 @@
 """GGUF encoders written from tiny Hugging Face folders as llama.cpp's convert_hf_to_gguf.py
-writes them (its BertModel / XLMRobertaModel classes): architecture "bert", tensors under the
-gguf package's own name map, RoBERTa's position rows before the padding index cut off, the BERT
-pooler dropped, a classifier's projection as `cls.output`, the pooling from modules.json, and the
-vocabulary as "bert" (WordPiece, phantom-space pieces) or "t5" (Unigram pieces and scores) with
-the special ids gguf's SpecialVocab reads from the tokenizer's files."""
+writes them (its BertModel / XLMRobertaModel / NomicBertModel classes): architecture "bert" (or
+"nomic-bert" with its rotary base), tensors under the gguf package's own name map, RoBERTa's
+position rows before the padding index cut off, the BERT pooler dropped, a classifier's
+projection as `cls.output`, the pooling from modules.json, and the vocabulary as "bert"
+(WordPiece, phantom-space pieces) or "t5" (Unigram pieces and scores) with the special ids gguf's
+SpecialVocab reads from the tokenizer's files."""
 
 from __future__ import annotations
 
@@ -27,7 +28,11 @@ def write_encoder_gguf(folder: Path, out: Path) -> Path:
     xlmr = raw["model_type"] == "xlm-roberta"
     classifier = any(a.endswith("ForSequenceClassification") for a in raw["architectures"])
     offset = raw["pad_token_id"] + 1 if xlmr else 0
-    writer = gguf.GGUFWriter(str(out), "bert")
+    nomic = raw["model_type"] == "nomic_bert"
+    arch = gguf.MODEL_ARCH.NOMIC_BERT if nomic else gguf.MODEL_ARCH.BERT
+    writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[arch])
+    if nomic:
+        writer.add_rope_freq_base(raw["rope_parameters"]["rope_theta"])
     writer.add_context_length(raw["max_position_embeddings"] - offset)
     writer.add_embedding_length(raw["hidden_size"])
     writer.add_feed_forward_length(raw["intermediate_size"])
@@ -42,7 +47,7 @@ def write_encoder_gguf(folder: Path, out: Path) -> Path:
     if classifier:
         writer.add_classifier_output_labels([v for _, v in sorted(raw["id2label"].items())])
     (_t5_vocab if xlmr else _bert_vocab)(folder, writer, raw)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.BERT, raw["num_hidden_layers"])
+    names = gguf.get_tensor_name_map(arch, raw["num_hidden_layers"])
     for name, tensor in load_file(str(folder / "model.safetensors")).items():
         name = name.removeprefix("bert.").removeprefix("roberta.")
         if name in ("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias"):

@@ -1,8 +1,8 @@
 """GGUF encoders written as convert_hf_to_gguf.py writes them (tests/tiny_gguf_encoders.py) from
 tiny random models made with transformers' own classes: embeddings equal sentence-transformers'
-on the folder they came from (BERT with mean pooling, XLM-R with CLS pooling), an XLM-R reranker
-GGUF scores the reference's logits, and a BERT reranker GGUF (its pooler dropped by the
-converter) the projection of the first token, as llama-server computes it."""
+on the folder they came from (BERT and NomicBERT with mean pooling, XLM-R with CLS pooling), an
+XLM-R reranker GGUF scores the reference's logits, and a BERT reranker GGUF (its pooler dropped
+by the converter) the projection of the first token, as llama-server computes it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from tiny_encoders import make_bert_encoder, make_xlmr_encoder, make_xlmr_reranker
+from tiny_encoders import (
+    make_bert_encoder,
+    make_nomic_encoder,
+    make_xlmr_encoder,
+    make_xlmr_reranker,
+)
 from tiny_gguf_encoders import write_encoder_gguf
 from tiny_reranker import make_tiny_reranker
 
@@ -21,7 +26,11 @@ TEXTS = ["the giant panda eats bamboo", "paris is the capital of france", "a"]
 QUERY = "what does a giant panda eat?"
 
 
-@pytest.mark.parametrize("make", [make_bert_encoder, make_xlmr_encoder], ids=["bert", "xlm-r"])
+@pytest.mark.parametrize(
+    "make",
+    [make_bert_encoder, make_xlmr_encoder, make_nomic_encoder],
+    ids=["bert", "xlm-r", "nomic"],
+)
 def test_gguf_embeddings_equal_sentence_transformers_on_the_source_folder(
     tmp_path: Path, make: object
 ) -> None:

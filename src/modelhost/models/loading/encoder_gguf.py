@@ -1,5 +1,7 @@
 """BERT-family encoders from GGUF files as llama.cpp's convert_hf_to_gguf.py writes them
-(architecture "bert": BERT, RoBERTa and XLM-R embedders and rerankers).
+(architecture "bert": BERT, RoBERTa and XLM-R embedders and rerankers; "nomic-bert":
+nomic-embed-text, its queries, keys and values fused in `attn_qkv`, its rotary base under
+`nomic-bert.rope.freq_base`).
 
 What the file holds: the tensors under llama.cpp's names (`token_embd`, `blk.N.attn_q`, …;
 RoBERTa's position rows before the padding index already cut off), the hyper-parameters under
@@ -42,6 +44,7 @@ from modelhost.models.networks.encoder_files import (
     Pooling,
     gguf_pooling,
 )
+from modelhost.models.networks.nomic_bert import NomicConfig, NomicEncoder, unfused
 
 _CONTROL = 3  # llama.cpp's token type of a special token
 _RANK = 4  # llama.cpp's LLAMA_POOLING_TYPE_RANK
@@ -52,6 +55,7 @@ _LAYER_NAMES = {
     "attn_output": "attn_out",
     "attn_output_norm": "attn_norm",
     "ffn_up": "up",
+    "ffn_gate": "gate",
     "ffn_down": "down",
     "layer_output_norm": "out_norm",
 }
@@ -126,6 +130,20 @@ def _config(file: _File) -> BertConfig:
     )
 
 
+def _nomic_config(file: _File) -> NomicConfig:
+    return NomicConfig(
+        vocab_size=len(file.value("tokenizer.ggml.tokens")),
+        hidden_size=int(file.arch("embedding_length")),
+        num_layers=int(file.arch("block_count")),
+        num_heads=int(file.arch("attention.head_count")),
+        intermediate_size=int(file.arch("feed_forward_length")),
+        type_vocab_size=int(file.value("tokenizer.ggml.token_type_count", 2)),
+        layer_norm_eps=float(file.arch("attention.layer_norm_epsilon", 1e-12)),
+        rope_theta=float(file.arch("rope.freq_base", 1000.0)),
+        max_seq_length=int(file.arch("context_length")),
+    )
+
+
 def _tokenizer(file: _File) -> EncoderTokenizer:
     kind = file.value("tokenizer.ggml.model")
     tokens: list[str] = list(file.value("tokenizer.ggml.tokens"))
@@ -175,9 +193,16 @@ def load_gguf_encoder(path: Path, model_id: str | None = None) -> EmbeddingModel
     if file.reranks:
         raise ValueError(f"{path} is a reranker, not an embedder")
     mode = file.pooling()
-    config = _config(file)
-    network = BertEncoder(config)
-    tensors = file.tensors()
+    config: BertConfig | NomicConfig
+    network: BertEncoder | NomicEncoder
+    if file.value("general.architecture") == "nomic-bert":
+        config = _nomic_config(file)
+        network = NomicEncoder(config)
+        tensors = unfused(file.tensors(), fused="attn_qkv.weight", split="attn_{}.weight")
+    else:
+        config = _config(file)
+        network = BertEncoder(config)
+        tensors = file.tensors()
     load_state(network, tensors, _encoder_name, str(path))
     return EmbeddingModel(
         id=model_id or path.stem,

@@ -31,9 +31,10 @@ _FLAGS = {
 _TRANSFORMER, _POOLING, _NORMALIZE = "Transformer", "Pooling", "Normalize"
 # config.json's model_type of the encoders served (networks/bert.py).
 ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "nomic_bert"})
-# GGUF encoders (models/loading/encoder_gguf.py): llama.cpp's architecture name for BERT, RoBERTa
-# and XLM-R, and the vocabularies it writes for them (WordPiece; XLM-R's Unigram).
-GGUF_ENCODER_ARCHITECTURES = frozenset({"bert"})
+# GGUF encoders (models/loading/encoder_gguf.py): llama.cpp's architecture names for BERT, RoBERTa
+# and XLM-R, and for NomicBERT, and the vocabularies it writes for them (WordPiece; XLM-R's
+# Unigram).
+GGUF_ENCODER_ARCHITECTURES = frozenset({"bert", "nomic-bert"})
 GGUF_ENCODER_TOKENIZERS = frozenset({"bert", "t5"})
 # llama.cpp's enum llama_pooling_type, as `<arch>.pooling_type` stores it.
 GGUF_POOLING = {0: "none", 1: "mean", 2: "cls", 3: "lasttoken", 4: "rank"}

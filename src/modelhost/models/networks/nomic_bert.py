@@ -162,14 +162,19 @@ def _tensor_name(name: str) -> str | None:
     return None
 
 
-def _unfused(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """nomic's fused `attn.Wqkv` split into the three projections (queries, keys, values)."""
+def unfused(
+    tensors: dict[str, torch.Tensor],
+    fused: str = "attn.Wqkv.weight",
+    split: str = "self_attn.{}_proj.weight",
+) -> dict[str, torch.Tensor]:
+    """A fused query-key-value tensor (nomic's `attn.Wqkv`, a GGUF's `attn_qkv`) split into
+    the three projections, named `split` with q, k, v."""
     out = {}
     for name, tensor in tensors.items():
-        if name.endswith("attn.Wqkv.weight"):
-            stem = name.removesuffix("attn.Wqkv.weight")
-            for part, chunk in zip(("q", "k", "v"), tensor.chunk(3, dim=0), strict=True):
-                out[f"{stem}self_attn.{part}_proj.weight"] = chunk
+        if name.endswith(fused):
+            stem = name.removesuffix(fused)
+            for part, chunk in zip("qkv", tensor.chunk(3, dim=0), strict=True):
+                out[stem + split.format(part)] = chunk
         else:
             out[name] = tensor
     return out
@@ -179,7 +184,7 @@ def load_nomic_bert(path: Path, model_id: str | None = None) -> EmbeddingModel:
     """A NomicBERT sentence encoder from its folder (either spelling, module docstring)."""
     config = NomicConfig.from_dir(path)
     network = NomicEncoder(config)
-    tensors = _unfused(load_file(str(path / "model.safetensors")))
+    tensors = unfused(load_file(str(path / "model.safetensors")))
     load_state(network, tensors, _tensor_name, str(path))
     return EmbeddingModel(
         id=model_id or path.name,
