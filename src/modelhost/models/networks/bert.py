@@ -28,10 +28,11 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from modelhost.models.networks.encoder_files import ENCODER_TYPES, Pooling, read_pooling
+from modelhost.models.networks.encoder_files import Pooling, read_pooling
 
 # config.json's model_type whose positions are counted from the padding index (docstring).
 _OFFSET_POSITIONS = frozenset({"roberta", "xlm-roberta"})
+_MODEL_TYPES = frozenset({"bert", *_OFFSET_POSITIONS})
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +51,7 @@ class BertConfig:
     @classmethod
     def from_dir(cls, path: Path) -> BertConfig:
         raw = json.loads((path / "config.json").read_text())
-        if raw.get("model_type") not in ENCODER_TYPES or raw.get("hidden_act", "gelu") != "gelu":
+        if raw.get("model_type") not in _MODEL_TYPES or raw.get("hidden_act", "gelu") != "gelu":
             raise ValueError(f"{path} is not a BERT-family encoder with GELU activations")
         offset = raw.get("pad_token_id", 1) + 1 if raw["model_type"] in _OFFSET_POSITIONS else 0
         sentence = path / "sentence_bert_config.json"
