@@ -22,6 +22,7 @@ from scripted_engine import ScriptedEngine, scripted_model
 
 from modelhost.assembly import build_app, build_stage
 from modelhost.models.loaded import LoadedModel
+from modelhost.models.loading.embedded import EMBEDDING_MODEL
 from modelhost.models.loading.loader import load_model
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.inprocess import InProcessUnit, in_process_loader
@@ -142,6 +143,15 @@ def test_the_page_loads_every_view_without_an_error_at_laptop_and_phone_widths(p
     page.keyboard.press("Enter")
     expect(page.locator("#view-live")).to_be_visible()
     assert page.errors == []
+
+
+def test_the_models_view_marks_an_embedding_model_with_its_kind(page, served):
+    page.goto(served.base_url)
+    encoder = page.locator(f"#models-table tr[data-model='{EMBEDDING_MODEL}']")
+    expect(encoder.locator(".badge")).to_have_text("embedding")
+    chat = page.locator(f"#models-table tr[data-model='{SMOLLM2}']")
+    expect(chat).to_contain_text("current")
+    assert chat.locator(".badge").count() == 0
 
 
 def test_a_chat_streams_an_answer_and_stop_frees_its_row(page, served):

@@ -102,14 +102,14 @@ def test_a_hundred_documents_are_scored_in_one_forward(folder: Path) -> None:
     assert len(scores) == 100 and model.forwards == 1
 
 
-def test_only_one_label_bert_classifiers_are_served_as_rerankers(folder: Path) -> None:
+def test_only_one_label_bert_family_classifiers_are_served_as_rerankers(folder: Path) -> None:
     raw = config_of(folder)
     assert cross_encoder_refusal(raw) is None
-    xlmr = {
+    deberta = {
         **raw,
-        "model_type": "xlm-roberta",
-        "architectures": ["XLMRobertaForSequenceClassification"],
+        "model_type": "deberta-v2",
+        "architectures": ["DebertaV2ForSequenceClassification"],
     }
-    assert "not served yet" in (cross_encoder_refusal(xlmr) or "")
+    assert "not served yet" in (cross_encoder_refusal(deberta) or "")
     two = {**raw, "id2label": {"0": "no", "1": "yes"}}
     assert "one label" in (cross_encoder_refusal(two) or "")

@@ -64,7 +64,7 @@ async def test_a_paraphrase_scores_a_higher_cosine_than_an_unrelated_sentence(
 
 async def test_token_arrays_embed_like_the_text_they_spell(client: httpx.AsyncClient) -> None:
     encoder = (await Encoders().get(MODEL)).model
-    ids = encoder.tokenizer.encode(TEXTS[0], add_special_tokens=False).ids
+    ids = encoder.text.tokenizer.encode(TEXTS[0], add_special_tokens=False).ids
     from_ids = vectors(await embed(client, input=[ids]))[0]
     from_text = vectors(await embed(client, input=TEXTS[0]))[0]
     assert max(abs(x - y) for x, y in zip(from_ids, from_text, strict=True)) < 1e-6

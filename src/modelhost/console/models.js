@@ -121,6 +121,12 @@ function stateText(row, resident) {
   return words.join(" · ");
 }
 
+// What a model serves besides chat: /v1/models marks rerankers and embedding models.
+function kindBadge(row) {
+  const kind = row.rerank ? "rerank" : row.embeddings ? "embedding" : null;
+  return kind ? el("span", { class: "badge", dataset: { kind } }, kind) : null;
+}
+
 function render() {
   renderBudget();
   const body = $("#models-table tbody");
@@ -139,7 +145,7 @@ function render() {
     actions.append(resident?.pinned ? button("Unpin", "unpin", "secondary") : button("Pin", "pin", "secondary"));
     const note = refusals.get(row.id) || row.refusal;
     return el("tr", { dataset: { model: row.id, state: row.resident ? "resident" : "idle" } },
-      el("th", { scope: "row" }, row.id, note ? el("div", { class: "error small" }, note) : null),
+      el("th", { scope: "row" }, row.id, " ", kindBadge(row), note ? el("div", { class: "error small" }, note) : null),
       el("td", {}, row.format || "–"),
       el("td", {}, resident ? bytes(resident.bytes) : bytes(row.estimate_bytes ?? row.size_bytes)),
       el("td", { class: "state" }, busy && resident?.state !== "loading" ? "working…" : stateText(row, resident)),

@@ -3,7 +3,8 @@
 `Encoders` loads an encoder by id on first use (once, off the event loop) and keeps it;
 `EncoderStage.embed` runs one request's inputs as padded batches under an exclusive lock (the
 reference runs embeddings under the engine's exclusive lease, not in the generation batch), then
-applies the requested `dimensions`: the leading components, re-normalised to unit length.
+applies the requested `dimensions`: the leading components (Matryoshka), re-normalised to unit
+length when the model's own vectors are.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ class Embedder(Protocol):
     def dimensions(self) -> int: ...
     @property
     def weights_bytes(self) -> int: ...
+    @property
+    def normalize(self) -> bool: ...
     def token_ids(self, text: str) -> list[int]: ...
     def framed(self, ids: Sequence[int]) -> list[int]: ...
     def embed(self, inputs: Sequence[list[int]]) -> torch.Tensor: ...
@@ -78,8 +81,10 @@ class EncoderStage:
         framed = [self._framed(item, index) for index, item in enumerate(inputs)]
         vectors = await asyncio.to_thread(self._run, framed)
         if dimensions is not None and dimensions < model.dimensions:
-            vectors = F.normalize(vectors[:, :dimensions], p=2, dim=-1)
-        # Usage counts the tokens the encoder read, [CLS] and [SEP] included.
+            vectors = vectors[:, :dimensions]
+            if model.normalize:
+                vectors = F.normalize(vectors, p=2, dim=-1)
+        # Usage counts the tokens the encoder read, the special tokens included.
         return EmbeddingResult(vectors.tolist(), sum(len(ids) for ids in framed))
 
     def _run(self, framed: list[list[int]]) -> torch.Tensor:

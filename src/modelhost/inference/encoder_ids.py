@@ -44,7 +44,7 @@ def embedding_model_only(model_id: str) -> InvalidRequest:
 def not_a_reranker_message(model_id: str) -> str:
     return (
         f'model "{model_id}" is not a reranker; serve a cross-encoder '
-        "(a BertForSequenceClassification folder) or a Qwen3-Reranker to use /v1/rerank"
+        "(a BERT or XLM-R classifier, folder or GGUF) or a Qwen3-Reranker to use /v1/rerank"
     )
 
 

@@ -49,14 +49,14 @@ def open_companion(path: Path, model_id: str, operations: Sequence[str]) -> Any:
     """The stage that serves a companion model from its files."""
     if "embed" in operations:
         from modelhost.inference.embeddings import EncoderStage
-        from modelhost.models.networks.bert import load_bert
+        from modelhost.models.loading.encoders import load_sentence_encoder
 
-        return EncoderStage(load_bert(Path(path), model_id))
+        return EncoderStage(load_sentence_encoder(Path(path), model_id))
     if "rerank" in operations:
         from modelhost.inference.rerank import RerankStage
-        from modelhost.models.networks.cross_encoder import load_cross_encoder
+        from modelhost.models.loading.encoders import load_reranker
 
-        return RerankStage(load_cross_encoder(Path(path), model_id))
+        return RerankStage(load_reranker(Path(path), model_id))
     if "transcribe" in operations:
         from modelhost.audio.transcriber import load_transcriber
 

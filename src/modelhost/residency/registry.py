@@ -65,6 +65,11 @@ from modelhost.models.loading.footprint import held_bytes, unsupported_tensor
 from modelhost.models.loading.gguf_header import GGUFFile
 from modelhost.models.loading.hf_config import config_from_hf, read_json
 from modelhost.models.networks.cross_encoder_config import cross_encoder_refusal, is_cross_encoder
+from modelhost.models.networks.encoder_files import (
+    GGUF_ENCODER_ARCHITECTURES,
+    embedding_refusal,
+    gguf_encoder_kind,
+)
 from modelhost.models.retrieval.retrieval_files import (
     Retrieval,
     folder_retrieval,
@@ -84,7 +89,7 @@ _RESCAN_S = 5.0  # an unknown id rescans the disk at most this often (clients se
 # of its weights, beam state and audio features (~400 MB resident for base's 145 MB file).
 _ENCODER_WORK_BYTES = 128 << 20
 _WHISPER_WORK_FACTOR = 2
-_ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "distilbert"})
+_ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "nomic_bert"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,6 +347,8 @@ class ModelRegistry:
             try:
                 config, architecture, tensors, size, pooling = _read_gguf(path)
             except UnservableArchitecture as exc:
+                if exc.architecture in GGUF_ENCODER_ARCHITECTURES:
+                    return _gguf_encoder(model_id, path)
                 return _refused(model_id, path, "gguf", exc, path.stat().st_size)
             retrieval = gguf_retrieval(pooling, architecture, {t[0] for t in tensors})
             named = self._named_mmproj.get(path.resolve())
@@ -407,7 +414,7 @@ class ModelRegistry:
             weights_bytes=weights,
             estimate_bytes=weights + _ENCODER_WORK_BYTES,
             operations=("rerank",) if reranks else ("embed",),
-            refusal=cross_encoder_refusal(raw) if reranks else None,
+            refusal=cross_encoder_refusal(raw) if reranks else embedding_refusal(path, raw),
         )
 
     def _transcriber(self, model_id: str, path: Path) -> ModelEntry:
@@ -422,6 +429,29 @@ class ModelRegistry:
             estimate_bytes=size * (1 + _WHISPER_WORK_FACTOR),
             operations=("transcribe",),
         )
+
+
+def _gguf_encoder(model_id: str, path: Path) -> ModelEntry:
+    """A BERT-family GGUF (llama.cpp's "bert"): an embedder, or a reranker with its classifier
+    head; its tensors run in fp32."""
+    gguf_file = GGUFFile(path)
+    operation, refusal = gguf_encoder_kind(
+        gguf_file.arch_field("pooling_type"),
+        gguf_file.field("tokenizer.ggml.model"),
+        {t["name"] for t in gguf_file.tensors},
+    )
+    weights = sum(math.prod(t["shape"]) for t in gguf_file.tensors) * 4
+    return ModelEntry(
+        id=model_id,
+        path=path,
+        format="gguf",
+        architecture=gguf_file.architecture,
+        size_bytes=path.stat().st_size,
+        weights_bytes=weights,
+        estimate_bytes=weights + _ENCODER_WORK_BYTES,
+        operations=(operation,),
+        refusal=refusal,
+    )
 
 
 class UnservableArchitecture(ValueError):

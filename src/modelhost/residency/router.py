@@ -201,7 +201,7 @@ def cannot_message(entry: ModelEntry | None, need: str) -> str:
         return not_an_embedding_model_message(name)
     if need == "rerank" and entry is None:
         return (
-            "no reranker is installed: serve a cross-encoder (BertForSequenceClassification) "
+            "no reranker is installed: serve a cross-encoder (BERT or XLM-R, folder or GGUF) "
             "or a Qwen3-Reranker"
         )
     if need == "rerank":

@@ -1,10 +1,16 @@
-"""BERT-family sentence encoders (sentence-transformers layouts): embeddings, post-LayerNorm
-encoder layers with a padding mask, mean pooling over real tokens, L2 normalisation.
+"""BERT-family sentence encoders (BERT, RoBERTa, XLM-R; sentence-transformers layouts):
+post-LayerNorm encoder layers with a padding mask, then the model's own pooling (cls, mean, max
+or last token over real tokens, encoder_files.py) and L2 normalisation when it has it.
 
-`EmbeddingModel.embed` takes texts or token-id lists, batches them (right-padded to the
-longest), and returns one unit vector per input. Padding is masked out of attention and out of
-the mean, so an input's embedding does not depend on what it was batched with (up to float
-rounding of differently shaped matmuls).
+RoBERTa and XLM-R are BERT with their positions counted from `pad_token_id + 1` (Hugging Face
+numbers real tokens after the padding index; a GGUF has the rows before cut off), one token type,
+and `<s> … </s>` framing; the tokenizer's own post-processor says how a text and a pair are
+framed (`Framing`), so the ids match the reference's token for token.
+
+`EmbeddingModel.embed` takes framed token-id lists, batches them (right-padded to the longest),
+and returns one vector per input. Padding is masked out of attention and out of the pooling, so
+an input's embedding does not depend on what it was batched with (up to float rounding of
+differently shaped matmuls).
 """
 
 from __future__ import annotations
@@ -14,12 +20,19 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import tokenizers
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
+
+from modelhost.models.networks.encoder_files import Pooling, read_pooling
+
+# config.json's model_type whose positions are counted from the padding index (docstring).
+_OFFSET_POSITIONS = frozenset({"roberta", "xlm-roberta"})
+_MODEL_TYPES = frozenset({"bert", *_OFFSET_POSITIONS})
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,14 +46,16 @@ class BertConfig:
     type_vocab_size: int
     layer_norm_eps: float
     max_seq_length: int  # what the sentence encoder was trained to read; longer input is cut
+    position_offset: int = 0  # the position row of the first token (module docstring)
 
     @classmethod
     def from_dir(cls, path: Path) -> BertConfig:
         raw = json.loads((path / "config.json").read_text())
-        if raw.get("model_type") != "bert" or raw.get("hidden_act", "gelu") != "gelu":
-            raise ValueError(f"{path} is not a BERT encoder with GELU activations")
+        if raw.get("model_type") not in _MODEL_TYPES or raw.get("hidden_act", "gelu") != "gelu":
+            raise ValueError(f"{path} is not a BERT-family encoder with GELU activations")
+        offset = raw.get("pad_token_id", 1) + 1 if raw["model_type"] in _OFFSET_POSITIONS else 0
         sentence = path / "sentence_bert_config.json"
-        max_seq = raw["max_position_embeddings"]
+        max_seq = raw["max_position_embeddings"] - offset
         if sentence.is_file():
             max_seq = min(max_seq, json.loads(sentence.read_text()).get("max_seq_length", max_seq))
         return cls(
@@ -53,6 +68,7 @@ class BertConfig:
             type_vocab_size=raw.get("type_vocab_size", 2),
             layer_norm_eps=raw.get("layer_norm_eps", 1e-12),
             max_seq_length=max_seq,
+            position_offset=offset,
         )
 
 
@@ -104,7 +120,8 @@ class BertEncoder(nn.Module):
     ) -> torch.Tensor:
         """Last hidden states [B, L, H] for right-padded ids; `attention_mask` [B, L] is 1 on
         real tokens; `token_type_ids` [B, L] tells a pair's segments apart (cross-encoders)."""
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        offset = self.config.position_offset
+        positions = torch.arange(offset, offset + input_ids.shape[1], device=input_ids.device)
         # Sentence encoders read one segment: token type 0 everywhere.
         if token_type_ids is None:
             types = self.token_type.weight[0]
@@ -137,8 +154,9 @@ _EMBEDDING_NAMES = {
 
 
 def encoder_tensor_name(name: str) -> str | None:
-    """Our parameter name for a Hugging Face BERT tensor; None for tensors we do not use."""
-    name = name.removeprefix("bert.")
+    """Our parameter name for a Hugging Face BERT-family tensor; None for tensors we do not
+    use."""
+    name = name.removeprefix("bert.").removeprefix("roberta.")
     stem, _, leaf = name.rpartition(".")
     if stem in _EMBEDDING_NAMES:
         return f"{_EMBEDDING_NAMES[stem]}.{leaf}"
@@ -149,94 +167,168 @@ def encoder_tensor_name(name: str) -> str | None:
     return None  # position_ids buffers, the pooler and heads: not the encoder's own
 
 
+def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: Pooling) -> torch.Tensor:
+    """One vector a row [B, H] from right-padded hidden states, as sentence-transformers' Pooling
+    and Normalize modules compute it."""
+    weights = mask.unsqueeze(-1).to(hidden.dtype)
+    if pooling.mode == "cls":
+        pooled = hidden[:, 0]
+    elif pooling.mode == "lasttoken":
+        last = mask.sum(dim=1).clamp(min=1) - 1
+        pooled = hidden[torch.arange(hidden.shape[0]), last]
+    elif pooling.mode == "max":
+        pooled = hidden.masked_fill(weights == 0, -1e9).max(dim=1).values
+    else:
+        pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
+    return F.normalize(pooled, p=2, dim=-1) if pooling.normalize else pooled
+
+
+class EncoderShape(Protocol):
+    """What serving an encoder reads of its config (BertConfig, nomic_bert's NomicConfig)."""
+
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def max_seq_length(self) -> int: ...
+
+
 @dataclass(slots=True)
 class EmbeddingModel:
-    """A loaded sentence encoder: its id, tokenizer and network."""
+    """A loaded sentence encoder: its id, tokenizer, network and pooling."""
 
     id: str
     path: Path
-    config: BertConfig
-    tokenizer: tokenizers.Tokenizer
-    network: BertEncoder
-    cls_id: int
-    sep_id: int
-    pad_id: int
+    config: EncoderShape
+    text: EncoderTokenizer
+    network: nn.Module  # input ids, attention mask → hidden states [B, L, H]
+    pooling: Pooling
 
     @property
     def dimensions(self) -> int:
         return self.config.hidden_size
 
     @property
+    def normalize(self) -> bool:
+        """Whether its vectors are unit length (a Normalize module in its files)."""
+        return self.pooling.normalize
+
+    @property
     def weights_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.network.parameters())
 
     def token_ids(self, text: str) -> list[int]:
-        """[CLS] text [SEP], cut to the encoder's maximum sequence length."""
-        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        """The text framed by its special tokens, cut to the encoder's maximum length."""
+        ids = self.text.tokenizer.encode(text, add_special_tokens=False).ids
         return self.framed(ids)
 
     def framed(self, ids: Sequence[int]) -> list[int]:
-        """Token ids framed by [CLS] and [SEP] and cut to fit, as the tokenizer would."""
-        body = list(ids)[: self.config.max_seq_length - 2]
-        return [self.cls_id, *body, self.sep_id]
+        """Token ids framed by the special tokens and cut to fit, as the tokenizer would."""
+        before, after = self.text.framing.single
+        body = list(ids)[: self.config.max_seq_length - len(before) - len(after)]
+        return [*before, *body, *after]
 
     @torch.inference_mode()
     def embed(self, inputs: Sequence[list[int]], *, batch_size: int = 32) -> torch.Tensor:
-        """Unit vectors [N, H] for framed token-id lists, in order, `batch_size` at a time."""
+        """Vectors [N, H] for framed token-id lists, in order, `batch_size` at a time."""
         out: list[torch.Tensor] = []
         for start in range(0, len(inputs), batch_size):
             chunk = inputs[start : start + batch_size]
             length = max(len(ids) for ids in chunk)
-            ids = torch.full((len(chunk), length), self.pad_id, dtype=torch.long)
+            ids = torch.full((len(chunk), length), self.text.pad_id, dtype=torch.long)
             mask = torch.zeros((len(chunk), length), dtype=torch.long)
             for row, row_ids in enumerate(chunk):
                 ids[row, : len(row_ids)] = torch.tensor(row_ids, dtype=torch.long)
                 mask[row, : len(row_ids)] = 1
-            hidden = self.network(ids, mask)
-            weights = mask.unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
-            out.append(F.normalize(pooled, p=2, dim=-1))
+            out.append(pool(self.network(ids, mask), mask, self.pooling))
         return torch.cat(out) if out else torch.empty((0, self.dimensions))
 
 
 def load_bert(path: Path, model_id: str | None = None) -> EmbeddingModel:
-    """A sentence encoder from a directory with config.json, model.safetensors, tokenizer.json."""
+    """A sentence encoder from a directory with config.json, model.safetensors, tokenizer.json
+    (and sentence-transformers' modules.json and pooling config when it has them)."""
     config = BertConfig.from_dir(path)
     network = BertEncoder(config)
     load_weights(network, path, encoder_tensor_name)
-    files = EncoderTokenizer.from_dir(path)
     return EmbeddingModel(
         id=model_id or path.name,
         path=path,
         config=config,
-        tokenizer=files.tokenizer,
+        text=EncoderTokenizer.from_dir(path),
         network=network,
-        cls_id=files.cls_id,
-        sep_id=files.sep_id,
-        pad_id=files.pad_id,
+        pooling=read_pooling(path),
     )
 
 
 def load_weights(network: nn.Module, path: Path, rename: Callable[[str], str | None]) -> None:
     """`path`'s model.safetensors into `network` (each tensor under `rename`'s name for it;
     None drops it), every parameter accounted for, then fp32 and eval mode."""
-    tensors = load_file(str(path / "model.safetensors"))
+    load_state(network, load_file(str(path / "model.safetensors")), rename, str(path))
+
+
+def load_state(
+    network: nn.Module,
+    tensors: dict[str, torch.Tensor],
+    rename: Callable[[str], str | None],
+    source: str,
+) -> None:
+    """Named tensors into `network` under `rename`'s names, every parameter accounted for."""
     named = ((rename(name), t) for name, t in tensors.items())
     state = {ours: t for ours, t in named if ours is not None}
     missing, unexpected = network.load_state_dict(state, strict=False)
     if missing or unexpected:
-        raise ValueError(f"{path}: missing tensors {missing}, unexpected {unexpected}")
+        raise ValueError(f"{source}: missing tensors {missing}, unexpected {unexpected}")
     network.float().eval()
 
 
 @dataclass(frozen=True, slots=True)
+class Framing:
+    """The special tokens around one text and around a pair, and the pair's token types: what
+    the tokenizer's post-processor adds ([CLS] a [SEP] b [SEP] for BERT, <s> a </s></s> b </s>
+    for RoBERTa and XLM-R)."""
+
+    single: tuple[list[int], list[int]]  # before, after
+    pair: tuple[list[int], list[int], list[int]]  # before, between, after
+    pair_types: tuple[int, int]  # the first part's (before, a, between), the second's (b, after)
+
+    @property
+    def pair_specials(self) -> int:
+        return sum(len(part) for part in self.pair)
+
+    @classmethod
+    def bert(cls, cls_id: int, sep_id: int) -> Framing:
+        return cls(([cls_id], [sep_id]), ([cls_id], [sep_id], [sep_id]), (0, 1))
+
+    @classmethod
+    def roberta(cls, bos_id: int, eos_id: int) -> Framing:
+        return cls(([bos_id], [eos_id]), ([bos_id], [eos_id, eos_id], [eos_id]), (0, 0))
+
+    @classmethod
+    def of(cls, tokenizer: tokenizers.Tokenizer) -> Framing:
+        """Read off the post-processor by framing two probe tokens."""
+        a = tokenizer.encode("a", add_special_tokens=False)
+        b = tokenizer.encode("b", add_special_tokens=False)
+        one = tokenizer.post_process(a, None, add_special_tokens=True).ids
+        both = tokenizer.post_process(a, b, add_special_tokens=True)
+        at, bt = len(a.ids), len(b.ids)
+        i = both.ids.index(a.ids[0])
+        j = both.ids.index(b.ids[0], i + at)
+        single_i = one.index(a.ids[0])
+        return cls(
+            (one[:single_i], one[single_i + at :]),
+            (both.ids[:i], both.ids[i + at : j], both.ids[j + bt :]),
+            (both.type_ids[i], both.type_ids[j]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class EncoderTokenizer:
-    """A BERT-style folder's tokenizer.json, padding and truncation left to the caller (inputs
-    are padded per batch and cut by the model's own rule), with its special tokens' ids."""
+    """An encoder folder's tokenizer.json, padding and truncation left to the caller (inputs
+    are padded per batch and cut by the model's own rule), with its framing and padding id."""
 
     tokenizer: tokenizers.Tokenizer
-    cls_id: int
-    sep_id: int
+    framing: Framing
     pad_id: int
 
     @classmethod
@@ -244,14 +336,12 @@ class EncoderTokenizer:
         tokenizer = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
         tokenizer.no_padding()
         tokenizer.no_truncation()
-
-        def special(token: str) -> int:
-            token_id = tokenizer.token_to_id(token)
-            if token_id is None:
-                raise ValueError(f"{path}: the tokenizer has no {token}")
-            return int(token_id)
-
-        return cls(tokenizer, special("[CLS]"), special("[SEP]"), special("[PAD]"))
+        pad_id = tokenizer.token_to_id("[PAD]")
+        if pad_id is None:
+            pad_id = tokenizer.token_to_id("<pad>")
+        if pad_id is None:
+            raise ValueError(f"{path}: the tokenizer has no [PAD] or <pad>")
+        return cls(tokenizer, Framing.of(tokenizer), int(pad_id))
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:

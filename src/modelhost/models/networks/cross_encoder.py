@@ -1,6 +1,10 @@
-"""BERT cross-encoders (`BertForSequenceClassification` with one label): a query and a document
-read together as one pair, [CLS] query [SEP] document [SEP] with token types 0 then 1; the
-pooler (dense + tanh on [CLS]) and the classifier give one logit per pair.
+"""BERT-family cross-encoders (`BertForSequenceClassification`,
+`XLMRobertaForSequenceClassification` with one label): a query and a document read together as
+one pair, framed as the tokenizer frames a pair ([CLS] query [SEP] document [SEP] with token
+types 0 then 1; <s> query </s></s> document </s> for XLM-R); a dense + tanh on the first token
+(BERT's pooler, RoBERTa's `classifier.dense`) and the output projection give one logit a pair.
+A GGUF reranker converted from a BERT classifier has no pooler (convert_hf_to_gguf.py drops
+it): its logit is the projection of the first token, as llama-server computes it.
 
 The score is what sentence-transformers' `CrossEncoder.predict` returns by default: the logit
 through the activation the model's config.json names, else a sigmoid (cross_encoder_config.py).
@@ -18,7 +22,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import tokenizers
 import torch
 from torch import nn
 
@@ -33,31 +36,39 @@ from modelhost.models.networks.cross_encoder_config import applies_sigmoid, cros
 
 # Padded tokens a forward: bounds its working memory (attention is rows x heads x L x L).
 BATCH_TOKENS = 16384
-_PAIR_SPECIALS = 3  # [CLS] q [SEP] d [SEP]
 
 
 class BertCrossEncoder(nn.Module):
-    def __init__(self, config: BertConfig) -> None:
+    def __init__(self, config: BertConfig, *, pooler: bool = True) -> None:
         super().__init__()
         self.encoder = BertEncoder(config)
-        self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
+        self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if pooler else None
         self.classifier = nn.Linear(config.hidden_size, 1)
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
     ) -> torch.Tensor:
         """One logit per row [B] for right-padded pairs."""
-        hidden = self.encoder(input_ids, attention_mask, token_type_ids)
-        pooled = torch.tanh(self.pooler(hidden[:, 0]))
-        return self.classifier(pooled).squeeze(-1)
+        hidden = self.encoder(input_ids, attention_mask, token_type_ids)[:, 0]
+        if self.pooler is not None:
+            hidden = torch.tanh(self.pooler(hidden))
+        return self.classifier(hidden).squeeze(-1)
+
+
+# The classification head's tensors: BERT's pooler + classifier, RoBERTa's two-layer head.
+_HEAD_NAMES = {
+    "bert.pooler.dense": "pooler",
+    "classifier.dense": "pooler",
+    "classifier.out_proj": "classifier",
+    "classifier": "classifier",
+}
 
 
 def _tensor_name(name: str) -> str | None:
-    """Our parameter name for a Hugging Face BertForSequenceClassification tensor."""
-    if name.startswith("bert.pooler.dense."):
-        return "pooler." + name.removeprefix("bert.pooler.dense.")
-    if name.startswith("classifier."):
-        return name
+    """Our parameter name for a Hugging Face *ForSequenceClassification tensor."""
+    stem, _, leaf = name.rpartition(".")
+    if stem in _HEAD_NAMES:
+        return f"{_HEAD_NAMES[stem]}.{leaf}"
     ours = encoder_tensor_name(name)
     return None if ours is None else f"encoder.{ours}"
 
@@ -91,11 +102,8 @@ class CrossEncoderModel:
     config: BertConfig
     max_length: int  # the window a pair is cut to, special tokens included
     sigmoid: bool
-    tokenizer: tokenizers.Tokenizer
+    text: EncoderTokenizer
     network: BertCrossEncoder
-    cls_id: int
-    sep_id: int
-    pad_id: int
     forwards: int = 0  # batched forwards run so far (tests and logs read it)
 
     @property
@@ -103,7 +111,7 @@ class CrossEncoderModel:
         return sum(p.numel() * p.element_size() for p in self.network.parameters())
 
     def tokens(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        return list(self.text.tokenizer.encode(text, add_special_tokens=False).ids)
 
     def read(self, query: str, documents: Sequence[str]) -> list[Pair]:
         """The query paired with each document (what inference/rerank.py's stage scores)."""
@@ -111,11 +119,16 @@ class CrossEncoderModel:
         return [self.pair(query_ids, self.tokens(document)) for document in documents]
 
     def pair(self, query: Sequence[int], document: Sequence[int]) -> Pair:
-        """[CLS] query [SEP] document [SEP], cut to the window, with its token types."""
-        keep_q, keep_d = longest_first(len(query), len(document), self.max_length - _PAIR_SPECIALS)
-        first = [self.cls_id, *query[:keep_q], self.sep_id]
-        second = [*document[:keep_d], self.sep_id]
-        return Pair([*first, *second], [0] * len(first) + [1] * len(second))
+        """The pair framed as the tokenizer frames it, cut to the window, with its token types
+        (all 0 for a model with one token type: RoBERTa and XLM-R)."""
+        framing = self.text.framing
+        budget = self.max_length - framing.pair_specials
+        keep_q, keep_d = longest_first(len(query), len(document), budget)
+        before, between, after = framing.pair
+        first = [*before, *query[:keep_q], *between]
+        second = [*document[:keep_d], *after]
+        types = framing.pair_types if self.config.type_vocab_size > 1 else (0, 0)
+        return Pair([*first, *second], [types[0]] * len(first) + [types[1]] * len(second))
 
     @torch.inference_mode()
     def score(self, pairs: Sequence[Pair]) -> list[float]:
@@ -134,7 +147,7 @@ class CrossEncoderModel:
         return scores
 
     def _forward(self, pairs: Sequence[Pair], length: int) -> list[float]:
-        ids = torch.full((len(pairs), length), self.pad_id, dtype=torch.long)
+        ids = torch.full((len(pairs), length), self.text.pad_id, dtype=torch.long)
         types = torch.zeros((len(pairs), length), dtype=torch.long)
         mask = torch.zeros((len(pairs), length), dtype=torch.long)
         for row, pair in enumerate(pairs):
@@ -149,7 +162,7 @@ class CrossEncoderModel:
 
 def _max_length(path: Path, config: BertConfig) -> int:
     """The tokenizer's `model_max_length` (what CrossEncoder cuts to), within the positions."""
-    window = config.max_position_embeddings
+    window = config.max_seq_length
     tokenizer_config = path / "tokenizer_config.json"
     if tokenizer_config.is_file():
         declared = json.loads(tokenizer_config.read_text()).get("model_max_length")
@@ -167,16 +180,12 @@ def load_cross_encoder(path: Path, model_id: str | None = None) -> CrossEncoderM
     config = BertConfig.from_dir(path)
     network = BertCrossEncoder(config)
     load_weights(network, path, _tensor_name)
-    files = EncoderTokenizer.from_dir(path)  # pairs are cut here, longest first
     return CrossEncoderModel(
         id=model_id or path.name,
         path=path,
         config=config,
         max_length=_max_length(path, config),
         sigmoid=applies_sigmoid(raw),
-        tokenizer=files.tokenizer,
+        text=EncoderTokenizer.from_dir(path),  # pairs are cut here, longest first
         network=network,
-        cls_id=files.cls_id,
-        sep_id=files.sep_id,
-        pad_id=files.pad_id,
     )

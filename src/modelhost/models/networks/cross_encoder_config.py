@@ -10,7 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-ARCHITECTURE = "BertForSequenceClassification"
+# The classifiers served, by config.json's architecture, with the model_type each must have.
+ARCHITECTURES = {
+    "BertForSequenceClassification": "bert",
+    "XLMRobertaForSequenceClassification": "xlm-roberta",
+    "RobertaForSequenceClassification": "roberta",
+}
 _ACTIVATIONS = {"Sigmoid": True, "Identity": False}  # the class name's tail: apply a sigmoid?
 
 
@@ -23,8 +28,9 @@ def is_cross_encoder(raw: dict[str, Any]) -> bool:
 def cross_encoder_refusal(raw: dict[str, Any]) -> str | None:
     """Why a sequence-classifier folder cannot be served as a reranker (None: it can)."""
     architectures = [str(a) for a in raw.get("architectures") or ()]
-    if ARCHITECTURE not in architectures or raw.get("model_type") != "bert":
-        return f"{', '.join(architectures)} rerankers are not served yet (only {ARCHITECTURE})"
+    if not any(ARCHITECTURES.get(a) == raw.get("model_type") for a in architectures):
+        served = ", ".join(ARCHITECTURES)
+        return f"{', '.join(architectures)} rerankers are not served yet (only {served})"
     if _num_labels(raw) != 1:
         return f"a reranker scores with one label; this classifier has {_num_labels(raw)}"
     if _activation_name(raw).rpartition(".")[2] not in _ACTIVATIONS:
