@@ -18,7 +18,7 @@ from modelhost.engine.kv.block_manager import block_of
 from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.engine.sequence import Sequence
 from modelhost.models.adapters.adapter_set import AdapterSet
-from modelhost.models.adapters.refusals import AdapterRefused
+from modelhost.models.adapters.refusals import AdapterRefused, AdaptersBusy
 from modelhost.models.adapters.row_adapters import AdapterUse
 from modelhost.models.loaded import LoadedModel
 from modelhost.models.loading.loader import load_model
@@ -199,3 +199,34 @@ def test_a_blocks_key_in_the_disk_store_names_its_adapter_and_scale(served):
         keys.add(block_of(seq, 0, 4, None)[1])
     same = Sequence.from_prompt(1, list(range(8)), SamplingParams(adapter=adapters.use("qv")))
     assert len(keys) == 4 and block_of(same, 0, 4, None)[1] in keys
+
+
+def test_past_its_room_a_base_lets_go_of_the_least_recently_used_idle_adapter(world):
+    root, base, *_ = world
+    model = load_model(str(base), quantize="none")
+    adapters = AdapterSet(model, max_loaded=2)
+    adapters.add("all", str(root / "all"))
+    adapters.add("qv", str(root / "qv"))
+    running = adapters.use("all")  # a row runs with it: never let go under it
+    adapters.add("mlp", str(root / "mlp"))
+    assert [a.name for a in adapters.loaded()] == ["all", "mlp"]
+    assert adapters.in_use("all") == 1 and adapters.names() == ["all", "qv", "mlp"]
+    again = adapters.use("qv")  # let go, still known: loaded again from its files
+    assert [a.name for a in adapters.loaded()] == ["all", "qv"]
+    with pytest.raises(AdaptersBusy):  # both loaded ones have rows running
+        adapters.use("mlp")
+    del running, again
+    assert adapters.use("mlp").adapter.name == "mlp"
+
+
+def test_a_loaded_adapters_bytes_count_until_its_last_row_ends(world):
+    root, base, *_ = world
+    model = load_model(str(base), quantize="none")
+    adapters = AdapterSet(model)
+    adapter = adapters.add("qv", str(root / "qv"))
+    assert adapters.loaded_bytes() == adapter.nbytes > 0
+    running = adapters.use("qv")
+    adapters.remove("qv")
+    assert adapters.loaded_bytes() == adapter.nbytes  # a row still runs with it
+    del running
+    assert adapters.loaded_bytes() == 0

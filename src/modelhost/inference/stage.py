@@ -134,9 +134,10 @@ class InferenceStage:
         return self.model.id
 
     def resident_bytes(self) -> int:
-        """What this stage holds: its weights, the part of its engine's KV pool that holds
-        memory now (a growing pool's committed blocks; a preallocated pool whole) and the
-        blocks copied for the disk KV store that its writer has not yet written."""
+        """What this stage holds: its weights and its loaded LoRA adapters', the part of its
+        engine's KV pool that holds memory now (a growing pool's committed blocks; a
+        preallocated pool whole) and the blocks copied for the disk KV store that its writer
+        has not yet written."""
         batch = self.engine.stats()
         adapters = self.adapters.loaded_bytes() if self.adapters is not None else 0
         held = self.model.weights_bytes + adapters
