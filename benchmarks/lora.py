@@ -17,8 +17,11 @@ ignored, no speculation, `--rows` rows at once of `--tokens` tokens each, in fou
 
 Each figure: tokens after each row's first over the time from the last row's first token to the
 last token (aggregate decode tok/s), the median of `--repeats` rounds, the mixes alternating
-within a round. Prints a table and writes JSON (default benchmarks/results/lora-<time>.json).
-The machines here are shared: compare the ratios of one run, not figures across runs.
+within a round. Then one decode step of the same `--rows` rows (64-token contexts) is timed
+alone, without the engine's thread, `--steps` times a mix, the mixes alternating: its fastest
+time, which a shared machine's other load disturbs least. Prints both tables and writes JSON
+(default benchmarks/results/lora-<time>.json). The machines here are shared: compare the
+ratios of one run, not figures across runs.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from safetensors.torch import save_file
 
 from modelhost.engine.engine import Engine, EngineConfig, set_threads
 from modelhost.engine.sampling.sampling_params import SamplingParams
+from modelhost.engine.scheduler import ScheduledRow, SchedulerOutput
+from modelhost.engine.sequence import Sequence
 from modelhost.models.adapters.adapter_set import AdapterSet
 from modelhost.models.adapters.row_adapters import AdapterUse
 from modelhost.models.loaded import LoadedModel
@@ -137,6 +142,37 @@ async def run(model: LoadedModel, adapters: AdapterSet, args: argparse.Namespace
         engine.close()
 
 
+def step_times(
+    model: LoadedModel, adapters: AdapterSet, args: argparse.Namespace
+) -> dict[str, float]:
+    """The fastest of `--steps` decode steps of each mix, in ms (runner.execute alone)."""
+    engine = Engine(model, EngineConfig(batch=args.rows))
+    network: Any = model.network
+    uses = [adapters.use(name) for name in adapters.names()]
+    try:
+        batches = {}
+        for number, mix in enumerate(MIXES):
+            rows = []
+            for row, use in enumerate(mix_uses(mix, args.rows, uses)):
+                ids = [100 + number * args.rows + row + i for i in range(64)]
+                seq = Sequence.from_prompt(row, ids, SamplingParams(adapter=use))
+                engine.block_manager.append_slots(seq, len(ids) + 1)
+                seq.token_ids.append(ids[-1])
+                rows.append(ScheduledRow(seq, len(ids), 1, True))
+            batches[mix] = SchedulerOutput(rows=rows)
+        times: dict[str, list[float]] = {mix: [] for mix in MIXES}
+        for _ in range(args.steps):
+            for mix, batch in batches.items():
+                network.fuse_decode = mix != "base, module path"
+                started = time.perf_counter()
+                engine.runner.execute(batch)
+                times[mix].append((time.perf_counter() - started) * 1000)
+        network.fuse_decode = True
+        return {mix: min(values) for mix, values in times.items()}
+    finally:
+        engine.close()
+
+
 def format_table(report: dict[str, Any]) -> str:
     medians = report["decode_tok_s"]
     base = medians["base"]
@@ -150,6 +186,16 @@ def format_table(report: dict[str, Any]) -> str:
     ]
     for mix in MIXES:
         lines.append(f"| {mix} | {medians[mix]:.1f} | {medians[mix] / base:.2f}x |")
+    steps = report["step_ms"]
+    lines += [
+        "",
+        f"one decode step of {report['rows']} rows, fastest of {report['steps']}:",
+        "",
+        "| mix | ms | base's time / this |",
+        "|---|---|---|",
+    ]
+    for mix in MIXES:
+        lines.append(f"| {mix} | {steps[mix]:.1f} | {steps['base'] / steps[mix]:.2f}x |")
     return "\n".join(lines)
 
 
@@ -162,6 +208,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -175,6 +222,7 @@ def main(argv: list[str] | None = None) -> None:
             write_adapter(model, folder, args.targets, args.rank, seed=index)
             adapters.add(f"adapter-{index}", str(folder))
         medians = asyncio.run(run(model, adapters, args))
+        steps = step_times(model, adapters, args)
     runs = medians.pop("runs")
     report = {
         "file": str(path),
@@ -186,8 +234,10 @@ def main(argv: list[str] | None = None) -> None:
         "tokens": args.tokens,
         "repeats": args.repeats,
         "threads": torch.get_num_threads(),
+        "steps": args.steps,
         "decode_tok_s": medians,
         "runs": runs,
+        "step_ms": steps,
     }
     print(format_table(report))
     out = args.out or Path(__file__).with_name("results") / f"lora-{int(time.time())}.json"
