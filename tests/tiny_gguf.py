@@ -240,3 +240,31 @@ def _add(writer: gguf.GGUFWriter, name: str, value: np.ndarray, qtype: str) -> N
         return
     kind = gguf.GGMLQuantizationType[qtype]
     writer.add_tensor(name, quantize(value.astype(np.float32), kind), raw_dtype=kind)
+
+
+def write_gguf_lora_from_peft(adapter: Path, base: Path, path: Path) -> Path:
+    """A PEFT adapter folder of `base` written again as llama.cpp's convert_lora_to_gguf.py
+    writes it: general.type adapter, adapter.type lora, adapter.lora.alpha, tensors
+    `blk.N.<part>.weight.lora_a` / `.lora_b`, B's q/k rows interleaved as the base's are."""
+    raw = json.loads((base / "config.json").read_text())
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    arch = GGUF_ARCHITECTURES[raw["model_type"]]
+    writer = gguf.GGUFWriter(path, arch)
+    writer.add_string(gguf.Keys.General.TYPE, gguf.GGUFType.ADAPTER)
+    writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(config["lora_alpha"]))
+    names = gguf.get_tensor_name_map(_arch_enum(arch), raw["num_hidden_layers"])
+    for name, tensor in load_file(str(adapter / "adapter_model.safetensors")).items():
+        stem, _, part = name.removeprefix("base_model.model.").rpartition(".lora_")
+        gguf_name = names.get_name(f"{stem}.weight", try_suffixes=(".weight",))
+        assert gguf_name is not None, name
+        value = tensor.float()
+        if part == "B.weight":
+            value = _converted(f"{stem}.weight", value, raw, arch)
+        suffix = ".lora_a" if part == "A.weight" else ".lora_b"
+        writer.add_tensor(gguf_name + suffix, value.numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -10,6 +10,7 @@ or `build_stage` under a residency host of their own.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import logging
 import sqlite3
@@ -27,6 +28,7 @@ from modelhost.inference.admission import (
     plan_memory,
 )
 from modelhost.inference.contracts import Overflow
+from modelhost.residency.adapter_catalog import AdapterCatalog
 from modelhost.residency.registry import ModelEntry
 from modelhost.residency.router import ModelRouter
 from modelhost.residency.unit import LoadProgress
@@ -152,6 +154,7 @@ def build_stage(
     from modelhost.engine.engine import Engine, EngineConfig
     from modelhost.engine.speculation import speculate_mode
     from modelhost.inference.stage import InferenceStage
+    from modelhost.models.adapters.adapter_set import AdapterSet
     from modelhost.residency.kv.kv_model_identity import prefix_store_opener
     from modelhost.residency.kv.kv_store import KVDiskStore
 
@@ -168,12 +171,21 @@ def build_stage(
         prompt_activations=settings.prompt_activations,
         speculate=speculate_mode(settings.speculate),
     )
+    adapters = AdapterSet(model)
+    for name, base, path in settings.adapters:  # AdapterRefused: this base cannot serve it
+        if base == model.id:
+            adapters.add(name, path)
     prefix_store = prefix_store_opener(model, KVDiskStore(budget_bytes=settings.kv_disk_bytes))
     engine = Engine(
         model, config, prefix_store=prefix_store, draft=load_draft(model, settings, quantize)
     )
     return InferenceStage(
-        engine, model, policy=policy, defaults=settings.defaults, images=settings.images
+        engine,
+        model,
+        policy=policy,
+        defaults=settings.defaults,
+        images=settings.images,
+        adapters=adapters,
     )
 
 
@@ -201,15 +213,20 @@ def worker_launch(
     log_level: str = "warning",
     quantize: str | None = None,
     threads: int | None = None,
+    adapters: AdapterCatalog | None = None,
 ) -> Callable[[ModelEntry], list[str]]:
     """A worker's arguments for an entry (after `WORKER_COMMAND`): its model, its operations
     and the `WorkerConfig` it serves with (`quantize` its `load_model(quantize=...)`, `threads`
-    its intra-op threads; None: PyTorch's default)."""
-    config = WorkerConfig(
-        settings, batch=batch, max_queue=max_queue, threads=threads, quantize=quantize
-    ).to_json()
+    its intra-op threads; None: PyTorch's default), its own LoRA adapters among `adapters`
+    as they are when it starts."""
 
     def arguments(entry: ModelEntry) -> list[str]:
+        own = settings
+        if adapters is not None:
+            own = dataclasses.replace(settings, adapters=adapters.for_base(entry.id))
+        config = WorkerConfig(
+            own, batch=batch, max_queue=max_queue, threads=threads, quantize=quantize
+        ).to_json()
         operations = ",".join(entry.operations)
         return [
             *("--model", str(entry.path), "--id", entry.id, "--operations", operations),
@@ -233,6 +250,7 @@ def worker_loader(
     threads: int | None = None,
     spares: SpareWorkers | None = None,
     forks: ForkServerHandle | None = None,
+    adapters: AdapterCatalog | None = None,
 ) -> Callable[[ModelEntry, LoadProgress], Awaitable[WorkerUnit]]:
     """The host's `load`: spawn a worker for the entry (`env` added to its environment) and
     wait until it answers; `quantize` and `threads` as `worker_launch` takes them. With
@@ -246,6 +264,7 @@ def worker_loader(
         log_level=log_level,
         quantize=quantize,
         threads=threads,
+        adapters=adapters,
     )
 
     async def load(entry: ModelEntry, progress: LoadProgress) -> WorkerUnit:

@@ -172,6 +172,7 @@ class WorkerConfig:
     def from_json(cls, text: str) -> WorkerConfig:
         config: dict[str, Any] = json.loads(text)
         raw = {k: v for k, v in config.get("settings", {}).items() if k in SETTING_FIELDS}
+        raw["adapters"] = tuple(tuple(entry) for entry in raw.get("adapters", ()))
         settings = ServeSettings(**{**raw, "owner": "worker"})
         threads = config.get("threads")
         return cls(

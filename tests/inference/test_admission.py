@@ -114,7 +114,6 @@ def test_placement_accepts_a_plain_single_choice_request() -> None:
     ("fields", "reason"),
     [
         ({"num_choices": 2}, "multi-choice-batch-unsupported"),
-        ({"adapter": "my-lora"}, "adapter-batch-unsupported"),
         ({"has_media": True}, "media-batch-unsupported"),
     ],
 )
@@ -130,5 +129,5 @@ def test_placement_refuses_a_shape_the_batch_cannot_run_with_its_reason(
     )
 
 
-def test_placement_treats_adapter_none_as_no_adapter() -> None:
-    check_placement(request(adapter="none"), "llama")
+def test_placement_places_an_adapters_rows_in_the_shared_batch() -> None:
+    check_placement(request(adapter="my-lora"), "llama")

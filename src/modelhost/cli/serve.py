@@ -27,6 +27,7 @@ from modelhost.cli.progress import ProgressBar, load_reporter
 from modelhost.cli.serve_early import EarlyStart, start_worker_processes
 from modelhost.inference.admission import BYTES_PER_GB, BudgetTooSmall
 from modelhost.models.loading.embedded import DEFAULT_MODEL
+from modelhost.residency.adapter_catalog import AdapterCatalog, parse_adapter_argument
 from modelhost.residency.host import ResidencyHost
 from modelhost.residency.registry import ModelEntry, ModelRegistry, with_draft
 from modelhost.residency.router import ModelRouter
@@ -101,14 +102,21 @@ def _run_serve(
         return 2
     try:
         settings = with_draft_model(args, settings, registry)
+        adapters = [parse_adapter_argument(value) for value in getattr(args, "adapter", [])]
     except ValueError as exc:
         print(f"modelhost serve: {exc}", file=sys.stderr)
         return 2
+    # Adapters adapt the first model; their weights are checked against it when it loads.
+    settings = dataclasses.replace(
+        settings, adapters=tuple((name, startup.id, path) for name, path in adapters)
+    )
+    catalog = AdapterCatalog(settings.adapters)
     if samples is not None:  # --workers
-        return _run_workers(args, settings, registry, startup, samples, forks)
+        return _run_workers(args, settings, registry, startup, samples, forks, catalog)
     # In-process: the engines run here (a worker-mode front never imports PyTorch).
     from modelhost.engine.draft_model import DraftMismatch
     from modelhost.engine.engine import set_threads, share_the_gil_with_the_engine
+    from modelhost.models.adapters.refusals import AdapterRefused
     from modelhost.models.loading import loader
     from modelhost.residency.inprocess import InProcessUnit, in_process_loader
 
@@ -125,13 +133,14 @@ def _run_serve(
     share_the_gil_with_the_engine()  # engines run in this process
 
     def stage_for(loaded: LoadedModel) -> InferenceStage:
+        own = dataclasses.replace(settings, adapters=catalog.for_base(loaded.id))
         return build_stage(
-            loaded, settings, batch=args.batch, max_queue=args.max_queue, quantize=quantize
+            loaded, own, batch=args.batch, max_queue=args.max_queue, quantize=quantize
         )
 
     try:
         unit = InProcessUnit(stage_for(model), model.load_seconds * 1000)
-    except (BudgetTooSmall, DraftMismatch) as exc:
+    except (BudgetTooSmall, DraftMismatch, AdapterRefused) as exc:
         print(f"modelhost serve: {exc}", file=sys.stderr)
         return 2
 
@@ -139,7 +148,9 @@ def _run_serve(
         host.adopt(startup, unit, load_ms=unit.load_ms)
 
     load = in_process_loader(functools.partial(loader.load_model, quantize=quantize), stage_for)
-    return _serve_routed(args, settings, registry, startup, load, adopt_startup_model, "")
+    return _serve_routed(
+        args, settings, registry, startup, load, adopt_startup_model, "", catalog=catalog
+    )
 
 
 def _run_workers(
@@ -149,6 +160,7 @@ def _run_workers(
     startup: ModelEntry,
     samples: WorkerSamples,
     forks: ForkServerHandle | None,
+    catalog: AdapterCatalog,
 ) -> int:
     """`--workers`: every resident model in its own process (forked by `forks` where it runs);
     the startup model loads first."""
@@ -178,10 +190,11 @@ def _run_workers(
         threads=getattr(args, "threads", None),
         spares=spares,
         forks=forks,
+        adapters=catalog,
     )
     return _serve_routed(
         args, settings, registry, startup, load, load_startup_model, ", worker processes", samples,
-        spares, forks,
+        spares, forks, catalog,
     )  # fmt: skip
 
 
@@ -209,6 +222,8 @@ def cluster_refusal(args: argparse.Namespace) -> str | None:
     before joining, rather than served without guesses."""
     if getattr(args, "draft_model", None) is not None:
         return "--draft-model is not available with --cluster (serve it on one machine)"
+    if getattr(args, "adapter", None):
+        return "--adapter is not available with --cluster (serve adapters on one machine)"
     if getattr(args, "speculate", "auto") == "draft":
         return "--speculate draft needs --draft-model, which --cluster does not serve"
     return None
@@ -253,6 +268,7 @@ def _serve_routed(
     worker_samples: WorkerSamples | None = None,
     spares: SpareWorkers | None = None,
     forks: ForkServerHandle | None = None,
+    catalog: AdapterCatalog | None = None,
 ) -> int:
     """Host, router and app over `load`; `start` brings the startup model in before listening.
     A spare worker's memory and the fork server's count against the budget beside the models'."""
@@ -268,7 +284,7 @@ def _serve_routed(
     )
     if spares is not None:  # the next spare waits for the model just loaded to answer
         spares.follow(host)
-    router = ModelRouter(host, registry, current=startup.id)
+    router = ModelRouter(host, registry, current=startup.id, adapters=catalog)
     return serve_router(args, settings, router, start, mode, worker_samples, spares, forks)
 
 

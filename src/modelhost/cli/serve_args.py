@@ -172,6 +172,12 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         "ahead for them (loaded beside each one and counted in its memory; a model with "
         "another tokenizer is refused when it loads)",
     )  # fmt: skip
+    parser.add_argument(
+        "--adapter", action="append", default=[], metavar="NAME=PATH",
+        help="serve a LoRA adapter of the first model under NAME (repeatable): a PEFT folder "
+        "(adapter_config.json + adapter_model.safetensors) or a llama.cpp GGUF LoRA file; "
+        "requests name it as their model, its rows share the base's batch",
+    )  # fmt: skip
     cluster = parser.add_argument_group("cluster (needs `pip install 'modelhost[cluster]'`)")
     cluster.add_argument(
         "--cluster", default=None, metavar="HEAD:PORT",

@@ -90,6 +90,18 @@ class ModelRunner:
         """Logits [S, vocab] for the rows that sample this step, in row order. The network
         calls `before_layers` once its layers are about to run."""
         batch = self.build_batch(out)
+        adapters = self.model.row_adapters
+        if adapters is None:
+            return self._forward(batch, before_layers)
+        # Each token adds its row's LoRA update (none for the base's rows): tokens are the
+        # rows' in row order (models/adapters/row_adapters.py).
+        uses = [row.seq.params.adapter for row in out.rows for _ in range(row.num_tokens)]
+        with adapters.step(uses, batch.logits_index):
+            return self._forward(batch, before_layers)
+
+    def _forward(
+        self, batch: ForwardBatch, before_layers: Callable[[], None] | None
+    ) -> torch.Tensor:
         few_tokens = batch.input_ids.numel() < PROMPT_THREADS_MIN_TOKENS
         if self.prompt_threads is None or (few_tokens and not self.threads_every_step):
             return self.model.network(batch, self.kv, before_layers)

@@ -11,10 +11,10 @@ weights + KV cache + working memory fit the budget. Every request is then held t
 - otherwise the requested completion is clamped to the room left, silently.
 
 Placement is decided from the request's shape alone, before any stream opens. The engine runs
-every request as one row of the continuous batch, so it cannot place:
+every request as one row of the continuous batch (a LoRA adapter's rows too, over the shared
+base weights), so it cannot place:
 
 - `n > 1` (several choices per request): reason `multi-choice-batch-unsupported`;
-- a LoRA adapter (`adapter` other than "none"): reason `adapter-batch-unsupported`;
 - media content parts other than images (files; audio and video, which no tower here reads):
   `media-batch-unsupported`. Images are placed: the stage refused them already unless the
   model has a vision tower.
@@ -207,8 +207,6 @@ def placement_reasons(request: InferenceRequest) -> list[str]:
     reasons: list[str] = []
     if request.has_media and not (request.media and request.media <= {"image"}):
         reasons.append("media-batch-unsupported")  # images reach here only on a vision model
-    if request.adapter not in (None, "", "none"):
-        reasons.append("adapter-batch-unsupported")
     if request.num_choices > 1:
         reasons.append("multi-choice-batch-unsupported")
     if request.num_prompts > 1:

@@ -112,7 +112,10 @@ class InferenceRequest:
     # Request shapes the stage may refuse to place (501), decided before any stream opens.
     num_choices: int = 1
     num_prompts: int = 1
+    # A LoRA adapter of the model to run with (its name; None or "none": the bare base), and
+    # the scale its update is added at.
     adapter: str | None = None
+    adapter_scale: float = 1.0
     has_media: bool = False
     media: frozenset[str] = frozenset()  # kinds of media parts: image, audio, video, file
     images: tuple[ImagePart, ...] = ()  # the image parts, in the order the prompt shows them
@@ -178,6 +181,7 @@ class ModelCard:
     tools: bool
     vision: bool
     gen_defaults: Mapping[str, float]
+    adapters: bool = False  # takes LoRA adapters per request
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,6 +334,20 @@ class EngineUnavailable(RequestError):
     def __init__(self, message: str = "the engine is shutting down") -> None:
         body = {"message": message, "type": "server_closing", "code": "closed"}
         super().__init__(503, message, body)
+
+
+class UnknownAdapterError(RequestError):
+    """A request named an adapter the model does not have (404, as an unknown model)."""
+
+    def __init__(self, name: str, model_id: str) -> None:
+        message = f"The adapter '{name}' does not exist for model '{model_id}'"
+        body = {
+            "message": message,
+            "type": "invalid_request_error",
+            "code": "model_not_found",
+            "param": "adapter",
+        }
+        super().__init__(404, message, body)
 
 
 class RequestCancelled(RequestError):

@@ -46,9 +46,11 @@ from modelhost.inference.contracts import (
     ModelCard,
     PromptCacheStats,
     QueueFullError,
+    RequestError,
     SpeculationStats,
     StageStats,
     TokenLogprob,
+    UnknownAdapterError,
     Usage,
 )
 from modelhost.inference.defaults import ServingDefaults, requested_max_tokens, resolve_sampling
@@ -64,12 +66,15 @@ from modelhost.inference.images import NO_FETCH, ImageLimits
 from modelhost.inference.media import check_media
 from modelhost.inference.prompt import tool_form
 from modelhost.inference.prompt_fit import answer_room, fit_prompt, trimmed_warning
+from modelhost.models.adapters.refusals import AdapterRefused, AdaptersBusy, UnknownAdapter
 from modelhost.models.loaded import LoadedModel
 
 if TYPE_CHECKING:
     from xgrammar import CompiledGrammar
 
     from modelhost.engine.engine import Engine
+    from modelhost.models.adapters.adapter_set import AdapterSet
+    from modelhost.models.adapters.row_adapters import AdapterUse
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +113,10 @@ class InferenceStage:
         defaults: ServingDefaults | None = None,
         images: ImageLimits | None = None,
         clock: Callable[[], float] = time.monotonic,
+        adapters: AdapterSet | None = None,
     ) -> None:
         self.engine = engine
+        self.adapters = adapters  # the model's LoRA adapters (None: it takes none)
         self.image_limits = images or NO_FETCH  # what an image may be, and URLs or not
         self.model = model
         self.policy = policy or AdmissionPolicy(context_window=model.config.context_length)
@@ -127,11 +134,14 @@ class InferenceStage:
         return self.model.id
 
     def resident_bytes(self) -> int:
-        """What this stage holds: its weights, the part of its engine's KV pool that holds
-        memory now (a growing pool's committed blocks; a preallocated pool whole) and the
-        blocks copied for the disk KV store that its writer has not yet written."""
+        """What this stage holds: its weights and its loaded LoRA adapters', the part of its
+        engine's KV pool that holds memory now (a growing pool's committed blocks; a
+        preallocated pool whole) and the blocks copied for the disk KV store that its writer
+        has not yet written."""
         batch = self.engine.stats()
-        return self.model.weights_bytes + batch.kv_committed_bytes + batch.kv_store_queued_bytes
+        adapters = self.adapters.loaded_bytes() if self.adapters is not None else 0
+        held = self.model.weights_bytes + adapters
+        return held + batch.kv_committed_bytes + batch.kv_store_queued_bytes
 
     def stop_admission(self) -> None:
         """Refuse new requests (503) and let the admitted ones finish (a worker's drain)."""
@@ -159,6 +169,7 @@ class InferenceStage:
             tools=self.model.tokenizer.has_chat_template,  # generic parsing and forced calls
             vision=self.model.vision is not None,
             gen_defaults=dict(self.model.gen_defaults),
+            adapters=self.adapters is not None,
         )
 
     async def admit(self, request: InferenceRequest) -> AdmittedRequest:
@@ -227,6 +238,9 @@ class InferenceStage:
         if grammar is not None:
             plan = closing.plan if closing is not None else None
             params = dataclasses.replace(params, grammar=grammar, grammar_close=plan)
+        adapter = await self._adapter_use(request)
+        if adapter is not None:
+            params = dataclasses.replace(params, adapter=adapter)
         try:
             if built.images:
                 stream = self.engine.submit(prompt_ids, params, built.images)
@@ -256,6 +270,28 @@ class InferenceStage:
         )
         self._live.add(admitted)
         return admitted
+
+    def adapter_names(self) -> list[str]:
+        """The LoRA adapters requests may name, in the order they were added."""
+        return self.adapters.names() if self.adapters is not None else []
+
+    async def _adapter_use(self, request: InferenceRequest) -> AdapterUse | None:
+        """The row's adapter at its scale (loaded again if it was let go); None: the base."""
+        name = request.adapter
+        if name in (None, "", "none"):
+            return None
+        assert name is not None
+        if self.adapters is None or name not in self.adapters.names():
+            raise UnknownAdapterError(name, self.model.id)
+        try:
+            return await asyncio.to_thread(self.adapters.use, name, request.adapter_scale)
+        except UnknownAdapter:  # removed meanwhile
+            raise UnknownAdapterError(name, self.model.id) from None
+        except AdapterRefused as exc:
+            raise InvalidRequest(str(exc), param="adapter", code="adapter_refused") from None
+        except AdaptersBusy as exc:
+            body = {"type": "resource_admission", "code": "adapters_busy"}
+            raise RequestError(429, str(exc), body) from None
 
     async def _chosen_call_grammar(self, request: InferenceRequest) -> CompiledGrammar | None:
         """Under the built-in tool prompt, a model left to choose is held to a tool's schema once

@@ -14,6 +14,8 @@ from modelhost.text.tokenizer import Tokenizer
 if TYPE_CHECKING:
     import torch  # annotations only: the front process never imports PyTorch
 
+    from modelhost.models.adapters.row_adapters import RowAdapters
+
 
 @dataclass(slots=True)
 class LoadedModel:
@@ -32,6 +34,9 @@ class LoadedModel:
     kv_dtype: torch.dtype | None = None  # the KV cache's, where it is not `dtype`
     # Images in: loaded exactly when `family.vision` is True (models/vision/).
     vision: VisionTower | None = None
+    # The hooks that add rows' LoRA updates, once an adapter of this model is loaded
+    # (models/adapters/adapter_set.py).
+    row_adapters: RowAdapters | None = None
 
     @property
     def cache_dtype(self) -> torch.dtype:

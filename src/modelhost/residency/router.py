@@ -1,7 +1,8 @@
 """Which model answers a request: the body's `model`, leased from the residency host.
 
 An exact local id (one the registry lists) leases that model, loading it when it is not
-resident; anything else (no `model`, an alias such as `gpt-4`, a non-string) is answered by the
+resident, and a LoRA adapter's name its base (residency/adapter_catalog.py); anything else
+(no `model`, an alias such as `gpt-4`, a non-string) is answered by the
 current model. Naming a model never changes the current one. What a request needs its model to
 do decides the rest: an `embed` goes to the named encoder, else the current model when it
 embeds, else the first local encoder; a `transcribe` to the named transcriber, else the first
@@ -24,6 +25,7 @@ from modelhost.inference.encoder_ids import (
     not_an_embedding_model_message,
     reranker_only_message,
 )
+from modelhost.residency.adapter_catalog import AdapterCatalog
 from modelhost.residency.lease import Lease
 from modelhost.residency.registry import ModelEntry
 from modelhost.residency.unit import ResidencyError, ResidentModel, Unit
@@ -77,10 +79,17 @@ class ListedModel:
 
 
 class ModelRouter(Generic[U]):
-    def __init__(self, host: Host[U], registry: Registry, current: str) -> None:
+    def __init__(
+        self,
+        host: Host[U],
+        registry: Registry,
+        current: str,
+        adapters: AdapterCatalog | None = None,
+    ) -> None:
         self.host = host
         self.registry = registry
         self.current = current
+        self.adapters = adapters if adapters is not None else AdapterCatalog()
         self._companions: dict[str, str] = {}
 
     def route(self, named: str | None, need: str = "generate") -> str:
@@ -88,7 +97,11 @@ class ModelRouter(Generic[U]):
 
         Raises ResidencyError("wrong-operation") for a local model that cannot do `need`, or
         when no local model can; ("unknown-model") for a reranker named that is not local
-        (rerank clients name their model; there is no stand-in to answer for it)."""
+        (rerank clients name their model; there is no stand-in to answer for it). A LoRA
+        adapter's name is its base's (whose unit runs the adapter's rows)."""
+        adapter = self.adapters.get(named)
+        if adapter is not None:
+            named = adapter.base
         entry = self.registry.get(named) if named is not None else None
         if entry is not None:
             if need not in entry.operations:

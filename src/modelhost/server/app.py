@@ -15,6 +15,7 @@ from starlette.types import ASGIApp
 from modelhost.residency.router import ModelRouter
 from modelhost.server.edge.access import edge
 from modelhost.server.edge.json_logs import use_json_logs
+from modelhost.server.front.adapter_admin import ADAPTER_ROUTES
 from modelhost.server.front.kv_admin import KV_ROUTES
 from modelhost.server.front.leasing import ModelLeasing
 from modelhost.server.front.model_admin import ADMIN_ROUTES
@@ -89,7 +90,7 @@ def create_routed_app(
     app.state.spare_workers = spare_workers
     app.state.metrics.watch_residency(router.host)
     app.state.drain = router.interrupt_all
-    for method, path, endpoint in (*ADMIN_ROUTES, *KV_ROUTES):
+    for method, path, endpoint in (*ADMIN_ROUTES, *KV_ROUTES, *ADAPTER_ROUTES):
         app.router.add_route(path, endpoint, methods=[method])
     app.add_middleware(ModelLeasing, router=router, surfaces=surfaces)
     return app

@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse, Response
 
 from modelhost.inference.contracts import InferenceRequest, InferenceResult
 from modelhost.server import tools_not_offered
+from modelhost.server.adapter_choice import with_adapter
 from modelhost.server.http import (
     EVENT_STREAM,
     HEARTBEAT,
@@ -70,7 +71,8 @@ async def answer_inference(
         body = await read_json_object(request)
         prepared = prepare(body)
         stage = serving_stage(request, body.get("model"))
-        admitted = await stage.admit(prepared.inference)
+        inference = with_adapter(prepared.inference, body, stage.adapter_names())
+        admitted = await stage.admit(inference)
     except Exception as exc:
         return error_response(exc, log.request_id, errors, log)
     log.admitted = admitted

@@ -43,6 +43,9 @@ class ServeSettings:
     # --draft-model, resolved: the draft's id and its path (a .gguf file or a model folder).
     draft_model_id: str | None = None
     draft_model_path: str | None = None
+    # --adapter NAME=PATH, each with the model it adapts: (name, base model id, path). A unit
+    # gets its own base's (residency/adapter_catalog.py), the front all of them.
+    adapters: tuple[tuple[str, str, str], ...] = ()
     owner: str = "serve"
     close_engine_on_shutdown: bool = True
     # The edge (server/edge/access.py): the bind address the Host guard accepts, the API key

@@ -43,10 +43,13 @@ def cdiv(a: int, b: int) -> int:
 def block_of(
     seq: Sequence, index: int, block_size: int, parent: BlockKey | None
 ) -> tuple[tuple[int, ...], BlockKey]:
-    """The tokens of `seq`'s block `index` and its chain key (its images' digests included)."""
+    """The tokens of `seq`'s block `index` and its chain key (its images' digests and its
+    adapter's salt included)."""
     start, end = index * block_size, (index + 1) * block_size
     tokens = tuple(seq.token_ids[start:end])
-    return tokens, chain_key(parent, tokens, seq.block_images(start, end))
+    adapter = seq.params.adapter
+    salt = adapter.kv_salt if adapter is not None else b""
+    return tokens, chain_key(parent, tokens, seq.block_images(start, end), salt)
 
 
 @dataclass(slots=True)

@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from xgrammar import CompiledGrammar
 
     from modelhost.engine.sampling.grammar_close import ClosePlan
+    from modelhost.models.adapters.row_adapters import AdapterUse
 
 
 class InvalidSamplingParams(ValueError):
@@ -42,6 +43,9 @@ class SamplingParams:
     grammar_close: ClosePlan | None = field(default=None, compare=False, repr=False)
     # False: this row never guesses ahead (engine/speculation.py); its tokens are the same.
     speculate: bool = True
+    # The LoRA adapter (and scale) this row runs with, over the shared base weights; None:
+    # the bare base (models/adapters/row_adapters.py). Its KV is its own (engine/kv).
+    adapter: AdapterUse | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0.0:

@@ -59,7 +59,7 @@ _GLOBAL_NAMES = {
 _FUSED_NAMES = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 # Architectures whose q and k rows llama.cpp's converter interleaves for its own rotary.
-_PERMUTED = ("llama", "smollm3", "granite")
+PERMUTED_ARCHITECTURES = ("llama", "smollm3", "granite")
 
 
 class FileReader:
@@ -141,12 +141,12 @@ def gguf_tensors(
             continue
         order = None
         rows = entry["shape"][-1]
-        if architecture in _PERMUTED and len(entry["shape"]) == 2:
+        if architecture in PERMUTED_ARCHITECTURES and len(entry["shape"]) == 2:
             # llama.cpp's converter interleaves q/k rows for its rope; undo it for ours.
             if name.endswith("q_proj.weight"):
-                order = _unpermuted_rows(rows, config.num_heads)
+                order = unpermuted_rows(rows, config.num_heads)
             elif name.endswith("k_proj.weight"):
-                order = _unpermuted_rows(rows, config.num_kv_heads)
+                order = unpermuted_rows(rows, config.num_kv_heads)
         found[name] = GGUFTensor(reader, name, entry, order)
     return found
 
@@ -178,7 +178,7 @@ def _hf_name(gguf_name: str, part_names: dict[str, str]) -> str | None:
     return None if mapped is None else f"{mapped}.{kind}"
 
 
-def _unpermuted_rows(rows: int, num_heads: int) -> torch.Tensor:
+def unpermuted_rows(rows: int, num_heads: int) -> torch.Tensor:
     """The file's row for each of our rows of a q or k weight, whose rows llama.cpp's
     converter interleaved per head (pairs of halves) for its own rotary layout."""
     index = torch.arange(rows)

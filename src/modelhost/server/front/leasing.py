@@ -59,8 +59,11 @@ class ModelLeasing:
                 names = self.surfaces.model_names(path)
                 value = _json_object(body)
                 if names is not None and value is not None:  # its own names; unknown: refused
-                    registry = self.router.registry
-                    named = names(value.get("model"), lambda i: registry.get(i) is not None)
+                    registry, adapters = self.router.registry, self.router.adapters
+                    named = names(
+                        value.get("model"),
+                        lambda i: registry.get(i) is not None or adapters.get(i) is not None,
+                    )
                 model_id = self.router.route(named, operation)
             except ResidencyError as error:
                 await _refuse(scope, receive, send, errors, *residency_status(error))

@@ -12,6 +12,9 @@
   in the parent (reference §4.10), run on this worker's engine without an HTTP surface each.
 - `POST /admin/responses/take {id}`: the stored Responses answer `id`, removed from this
   worker's store (404 when there is none): the front keeps the stored answers.
+- `POST /admin/adapters {op: load|unload, name, path?}` and `GET /admin/adapters`: this
+  worker's LoRA adapters, loaded, unloaded and listed for the front's `/api/adapters`
+  (server/front/adapter_admin.py).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from modelhost.inference.contracts import (
     RequestError,
 )
 from modelhost.inference.stage import InferenceStage
+from modelhost.server.front.adapter_admin import adapter_order, adapter_state
 from modelhost.server.http import read_json_object
 from modelhost.server.openai.wire import new_id, openai_error
 from modelhost.server.responses.store import ResponseStore
@@ -144,7 +148,26 @@ def _memory(stage: Any) -> dict[str, Any]:
     return figures
 
 
+async def adapters(request: Request) -> Response:
+    held = getattr(request.app.state.stage, "adapters", None)
+    if request.method == "GET":
+        return JSONResponse({"adapters": adapter_state(held) if held is not None else {}})
+    try:
+        body = await read_json_object(request)
+    except RequestError as error:
+        return openai_error(error.status, error.body)
+    order = {key: body[key] for key in ("op", "name", "path") if isinstance(body.get(key), str)}
+    if held is None or "name" not in order:
+        return openai_error(400, {"message": "this model takes no LoRA adapters"})
+    if order.get("op") == "load" and "path" not in order:
+        return openai_error(400, {"message": "path must be the adapter's files"})
+    answer = await adapter_order(held, order)
+    return answer if isinstance(answer, Response) else JSONResponse(answer)
+
+
 WORKER_ROUTES = (
+    ("GET", "/admin/adapters", adapters),
+    ("POST", "/admin/adapters", adapters),
     ("POST", "/admin/drain", drain),
     ("GET", "/admin/events", events),
     ("POST", "/admin/memory/complete", memory_complete),

@@ -119,7 +119,22 @@ async def tags(request: Request) -> Response:
             "details": {"family": card.family},
         }
         return JSONResponse({"models": [row]})
-    return JSONResponse({"models": [tag_row(entry) for entry in entries]})
+    rows = [tag_row(entry) for entry in entries]
+    return JSONResponse({"models": rows + adapter_tag_rows(request, rows)})
+
+
+def adapter_tag_rows(request: Request, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each LoRA adapter as a model of its own, its base its `parent_model`."""
+    bases = {row["model"]: row for row in rows}
+    listed = []
+    for adapter in request.app.state.router.adapters.entries():
+        base = bases.get(wire.listed_name(adapter.base))
+        if base is None:
+            continue
+        name = wire.listed_name(adapter.name)
+        details = {**base["details"], "parent_model": wire.listed_name(adapter.base)}
+        listed.append({**base, "name": name, "model": name, "details": details})
+    return listed
 
 
 def capabilities(entry: ModelEntry, facts: ModelFacts) -> list[str]:

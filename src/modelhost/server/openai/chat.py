@@ -119,7 +119,6 @@ def parse_chat_request(
         stream=options.stream,
         thinking=thinking,
         num_choices=fields.choices(body),
-        adapter=fields.adapter(body),
         has_media=bool(media),
         media=media,
         images=images,

@@ -99,7 +99,6 @@ def parse_completion_request(
         stream=options.stream,
         num_choices=fields.choices(body),
         num_prompts=num_prompts,
-        adapter=fields.adapter(body),
         structured_output=structured_output,
         grammar=grammar,
     )

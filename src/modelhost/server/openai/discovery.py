@@ -54,7 +54,7 @@ def model_row(card: ModelCard) -> dict[str, Any]:
             "embeddings": False,
             "vision": card.vision,
             "audio": False,
-            "adapters": False,
+            "adapters": card.adapters,
             "training": False,
             "transcription": False,
         },
@@ -77,11 +77,7 @@ def window_fields(window: int | None) -> dict[str, Any]:
 
 
 async def list_models(request: Request) -> Response:
-    router = getattr(request.app.state, "router", None)
-    if router is not None:
-        rows = listed_rows(router.listing())
-    else:
-        rows = [served_row(serving_stage(request))]
+    rows = all_rows(request)
     if "anthropic-version" in request.headers:
         return JSONResponse(anthropic_listing(rows))
     return JSONResponse({"object": "list", "data": rows})
@@ -107,12 +103,7 @@ def anthropic_listing(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 async def retrieve_model(request: Request) -> Response:
     model_id = request.path_params["model_id"]
-    router = getattr(request.app.state, "router", None)
-    if router is not None:
-        rows = [row for row in listed_rows(router.listing()) if row["id"] == model_id]
-    else:
-        row = served_row(serving_stage(request))
-        rows = [row] if row["id"] == model_id else []
+    rows = [row for row in all_rows(request) if row["id"] == model_id]
     if not rows:
         message = f"The model '{model_id}' does not exist"
         body = {"message": message, "type": "invalid_request_error", "code": "model_not_found"}
@@ -120,6 +111,36 @@ async def retrieve_model(request: Request) -> Response:
     if "anthropic-version" in request.headers:
         return JSONResponse(anthropic_listing(rows)["data"][0])
     return JSONResponse(rows[0])
+
+
+def all_rows(request: Request) -> list[dict[str, Any]]:
+    """Every model's row, then each LoRA adapter's."""
+    router = getattr(request.app.state, "router", None)
+    if router is not None:
+        rows = listed_rows(router.listing())
+        adapters = [(e.name, e.base, e.path) for e in router.adapters.entries()]
+    else:
+        stage = serving_stage(request)
+        rows = [served_row(stage)]
+        held = getattr(stage, "adapters", None)  # a generative model's adapters
+        adapters = []
+        if held is not None:
+            adapters = [(name, stage.model_id, held.path(name)) for name in held.names()]
+    return rows + adapter_rows(rows, adapters)
+
+
+def adapter_rows(
+    rows: list[dict[str, Any]], adapters: list[tuple[str, str, str | None]]
+) -> list[dict[str, Any]]:
+    """A LoRA adapter's row: its base's, under its own id, with vLLM's `parent` (the base)
+    and `root` (the adapter's files)."""
+    bases = {row["id"]: row for row in rows}
+    listed = []
+    for name, base, path in adapters:
+        row = {**bases.get(base, {"object": "model", "owned_by": "modelhost"}), "id": name}
+        row.pop("current", None)
+        listed.append({**row, "parent": base, "root": path, "adapter": True})
+    return listed
 
 
 def served_row(stage: Any) -> dict[str, Any]:

@@ -137,10 +137,6 @@ def choices(body: dict[str, Any]) -> int:
     return 1 if value is None else value
 
 
-def adapter(body: dict[str, Any]) -> str | None:
-    return field(body, "adapter", str)
-
-
 def structured_output(body: dict[str, Any]) -> tuple[GrammarSpec | None, str | None]:
     """The grammar a structured-output field asks the stage to enforce, and the instruction that
     describes that output (folded into a chat prompt only when the grammar cannot be enforced,

@@ -1,0 +1,282 @@
+"""LoRA updates per row of a batch, over one copy of the base weights.
+
+A step runs every projection's base matmul once for the whole batch (native quantized
+kernels, PyTorch's quantized or dense linears: whichever the model holds), then adds each
+row's low-rank update, `scale * (x @ A^T) @ B^T`, for its own adapter: the step's tokens are
+grouped by (adapter, scale), one pair of small matmuls a group and host. Rows of the bare base
+get nothing added.
+
+The updates are added by forward hooks on the projections the network runs (the fused q|k|v
+and gate|up linears a loaded network holds, o and down), so the layers' code and the native
+decode description (models/kernels/fused_decode.py, which reads the same modules) stay as
+they are; a step with an adapted row leaves the one-call native decode path for the
+module-by-module one, whose kernels are the same. The last layer projects only the tokens
+whose logits are wanted after its attention (decoder.py's `keep`): its o, gate|up and down
+hooks take the step's kept rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from modelhost.models.adapters.lora_files import LoraFile
+from modelhost.models.adapters.refusals import AdapterRefused
+from modelhost.models.loading.load_gguf import PERMUTED_ARCHITECTURES, unpermuted_rows
+from modelhost.models.networks.decoder import DecoderLM
+from modelhost.models.networks.layers import GatedMLP, partial_rotary_rows
+
+# (start, stop) of each projection's output columns in the module that computes it.
+Segments = dict[str, tuple[int, int]]
+# Up to this many tokens (decode steps, short prompts) a step's low-rank updates run on one
+# intra-op thread: each is a few small matmuls, which a second thread slows down many times
+# over on a shared machine (each op waits for a preempted thread: a 1B model's decode step
+# with all seven projections adapted took 1.5 s against 0.7 s without updates, on 2 loaded
+# cores); longer prompts keep the threads their larger matmuls use.
+ONE_THREAD_TOKENS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class HostUpdate:
+    """One adapter's update of one host module: its targets' A matrices stacked (one matmul
+    for q, k and v together), and per target its output columns, its rank slice and its B."""
+
+    a: torch.Tensor  # [sum of ranks, in]
+    segments: tuple[tuple[int, int, int, int, torch.Tensor], ...]  # start, stop, r0, r1, B
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class LoraAdapter:
+    """An adapter fitted to a base network: its updates by (layer, host module)."""
+
+    name: str
+    path: str
+    identity: bytes
+    updates: dict[tuple[int, str], HostUpdate]
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True, eq=False, weakref_slot=True)
+class AdapterUse:
+    """What a row runs with: an adapter at a scale. Rows of the same adapter at different
+    scales compute different KV, so `kv_salt` (the prefix cache's and the disk store's key
+    salt) names both. One per row (identity equality): the adapter set sees which are alive."""
+
+    adapter: LoraAdapter
+    scale: float = 1.0
+
+    @property
+    def kv_salt(self) -> bytes:
+        digest = hashlib.blake2b(self.adapter.identity, digest_size=16)
+        digest.update(struct.pack("<d", self.scale))
+        return digest.digest()
+
+
+def host_segments(network: DecoderLM, layer: int) -> dict[str, tuple[str, Segments]]:
+    """Each projection of layer `layer` that can be patched: its host module's name and the
+    host's output columns that are its own (q, k and v share one fused linear)."""
+    config = network.config
+    block = network.model.blocks()[layer]
+    attn, mlp = block.self_attn, block.mlp
+    q = config.num_heads * config.head_dim
+    kv = config.num_kv_heads * config.head_dim
+    found: dict[str, tuple[str, Segments]] = {}
+    if attn.qkv_proj is not None:
+        qkv = {"q_proj": (0, q), "k_proj": (q, q + kv), "v_proj": (q + kv, q + 2 * kv)}
+        qkv["qkv_proj"] = (0, q + 2 * kv)
+        for name in qkv:
+            found[name] = ("self_attn.qkv_proj", qkv)
+    else:
+        for name, width in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+            found[name] = (f"self_attn.{name}", {name: (0, width)})
+    found["o_proj"] = ("self_attn.o_proj", {"o_proj": (0, config.hidden_size)})
+    if isinstance(mlp, GatedMLP):  # an expert layer's MLP is not patched
+        width = mlp.intermediate
+        if mlp.gate_up_proj is not None:
+            gate_up = {"gate_proj": (0, width), "up_proj": (width, 2 * width)}
+            gate_up["gate_up_proj"] = (0, 2 * width)
+            for name in gate_up:
+                found[name] = ("mlp.gate_up_proj", gate_up)
+        else:
+            for name in ("gate_proj", "up_proj"):
+                found[name] = (f"mlp.{name}", {name: (0, width)})
+        found["down_proj"] = ("mlp.down_proj", {"down_proj": (0, config.hidden_size)})
+    return found
+
+
+def _in_features(network: DecoderLM, name: str, layer: int) -> int:
+    config = network.config
+    if name == "o_proj":
+        return config.num_heads * config.head_dim
+    if name == "down_proj":
+        mlp = network.model.blocks()[layer].mlp
+        return mlp.intermediate if isinstance(mlp, GatedMLP) else -1
+    return config.hidden_size
+
+
+def _base_rows(network: DecoderLM, lora: LoraFile, name: str, b: torch.Tensor) -> torch.Tensor:
+    """B's rows in the order the base's q and k rows are held (loading/load_gguf.py undoes
+    llama.cpp's interleaving, loading/loader.py reorders partial rotary heads)."""
+    config = network.config
+    heads = {"q_proj": config.num_heads, "k_proj": config.num_kv_heads}.get(name)
+    if heads is None:
+        return b
+    if lora.rows_permuted and (lora.architecture or "llama") in PERMUTED_ARCHITECTURES:
+        b = b[unpermuted_rows(b.shape[0], heads)]
+    if config.rope_dim is not None and config.rope_dim != config.head_dim:
+        b = b[partial_rotary_rows(heads, config.head_dim, config.rope_dim)]
+    return b
+
+
+def fit_adapter(name: str, lora: LoraFile, network: DecoderLM, dtype: torch.dtype) -> LoraAdapter:
+    """`lora` as updates of `network`'s modules; AdapterRefused where its shapes are not the
+    base's (another base) or it targets what cannot be patched here."""
+    config = network.config
+    device = network.model.norm.weight.device
+    grouped: dict[tuple[int, str], list[tuple[int, int, torch.Tensor, torch.Tensor]]] = {}
+    for (layer, target), (a, b) in sorted(lora.targets.items()):
+        if layer >= config.num_layers:
+            raise AdapterRefused(
+                f"adapter '{name}' does not fit this base: it patches layer {layer}, "
+                f"the base has {config.num_layers} layers"
+            )
+        hosts = host_segments(network, layer)
+        if target not in hosts:
+            raise AdapterRefused(
+                f"adapter '{name}' targets {target} of layer {layer}, which cannot be patched "
+                "here (a mixture-of-experts layer's MLP)"
+            )
+        host, segments = hosts[target]
+        start, stop = segments[target]
+        expected = (_in_features(network, target, layer), stop - start)
+        if a.shape[1] != expected[0] or b.shape[0] != expected[1] or a.shape[0] != b.shape[1]:
+            raise AdapterRefused(
+                f"adapter '{name}' does not fit this base: layer {layer} {target} maps "
+                f"{expected[0]} to {expected[1]} features, the adapter {a.shape[1]} "
+                f"to {b.shape[0]} (rank {a.shape[0]} and {b.shape[1]})"
+            )
+        b = _base_rows(network, lora, target, b)
+        grouped.setdefault((layer, host), []).append((start, stop, a, b))
+    updates: dict[tuple[int, str], HostUpdate] = {}
+    nbytes = 0
+    for key, parts in grouped.items():
+        stacked = torch.cat([a for _, _, a, _ in parts]).to(device=device, dtype=dtype)
+        placed: list[tuple[int, int, int, int, torch.Tensor]] = []
+        rank = 0
+        for start, stop, a, b in parts:
+            b = b.to(device=device, dtype=dtype).contiguous()
+            placed.append((start, stop, rank, rank + a.shape[0], b))
+            rank += a.shape[0]
+            nbytes += b.numel() * b.element_size()
+        nbytes += stacked.numel() * stacked.element_size()
+        updates[key] = HostUpdate(stacked.contiguous(), tuple(placed))
+    return LoraAdapter(name, str(lora.path), lora.identity, updates, nbytes)
+
+
+Groups = list[tuple[AdapterUse, torch.Tensor | None]]  # None: every token of the step
+
+
+def _groups(uses: Sequence[AdapterUse | None], device: torch.device) -> Groups:
+    by_use: dict[tuple[int, float], tuple[AdapterUse, list[int]]] = {}
+    for index, use in enumerate(uses):
+        if use is not None:
+            by_use.setdefault((id(use.adapter), use.scale), (use, []))[1].append(index)
+    return [
+        (use, None if len(rows) == len(uses) else torch.tensor(rows, device=device))
+        for use, rows in by_use.values()
+    ]
+
+
+@dataclass(slots=True)
+class _Step:
+    every: Groups  # over the step's tokens
+    kept: Groups  # over the tokens the last layer goes on with (`logits_index`)
+
+
+class RowAdapters:
+    """The hooks on a network's projections, and the step they add updates for."""
+
+    def __init__(self, network: DecoderLM) -> None:
+        self.network = network
+        self._step: _Step | None = None
+        last = network.config.num_layers - 1
+        for layer in range(network.config.num_layers):
+            hosts = {host for host, _ in host_segments(network, layer).values()}
+            for host in hosts:
+                module = network.model.blocks()[layer].get_submodule(host)
+                # The last layer's o, gate|up and down see only the kept tokens.
+                attends = host.startswith("self_attn.") and host != "self_attn.o_proj"
+                kept = layer == last and not attends
+                module.register_forward_hook(self._hook(layer, host, kept))
+
+    @contextmanager
+    def step(self, uses: Sequence[AdapterUse | None], kept: torch.Tensor) -> Iterator[None]:
+        """Add each token's adapter update in the forwards run inside (`uses`: one a token,
+        None for the base; `kept`: the step's logits_index)."""
+        if all(use is None for use in uses):
+            yield
+            return
+        device = kept.device
+        kept_uses = [uses[i] for i in kept.tolist()]
+        self._step = _Step(_groups(uses, device), _groups(kept_uses, device))
+        fused, self.network.fuse_decode = self.network.fuse_decode, False
+        try:
+            yield
+        finally:
+            self._step = None
+            self.network.fuse_decode = fused
+
+    def _hook(
+        self, layer: int, host: str, kept: bool
+    ) -> Callable[[nn.Module, tuple[torch.Tensor, ...], torch.Tensor], None]:
+        key = (layer, host)
+
+        def add_updates(
+            module: nn.Module, args: tuple[torch.Tensor, ...], output: torch.Tensor
+        ) -> None:
+            step = self._step
+            if step is None:
+                return
+            work = [
+                (use, index, update)
+                for use, index in (step.kept if kept else step.every)
+                if (update := use.adapter.updates.get(key)) is not None
+            ]
+            if not work:
+                return
+            x = args[0]
+            threads = torch.get_num_threads()
+            alone = threads > 1 and x.device.type == "cpu" and x.shape[0] <= ONE_THREAD_TOKENS
+            if alone:
+                torch.set_num_threads(1)
+            try:
+                add(x, output, work)
+            finally:
+                if alone:
+                    torch.set_num_threads(threads)
+
+        def add(
+            x: torch.Tensor,
+            output: torch.Tensor,
+            work: list[tuple[AdapterUse, torch.Tensor | None, HostUpdate]],
+        ) -> None:
+            for use, index, update in work:
+                rows = x if index is None else x.index_select(0, index)
+                low = rows.to(update.a.dtype) @ update.a.T
+                if use.scale != 1.0:
+                    low.mul_(use.scale)
+                for start, stop, r0, r1, b in update.segments:
+                    delta = (low[:, r0:r1] @ b.T).to(output.dtype)
+                    columns = output[:, start:stop]
+                    if index is None:
+                        columns.add_(delta)
+                    else:
+                        columns.index_add_(0, index, delta)
+
+        return add_updates
