@@ -81,11 +81,13 @@ class AdapterSet:
         return use
 
     def loaded_bytes(self) -> int:
-        """The loaded adapters' weights, and those let go that running rows still hold."""
+        """The loaded adapters' weights, those let go that running rows still hold, and the
+        copies stacked for recent steps."""
         held = {id(use.adapter): use.adapter for use in list(self._uses)}
         with self._lock:
             held.update({id(adapter): adapter for adapter in self._loaded.values()})
-        return sum(adapter.nbytes for adapter in held.values())
+        stacked = self._rows.stacked_bytes() if self._rows is not None else 0
+        return stacked + sum(adapter.nbytes for adapter in held.values())
 
     def loaded(self) -> list[LoraAdapter]:
         with self._lock:

@@ -2,9 +2,10 @@
 
 A step runs every projection's base matmul once for the whole batch (native quantized
 kernels, PyTorch's quantized or dense linears: whichever the model holds), then adds each
-row's low-rank update, `scale * (x @ A^T) @ B^T`, for its own adapter: the step's tokens are
-grouped by (adapter, scale), one pair of small matmuls a group and host. Rows of the bare base
-get nothing added.
+row's low-rank update, `scale * (x @ A^T) @ B^T`, for its own adapter: the step's adapters are
+stacked into one A and one B a host module, and a mask of each token's scale on its own
+adapter's rank columns picks its update, so a module costs two small matmuls whatever the mix.
+Rows of the bare base get nothing added.
 
 The updates are added by forward hooks on the projections the network runs (the fused q|k|v
 and gate|up linears a loaded network holds, o and down), so the layers' code and the native
@@ -179,32 +180,112 @@ def fit_adapter(name: str, lora: LoraFile, network: DecoderLM, dtype: torch.dtyp
     return LoraAdapter(name, str(lora.path), lora.identity, updates, nbytes)
 
 
-Groups = list[tuple[AdapterUse, torch.Tensor | None]]  # None: every token of the step
+@dataclass(frozen=True, slots=True)
+class _Stacked:
+    """A step's adapters stacked for one host module, target by target: `a` [R, in] holds
+    every adapter's A rows of the first target, then of the next; each target's B columns of
+    every adapter side by side in `targets` (its output columns, its rank columns in `a`, its
+    B [out columns, ranks]). `owners`: the step's adapter each rank column belongs to, and
+    `layout` the key of its mask."""
+
+    a: torch.Tensor
+    targets: tuple[tuple[int, int, int, int, torch.Tensor], ...]
+    owners: torch.Tensor
+    layout: tuple[tuple[int, int], ...]  # (adapter index, rank) in column order
+
+    @property
+    def nbytes(self) -> int:
+        held = [self.a, *(b for *_, b in self.targets)]
+        return sum(t.numel() * t.element_size() for t in held)
 
 
-def _groups(uses: Sequence[AdapterUse | None], device: torch.device) -> Groups:
-    by_use: dict[tuple[int, float], tuple[AdapterUse, list[int]]] = {}
-    for index, use in enumerate(uses):
-        if use is not None:
-            by_use.setdefault((id(use.adapter), use.scale), (use, []))[1].append(index)
-    return [
-        (use, None if len(rows) == len(uses) else torch.tensor(rows, device=device))
-        for use, rows in by_use.values()
-    ]
+def _stack(adapters: Sequence[LoraAdapter], key: tuple[int, str]) -> _Stacked | None:
+    """`adapters`' updates of host `key` as one A and one B a target; None when none patches
+    it."""
+    by_target: dict[tuple[int, int], list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
+    for i, adapter in enumerate(adapters):
+        update = adapter.updates.get(key)
+        if update is None:
+            continue
+        for start, stop, r0, r1, b in update.segments:
+            by_target.setdefault((start, stop), []).append((i, update.a[r0:r1], b))
+    if not by_target:
+        return None
+    a_rows: list[torch.Tensor] = []
+    targets: list[tuple[int, int, int, int, torch.Tensor]] = []
+    layout: list[tuple[int, int]] = []
+    column = 0
+    for (start, stop), parts in sorted(by_target.items()):
+        a_rows += [a for _, a, _ in parts]
+        ranks = sum(a.shape[0] for _, a, _ in parts)
+        b = torch.cat([b for _, _, b in parts], dim=1).contiguous()
+        targets.append((start, stop, column, column + ranks, b))
+        layout += [(i, a.shape[0]) for i, a, _ in parts]
+        column += ranks
+    a = torch.cat(a_rows).contiguous()
+    owners = torch.cat([torch.full((rank,), i, dtype=torch.long) for i, rank in layout])
+    return _Stacked(a, tuple(targets), owners.to(a.device), tuple(layout))
 
 
-@dataclass(slots=True)
+# The stacked matrices of this many sets of adapters are kept (a copy of their weights each,
+# counted with the adapters' bytes): rows come and go, and a step with the same adapters as a
+# recent one reuses what was stacked for it.
+STACKED_SETS = 2
+
+Stacks = dict[tuple[int, str], _Stacked | None]
+
+
 class _Step:
-    every: Groups  # over the step's tokens
-    kept: Groups  # over the tokens the last layer goes on with (`logits_index`)
+    """One step's adapters: which each token runs with, at what scale, and the stacked
+    matrices of each host module (shared by the steps that run the same adapters)."""
+
+    def __init__(
+        self,
+        uses: Sequence[AdapterUse | None],
+        kept: torch.Tensor,
+        adapters: tuple[LoraAdapter, ...],
+        stacks: Stacks,
+    ) -> None:
+        index = {id(adapter): i for i, adapter in enumerate(adapters)}
+        owner = [-1 if use is None else index[id(use.adapter)] for use in uses]
+        scale = [0.0 if use is None else use.scale for use in uses]
+        self.adapters = adapters
+        self.stacks = stacks
+        self.owner = torch.tensor(owner, device=kept.device)
+        self.scale = torch.tensor(scale, device=kept.device)
+        self.kept_owner = self.owner.index_select(0, kept)
+        self.kept_scale = self.scale.index_select(0, kept)
+        self._masks: dict[tuple[object, ...], torch.Tensor] = {}
+
+    def stacked(self, key: tuple[int, str]) -> _Stacked | None:
+        if key not in self.stacks:
+            self.stacks[key] = _stack(self.adapters, key)
+        return self.stacks[key]
+
+    def mask(self, stacked: _Stacked, kept: bool) -> torch.Tensor:
+        """[tokens, R]: each token's scale on its own adapter's rank columns, 0 elsewhere
+        (so the bare base's tokens and other adapters' columns add nothing)."""
+        key = (stacked.layout, kept, stacked.a.dtype)
+        mask = self._masks.get(key)
+        if mask is None:
+            owner, scale = (self.kept_owner, self.kept_scale) if kept else (self.owner, self.scale)
+            mine = owner[:, None] == stacked.owners[None, :]
+            mask = self._masks[key] = mine.to(stacked.a.dtype) * scale[:, None].to(stacked.a.dtype)
+        return mask
 
 
 class RowAdapters:
-    """The hooks on a network's projections, and the step they add updates for."""
+    """The hooks on a network's projections, and the step they add updates for.
+
+    A step's adapters are stacked a host module at a time (every adapter's A rows in one
+    matrix, their B columns in another), so a module's update is two matmuls whatever mix of
+    adapters and scales its rows run with: the per-token mask of scales picks each row's own
+    rank columns."""
 
     def __init__(self, network: DecoderLM) -> None:
         self.network = network
         self._step: _Step | None = None
+        self._stacked: dict[tuple[int, ...], tuple[tuple[LoraAdapter, ...], Stacks]] = {}
         last = network.config.num_layers - 1
         for layer in range(network.config.num_layers):
             hosts = {host for host, _ in host_segments(network, layer).values()}
@@ -222,15 +303,29 @@ class RowAdapters:
         if all(use is None for use in uses):
             yield
             return
-        device = kept.device
-        kept_uses = [uses[i] for i in kept.tolist()]
-        self._step = _Step(_groups(uses, device), _groups(kept_uses, device))
+        adapters = tuple({id(u.adapter): u.adapter for u in uses if u is not None}.values())
+        self._step = _Step(uses, kept, adapters, self._stacks_for(adapters))
         fused, self.network.fuse_decode = self.network.fuse_decode, False
         try:
             yield
         finally:
             self._step = None
             self.network.fuse_decode = fused
+
+    def stacked_bytes(self) -> int:
+        """The stacked copies kept of recent steps' adapters."""
+        kept = [stacks for _, stacks in list(self._stacked.values())]
+        return sum(s.nbytes for stacks in kept for s in list(stacks.values()) if s is not None)
+
+    def _stacks_for(self, adapters: tuple[LoraAdapter, ...]) -> Stacks:
+        key = tuple(id(adapter) for adapter in adapters)
+        found = self._stacked.pop(key, None)
+        if found is None or any(x is not y for x, y in zip(found[0], adapters, strict=True)):
+            found = (adapters, {})
+        self._stacked[key] = found  # the most recent last
+        while len(self._stacked) > STACKED_SETS:
+            del self._stacked[next(iter(self._stacked))]
+        return found[1]
 
     def _hook(
         self, layer: int, host: str, kept: bool
@@ -243,12 +338,8 @@ class RowAdapters:
             step = self._step
             if step is None:
                 return
-            work = [
-                (use, index, update)
-                for use, index in (step.kept if kept else step.every)
-                if (update := use.adapter.updates.get(key)) is not None
-            ]
-            if not work:
+            stacked = step.stacked(key)
+            if stacked is None:
                 return
             x = args[0]
             threads = torch.get_num_threads()
@@ -256,27 +347,12 @@ class RowAdapters:
             if alone:
                 torch.set_num_threads(1)
             try:
-                add(x, output, work)
+                low = x.to(stacked.a.dtype) @ stacked.a.T
+                low.mul_(step.mask(stacked, kept))
+                for start, stop, c0, c1, b in stacked.targets:
+                    output[:, start:stop].add_((low[:, c0:c1] @ b.T).to(output.dtype))
             finally:
                 if alone:
                     torch.set_num_threads(threads)
-
-        def add(
-            x: torch.Tensor,
-            output: torch.Tensor,
-            work: list[tuple[AdapterUse, torch.Tensor | None, HostUpdate]],
-        ) -> None:
-            for use, index, update in work:
-                rows = x if index is None else x.index_select(0, index)
-                low = rows.to(update.a.dtype) @ update.a.T
-                if use.scale != 1.0:
-                    low.mul_(use.scale)
-                for start, stop, r0, r1, b in update.segments:
-                    delta = (low[:, r0:r1] @ b.T).to(output.dtype)
-                    columns = output[:, start:stop]
-                    if index is None:
-                        columns.add_(delta)
-                    else:
-                        columns.index_add_(0, index, delta)
 
         return add_updates
