@@ -230,27 +230,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     install_cleanup()
-    before = [round(x, 2) for x in os.getloadavg()]
-    models: dict[str, Any] = {}
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = args.json or Path("benchmarks/results") / f"first-token-{stamp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "cores": os.cpu_count(),
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "loadavg": {"before": [round(x, 2) for x in os.getloadavg()], "after": None},
+    }
+    report: dict[str, Any] = {"meta": meta, "models": {}}
     with tempfile.TemporaryDirectory(prefix="first-token-") as work:
         home, logs = Path(work) / "home", Path(work) / "logs"
         logs.mkdir()
         for name in args.models:
-            models[name] = measure_model(name, args, home, logs)
-    after = [round(x, 2) for x in os.getloadavg()]
-    meta = {
-        "cores": os.cpu_count(),
-        "args": {k: str(v) for k, v in vars(args).items()},
-        "loadavg": {"before": before, "after": after},
-    }
-    report = {"meta": meta, "models": models}
+            report["models"][name] = measure_model(name, args, home, logs)
+            meta["loadavg"]["after"] = [round(x, 2) for x in os.getloadavg()]
+            out.write_text(json.dumps(report, indent=1))  # each model's figures as they come
     print(table(report))
-    out = (
-        args.json
-        or Path("benchmarks/results") / f"first-token-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
     print(f"\nwrote {out}")
 
 
