@@ -12,6 +12,12 @@ def modelhost_home() -> Path:
     return Path(os.environ.get("MODELHOST_HOME") or Path.home() / ".modelhost")
 
 
+def gguf_cache_root() -> Path:
+    """Where each GGUF file's metadata, converted tokenizer and packed weights are kept, a
+    folder a file version (`file_cache_key`)."""
+    return modelhost_home() / "cache" / "gguf"
+
+
 def file_cache_key(path: Path) -> str:
     """A name for this version of a file in a cache: its stem and a digest of its resolved
     path, size and modification time (a file replaced in place gets a new name)."""

@@ -1,5 +1,6 @@
 """The engine with --prompt-activations 8 (EngineConfig.prompt_activations) on the real SmolLM2:
-which tokens its steps mark coarse (a prompt's tokens before its last, whatever the chunking),
+which tokens its steps mark coarse (a prompt's tokens before its last block, whatever the
+chunking; none of a short prompt's),
 and the answers and guarantees that hold with them."""
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def record_batches(engine: Engine) -> list[tuple[torch.Tensor, torch.Tensor | No
     return seen
 
 
-async def test_a_chunked_prompts_tokens_before_its_last_are_coarse_and_generated_ones_never(
+async def test_a_chunked_prompts_tokens_before_its_last_block_are_coarse_and_generated_ones_never(
     smollm2,
 ):
     engine = Engine(smollm2, EngineConfig(max_num_batched_tokens=32, prompt_activations=8))
@@ -65,7 +66,8 @@ async def test_a_chunked_prompts_tokens_before_its_last_are_coarse_and_generated
         engine.close()
     assert len(prompt) > 64  # three chunks or more
     coarse = [int(p) for positions, mask in seen if mask is not None for p in positions[mask]]
-    assert sorted(coarse) == list(range(len(prompt) - 1))
+    block = engine.config.block_size
+    assert sorted(coarse) == list(range((len(prompt) - 1) // block * block))
     assert len(tokens) == last.usage.completion_tokens == 16
 
 
@@ -76,6 +78,24 @@ async def test_sixteen_bit_prompts_mark_no_coarse_rows(smollm2):
         await collect(engine, smollm2.tokenizer.encode("A good breakfast includes " * 8), GREEDY)
     finally:
         engine.close()
+    assert seen and all(mask is None for _, mask in seen)
+
+
+async def test_a_short_prompt_marks_no_coarse_rows(coarse_engine, smollm2):
+    seen = record_batches(coarse_engine)
+    prompt = smollm2.tokenizer.encode("The history of the Roman Empire begins " * 4)
+    assert len(prompt) < 64
+    await collect(coarse_engine, prompt, GREEDY)
+    assert seen and all(mask is None for _, mask in seen)
+
+
+async def test_a_cached_prompt_recomputes_its_last_block_at_16_bits_alone(coarse_engine, smollm2):
+    # One kind of row in the step: its weights are read once (packed.py computes kinds apart).
+    prompt = smollm2.tokenizer.encode("The history of the Roman Empire begins " * 10)
+    await collect(coarse_engine, prompt, GREEDY)
+    seen = record_batches(coarse_engine)
+    _, _, last = await collect(coarse_engine, prompt, GREEDY)
+    assert last.usage.cached_tokens > 0
     assert seen and all(mask is None for _, mask in seen)
 
 

@@ -19,7 +19,7 @@ def test_ls_prints_each_local_model_with_its_estimate_and_whether_it_fits(
     assert main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
     header = ["ID", "FORMAT", "ARCH", "SUPPORTED", "VISION", "SIZE", "WEIGHTS", "ESTIMATE"]
-    header += ["WINDOW", "FITS", "RESIDENT"]
+    header += ["PACKED", "KV-STORE", "WINDOW", "FITS", "RESIDENT"]
     assert lines[0].split() == header
     rows = {line.split()[0]: line.split() for line in lines[1:] if line.strip()}
     assert rows["tiny-a"][1:5] == ["safetensors", "llama", "yes", "no"]

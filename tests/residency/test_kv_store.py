@@ -131,27 +131,6 @@ def test_two_processes_sharing_a_store_never_leave_a_bad_file_and_keep_the_budge
     assert store.usage().bytes <= 40 * file_bytes(len(TOKENS), BLOCK)
 
 
-def test_modelhost_ls_and_kv_ls_show_the_stores_size_and_kv_clear_empties_it(
-    tmp_path: Path, monkeypatch, capsys
-) -> None:
-    from modelhost.cli.main import main
-
-    monkeypatch.setenv("MODELHOST_HOME", str(tmp_path))
-    store = KVDiskStore(tmp_path / "kv", 1 << 20)
-    put(store.for_model("model-a", "file-a"), 1)
-    put(store.for_model("model-b", "file-b"), 2)
-    assert main(["kv", "ls"]) == 0
-    listed = capsys.readouterr().out
-    assert "model-a" in listed and "model-b" in listed and "(2 blocks)" in listed
-    assert main(["ls", "--url", "http://127.0.0.1:9"]) == 0
-    assert f"KV store 0.00 GB (2 blocks) in {tmp_path / 'kv'}" in capsys.readouterr().out
-    assert main(["kv", "clear", "--model", "model-a"]) == 0
-    assert [m.id for m in store.usage().models] == ["model-b"]
-    assert main(["kv", "clear"]) == 0
-    assert "(1 blocks)" in capsys.readouterr().out.splitlines()[-1]
-    assert store.usage().files == 0
-
-
 def count_listings(monkeypatch) -> list[str]:
     """Every directory listed from now on (os.scandir, os.listdir, Path.iterdir go through
     these two)."""

@@ -1,7 +1,7 @@
 """`modelhost serve` (worker processes, the default) with its prefix KV store on disk: a long
 prompt the server has seen is served from the store after its model was unloaded and loaded
 again, and after the server itself restarted, with the same greedy answer as its cold prefill;
-`DELETE /api/kv` and `modelhost kv clear` empty the store."""
+`DELETE /api/kv` and `modelhost cache clear --kv` empty the store."""
 
 from __future__ import annotations
 
@@ -137,9 +137,10 @@ def test_a_restarted_server_serves_a_seen_long_prompt_from_the_store_with_the_sa
     assert warm == cold
 
     env = {**os.environ, "MODELHOST_HOME": str(home)}
-    command = [sys.executable, "-m", "modelhost", "kv"]
+    command = [sys.executable, "-m", "modelhost", "cache"]
     listed = subprocess.run([*command, "ls"], env=env, capture_output=True, text=True, check=True)
     assert MODEL in listed.stdout
-    subprocess.run([*command, "clear"], env=env, capture_output=True, text=True, check=True)
+    clear = [*command, "clear", "--kv"]
+    subprocess.run(clear, env=env, capture_output=True, text=True, check=True)
     listed = subprocess.run([*command, "ls"], env=env, capture_output=True, text=True, check=True)
-    assert MODEL not in listed.stdout and "(0 blocks)" in listed.stdout
+    assert "KV store 0.00 GB (0 blocks)" in listed.stdout

@@ -1,6 +1,6 @@
 """`/stats`' `kv_store` part follows the prefix KV store on disk as it changes: a block a worker
 writes shows at the next call, and `DELETE /api/kv` empties it (read from the store's running
-tally, not by listing its files)."""
+tally, not by listing its files); `disk_caches` shows each model's packed weights and blocks."""
 
 from __future__ import annotations
 
@@ -64,3 +64,25 @@ def test_stats_shows_a_block_written_to_the_store_and_none_after_a_clear(
     assert cleared.json()["removed"]["files"] == 1
     after = kv_store(server)
     assert (after["files"], after["bytes"], after["models"]) == (0, 0, [])
+
+
+def test_stats_shows_each_models_packed_copy_and_kv_blocks_on_disk(
+    server: httpx.Client, tmp_path: Path
+) -> None:
+    from synthetic_files import write_tiny
+
+    from modelhost.paths import file_cache_key, gguf_cache_root
+
+    model = write_tiny(tmp_path / "home" / "models" / "tiny-a.gguf", "Q4_0")
+    folder = gguf_cache_root() / file_cache_key(model)
+    folder.mkdir(parents=True)
+    with open(folder / "packed-build-auto.bin", "wb") as packed:
+        packed.truncate(5000)
+    store = KVDiskStore(tmp_path / "home" / "kv", 1 << 30)
+    store.for_model("tiny-a", "file-a").put(chain_key(None, TOKENS), None, TOKENS, PAYLOAD)
+
+    caches = server.get("/stats").json()["disk_caches"]
+    assert caches["packed_bytes"] == 5000
+    (row,) = caches["models"]
+    assert (row["id"], row["packed_bytes"], row["kv_blocks"]) == ("tiny-a", 5000, 1)
+    assert row["kv_bytes"] == file_bytes(len(TOKENS), len(PAYLOAD))

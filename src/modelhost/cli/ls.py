@@ -5,11 +5,13 @@ VISION says whether a model reads images: a folder with a vision tower, or a GGU
 projector we compute beside it (an `mmproj*.gguf`, models/vision/pairing.py).
 
 WEIGHTS is what the loader keeps of the file (in `--quantize`'s mode), ESTIMATE that plus the
-KV pool and one step's working memory. A model that cannot be served (an architecture or
-rotary variant not implemented, a tensor type the kernels lack) is SUPPORTED "no" and says why
-under the table. Residency is asked of a running server (`--url`); with none listening, the
-column says `-`. A cluster's front (`serve --cluster`) also says on which nodes each model is
-resident, and lists the models resident on other machines' disks too.
+KV pool and one step's working memory. PACKED is the disk its packed weights copy takes,
+KV-STORE its blocks in the prefix KV store (residency/disk_caches.py; `modelhost cache` clears
+them). A model that cannot be served (an architecture or rotary variant not implemented, a
+tensor type the kernels lack) is SUPPORTED "no" and says why under the table. Residency is
+asked of a running server (`--url`); with none listening, the column says `-`. A cluster's
+front (`serve --cluster`) also says on which nodes each model is resident, and lists the models
+resident on other machines' disks too.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ def add_ls_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
 
 
 def run_ls(args: argparse.Namespace) -> int:
-    from modelhost.cli.kv import store_line
+    from modelhost.cli.cache import totals_line
+    from modelhost.residency.disk_caches import model_caches
     from modelhost.residency.model_facts import model_facts
     from modelhost.residency.registry import ModelRegistry, ServingShape
     from modelhost.residency.unit import claim_bytes
@@ -54,10 +57,12 @@ def run_ls(args: argparse.Namespace) -> int:
         kv_cache=args.kv_cache,
     )
     entries = ModelRegistry(args.paths, shape=shape).entries()
+    caches = {row.id: row for row in model_caches(entries)}
     served = _served_rows(args.url)
     resident = None if served is None else {row["id"]: row for row in served}
     rows = [
-        ("ID", "FORMAT", "ARCH", "SUPPORTED", "VISION", "SIZE", "WEIGHTS", "ESTIMATE", "WINDOW")
+        ("ID", "FORMAT", "ARCH", "SUPPORTED", "VISION", "SIZE", "WEIGHTS", "ESTIMATE")
+        + ("PACKED", "KV-STORE", "WINDOW")
         + ("FITS",)
         + ("RESIDENT",)
     ]
@@ -74,6 +79,8 @@ def run_ls(args: argparse.Namespace) -> int:
                 _gb(entry.size_bytes),
                 _gb(entry.weights_bytes),
                 _gb(entry.estimate_bytes),
+                _cached(caches[entry.id].packed_bytes),
+                _cached(caches[entry.id].kv_bytes),
                 str(entry.context_length or "-"),
                 "refused" if entry.refusal is not None else fits,
                 "-" if resident is None else _resident_cell(resident.get(entry.id)),
@@ -92,6 +99,8 @@ def run_ls(args: argparse.Namespace) -> int:
                     _gb(int(remote.get("size_bytes", 0))),
                     "?",
                     _gb(int(remote.get("estimate_bytes", 0))),
+                    "?",
+                    "?",
                     str(remote.get("context_length") or "?"),
                     "?",
                     _resident_cell(remote),
@@ -105,13 +114,17 @@ def run_ls(args: argparse.Namespace) -> int:
     for entry in entries:
         if entry.refusal is not None:
             print(f"\n{entry.id} cannot be served: {entry.refusal}", end="")
-    print(f"\nmodel budget {_gb(budget)}; {store_line()}", end="")
+    print(f"\nmodel budget {_gb(budget)}; {totals_line()}", end="")
     print("" if resident is not None else f"; no server answered at {args.url}")
     return 0
 
 
 def _gb(num_bytes: int) -> str:
     return f"{num_bytes / BYTES_PER_GB:.2f} GB"
+
+
+def _cached(num_bytes: int) -> str:
+    return _gb(num_bytes) if num_bytes else "-"
 
 
 def _served_rows(url: str) -> list[dict[str, Any]] | None:

@@ -10,8 +10,8 @@ import sys
 import time
 
 from modelhost.cli.bench import add_bench_parser, run_bench_command
+from modelhost.cli.cache import add_cache_parser, run_cache
 from modelhost.cli.jobs import add_jobs_parser, run_jobs
-from modelhost.cli.kv import add_kv_parser, run_kv
 from modelhost.cli.ls import add_ls_parser, run_ls
 from modelhost.cli.pull import add_pull_parser, run_pull
 from modelhost.cli.serve_args import add_serve_parser
@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_pull_parser(subparsers)
     add_bench_parser(subparsers)
     add_jobs_parser(subparsers)
-    add_kv_parser(subparsers)
+    add_cache_parser(subparsers)
     cores = os.cpu_count() or 1
     generate.add_argument(
         "--threads",
@@ -58,8 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_bench_command(args)
     if args.command == "jobs":
         return run_jobs(args)
-    if args.command == "kv":
-        return run_kv(args)
+    if args.command == "cache":
+        return run_cache(args)
     if args.command == "serve":
         # First the fork server: it imports PyTorch while this process imports the server.
         started = start_worker_processes(args)

@@ -12,6 +12,8 @@ let listing = [];
 let residency = null;
 let rows = {}; // model id -> {running, waiting}, from /metrics
 let kvStore = null; // /stats.kv_store: the prefix KV store on disk
+let packedBytes = 0; // /stats.disk_caches.packed_bytes: every packed weights copy on disk
+let diskCaches = {}; // model id -> /stats.disk_caches row: its packed weights and KV blocks on disk
 let latest = { requests: [] };
 let residentKey = "";
 const history = new Map(); // model id -> [tok/s, ...]
@@ -55,8 +57,11 @@ async function refreshRows() {
     render();
   } catch { /* the next tick tries again */ }
   try {
-    kvStore = (await get("/stats")).kv_store || null;
-    renderBudget();
+    const stats = await get("/stats");
+    kvStore = stats.kv_store || null;
+    packedBytes = stats.disk_caches?.packed_bytes || 0;
+    diskCaches = Object.fromEntries((stats.disk_caches?.models || []).map((m) => [m.id, m]));
+    render();
   } catch { /* the next tick tries again */ }
 }
 
@@ -148,12 +153,22 @@ function render() {
       el("th", { scope: "row" }, row.id, " ", kindBadge(row), note ? el("div", { class: "error small" }, note) : null),
       el("td", {}, row.format || "–"),
       el("td", {}, resident ? bytes(resident.bytes) : bytes(row.estimate_bytes ?? row.size_bytes)),
+      el("td", { class: "disk" }, diskText(diskCaches[row.id])),
       el("td", { class: "state" }, busy && resident?.state !== "loading" ? "working…" : stateText(row, resident)),
       el("td", {}, `${counts.running} active · ${counts.waiting} queued`),
       el("td", { class: "rate" }, num(rates[rates.length - 1] || 0), " ",
         sparkline(rates, { label: `${row.id} tokens per second, last minutes` })),
       actions);
   }));
+}
+
+// What a model's caches take on disk (`modelhost cache clear` removes them).
+function diskText(caches) {
+  if (!caches) return "–";
+  const parts = [];
+  if (caches.packed_bytes) parts.push(`packed ${bytes(caches.packed_bytes)}`);
+  if (caches.kv_bytes) parts.push(`KV ${bytes(caches.kv_bytes)}`);
+  return parts.join(" · ") || "–";
 }
 
 function renderBudget() {
@@ -176,7 +191,8 @@ function renderBudget() {
       el("span", { class: `key s${index % 6}` }, `${model.id} ${bytes(model.bytes)}`))),
     kvStore ? el("div", { id: "kv-store-text", class: "muted small" },
       `KV store on disk: ${bytes(kvStore.bytes)} of ${bytes(kvStore.budget_bytes)} ` +
-      `(${kvStore.files} blocks, prompts kept across switches and restarts)`) : null);
+      `(${kvStore.files} blocks, prompts kept across switches and restarts); ` +
+      `packed weights on disk: ${bytes(packedBytes)} (loads after the first map them)`) : null);
 }
 
 // A pull: one NDJSON line per step ({status}, a file's {digest, total, completed}, or {error}).

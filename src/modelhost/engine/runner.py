@@ -18,6 +18,9 @@ from modelhost.models.loaded import LoadedModel
 from modelhost.models.vision.mrope import step_mrope_positions
 
 PROMPT_THREADS_MIN_TOKENS = 64
+# Prompts shorter than this take 16-bit activations whole (`_coarse_rows`): their steps are few
+# rows, bound by reading the weights rather than by the products 8 bits would halve.
+COARSE_MIN_PROMPT_TOKENS = 64
 
 
 class ModelRunner:
@@ -263,18 +266,32 @@ class ModelRunner:
             coarse_rows=None if coarse is None else coarse.to(device),
         )
 
-    @staticmethod
     def _coarse_rows(
+        self,
         rows: list[ScheduledRow],
         positions: torch.Tensor,
         row_of_token: torch.Tensor,
         wanted: list[int],
     ) -> torch.Tensor | None:
-        """[T] bool: the step's prompt tokens before each prompt's last, less those whose
-        logits are wanted (prompt logprobs); None when there are none. Whether a token is one
-        depends on its request alone, not on how the prompt was chunked or cached."""
-        last = torch.tensor([row.seq.num_prompt_tokens - 1 for row in rows], dtype=torch.long)
-        coarse = positions < last[row_of_token]
+        """[T] bool: the step's prompt tokens before the block of each prompt's last token (of
+        prompts of COARSE_MIN_PROMPT_TOKENS or more), less those whose logits are wanted
+        (prompt logprobs); None when there are none. Whether a token is one depends on its
+        request alone, not on how the prompt was chunked or cached.
+
+        A step computing coarse and 16-bit rows reads every weight twice (packed.py computes
+        the two sets apart), which a step of few rows, bound by reading its weights, pays in
+        full: a cached prompt recomputes its last block (up to block_size tokens, its last one
+        sampled at 16 bits), and a short prompt is a few rows whole. So those stay at 16 bits
+        and such a step reads its weights once (a 1B file's cached prompt: its first token
+        in about one decode step, not two)."""
+        bs = self.block_size
+        ends = [
+            (row.seq.num_prompt_tokens - 1) // bs * bs
+            if row.seq.num_prompt_tokens >= COARSE_MIN_PROMPT_TOKENS
+            else 0
+            for row in rows
+        ]
+        coarse = positions < torch.tensor(ends, dtype=torch.long)[row_of_token]
         if wanted:
             coarse[torch.tensor(wanted, dtype=torch.long)] = False
         return coarse if bool(coarse.any()) else None

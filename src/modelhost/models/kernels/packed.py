@@ -9,12 +9,12 @@ kernel: its activations rounded to 16 bits, the weights' integer levels multipli
 Prompt rows and generated rows therefore take the same path, and a row's result never
 depends on the rows beside it.
 
-The one exception is asked for (`--prompt-activations 8`): a step's `coarse_rows`, the prompt
-tokens whose logits nobody reads (engine/runner.py marks them), run with their activations
-rounded to 8 bits each 32 inputs, as llama.cpp's, which does half the integer products. Their
-keys and values then differ a little from a 16-bit prompt's; sampled rows (decode, a prompt's
-last token, speculation's verification) stay at 16 bits, and a row's result still depends only
-on the row.
+The one exception is asked for (`--prompt-activations 8`): a step's `coarse_rows`, prompt
+tokens whose logits nobody reads (engine/runner.py marks them: those before a long prompt's
+last block), run with their activations rounded to 8 bits each 32 inputs, as llama.cpp's, which
+does half the integer products. Their keys and values then differ a little from a 16-bit
+prompt's; sampled rows (decode, a prompt's last token, speculation's verification) stay at 16
+bits, and a row's result still depends only on the row.
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ from modelhost.models.networks.llama import build_llama
 from modelhost.models.vision.load import UnsupportedProjector, hf_tower, mmproj_tower
 from modelhost.models.vision.pairing import mmproj_beside
 from modelhost.models.vision.tower import VisionTower
-from modelhost.paths import file_cache_key, modelhost_home
+from modelhost.paths import file_cache_key, gguf_cache_root, modelhost_home
 from modelhost.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -133,7 +133,7 @@ def load_model(
 
 def _cache_dir(path: Path) -> Path:
     """Where a GGUF's metadata, converted tokenizer and packed weights are kept."""
-    return modelhost_home() / "cache" / "gguf" / file_cache_key(path)
+    return gguf_cache_root() / file_cache_key(path)
 
 
 def _forget_fp32_conversion(path: Path) -> None:

@@ -34,7 +34,7 @@ from typing import Any, BinaryIO
 import torch
 
 from modelhost.models.kernels.packed import PackedWeight
-from modelhost.paths import modelhost_home
+from modelhost.paths import gguf_cache_root
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +58,6 @@ def budget_bytes() -> int:
     except ValueError:
         gigabytes = DEFAULT_BUDGET_GB
     return max(0, int(gigabytes * 1e9))
-
-
-def cache_root() -> Path:
-    return modelhost_home() / "cache" / "gguf"
 
 
 class PackedCache:
@@ -264,7 +260,7 @@ def _make_room(path: Path, size: int) -> bool:
     if size > budget:
         return False
     others = sorted(
-        (p for p in cache_root().glob("*/packed-*.bin") if p != path),
+        (p for p in gguf_cache_root().glob("*/packed-*.bin") if p != path),
         key=lambda p: _stat_or_none(p) or 0.0,
     )
     held = sum(p.stat().st_size for p in others if p.exists())

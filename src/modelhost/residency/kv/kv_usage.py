@@ -1,5 +1,5 @@
 """What the disk KV store holds, by model, and the running tally of it kept beside the blocks
-(MODELHOST_HOME/kv/.usage.json), so that `/stats`, `modelhost ls` and `modelhost kv ls` read the
+(MODELHOST_HOME/kv/.usage.json), so that `/stats`, `modelhost ls` and `modelhost cache ls` read the
 store's size without listing its files:
 
     {"version": 1, "scanned_at": <unix time of the last walk over every file>,

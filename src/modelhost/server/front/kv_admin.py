@@ -1,4 +1,5 @@
-"""`DELETE /api/kv[?model=ID]`: empty the prefix KV store on disk, every model's part or one's.
+"""`DELETE /api/kv[?model=ID]`: empty the prefix KV store on disk, every model's part or one's;
+and the caches' part of `/stats` (the store's size, and each model's packed weights and blocks).
 
 An operator route (server/access.py guards it like load and unload). A resident model keeps the
 blocks its memory holds, and writes them back when it unloads: clear after unloading to start
@@ -12,6 +13,7 @@ import asyncio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from modelhost.residency.disk_caches import model_caches
 from modelhost.residency.kv.kv_store import KVDiskStore
 from modelhost.server.openai.wire import openai_error
 
@@ -43,6 +45,20 @@ async def clear_kv(request: Request) -> Response:
 async def kv_stats(request: Request) -> dict[str, object]:
     """The store's part of `/stats`."""
     return (await asyncio.to_thread(kv_store(request).usage)).as_json()
+
+
+async def disk_cache_stats(request: Request) -> dict[str, object]:
+    """`/stats.disk_caches`: what the packed weights copies and the KV store take on disk, by
+    model (residency/disk_caches.py)."""
+
+    def read() -> dict[str, object]:
+        rows = model_caches(request.app.state.router.registry.entries())
+        return {
+            "packed_bytes": sum(row.packed_bytes for row in rows),  # every file is in a row
+            "models": [row.as_json() for row in rows if row.packed_bytes or row.kv_bytes],
+        }
+
+    return await asyncio.to_thread(read)
 
 
 KV_ROUTES = (("DELETE", "/api/kv", clear_kv),)

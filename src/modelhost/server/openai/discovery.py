@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 from modelhost import __version__
 from modelhost.inference.contracts import ModelCard, StageStats
 from modelhost.residency.router import ListedModel
-from modelhost.server.front.kv_admin import kv_stats
+from modelhost.server.front.kv_admin import disk_cache_stats, kv_stats
 from modelhost.server.http import serving_stage
 from modelhost.server.openai.wire import openai_error
 
@@ -313,4 +313,5 @@ async def stats(request: Request) -> Response:
     if router is not None:
         body["models"] = router.residency()
         body["kv_store"] = await kv_stats(request)  # the prefix KV store on disk
+        body["disk_caches"] = await disk_cache_stats(request)
     return JSONResponse(body)
