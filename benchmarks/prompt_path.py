@@ -99,11 +99,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def measure_llama(path: Path, vocab: int, args: argparse.Namespace) -> dict[str, Any]:
+def measure_llama(
+    path: Path, vocab: int, args: argparse.Namespace, context: int = 4096
+) -> dict[str, Any]:
     port = free_port()
     cores = str(os.cpu_count() or 1)
     argv = [str(args.llama_server), "-m", str(path), "--port", str(port), "-t", cores]
-    argv += ["-tb", cores, "-c", "4096", "-np", "1", "--no-warmup", "-b", "2048", "-ub", "512"]
+    argv += ["-tb", cores, "-c", str(context), "-np", "1", "--no-warmup", "-b", "2048"]
+    argv += ["-ub", "512"]
     process = subprocess.Popen(
         argv,
         stdin=subprocess.DEVNULL,

@@ -42,8 +42,12 @@ class ForwardBatch:
     # tokens attend to each other both ways). The native kernels attend causally by position,
     # so such a step takes the masked path.
     bidirectional: bool = False
-    # [T] bool: prompt tokens whose logits nobody reads, which the quantized linears may compute
-    # with 8-bit activations (--prompt-activations 8, models/kernels/packed.py); None: none.
+    # [T] bool: prompt tokens whose logits nobody reads (each prompt's tokens before its last,
+    # less those whose logprobs are asked for); None: none. The native prompt attention tiles
+    # their queries against each block of keys (models/kernels/native_prompt_attention.h).
+    prompt_rows: torch.Tensor | None = None
+    # The same tokens where the quantized linears compute them with 8-bit activations
+    # (--prompt-activations 8, models/kernels/packed.py); None: none.
     coarse_rows: torch.Tensor | None = None
 
 
