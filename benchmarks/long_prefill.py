@@ -12,8 +12,8 @@ longest prompt; llama-server (`-c 32768 -np 1`, every core) gets the same token 
 Every prompt starts with a different token: no prefix cache helps. 32k is 32,000 tokens, so the
 prompt and its answer fit Gemma 3's 32,768. Reported: each side's prompt tok/s, their ratio, each
 length's rate against modelhost's own at the shortest length (the issue's "no more than a third
-below"), modelhost's process CPU seconds a prompt (steadier than the wall clock on a shared
-machine), and the load average around each side.
+below"), each server's process CPU seconds a prompt and their ratio (steadier than the wall
+clock on a shared machine), and the load average around each side.
 Writes JSON (default benchmarks/results/long-prefill-<time>.json).
 """
 
@@ -92,19 +92,27 @@ def main() -> None:
         llama = measure_llama(Path(resolve(args.model).path), vocab, llama_args, LLAMA_CONTEXT)
         llama.update(load_before=load_before, load_after=os.getloadavg()[0])
         report["llama-server"] = llama
-    ours = report["modelhost"]
+    ours, theirs = report["modelhost"], report.get("llama-server", {})
     shortest = min(args.lengths)
-    print(f"\n{args.model}, prompt tok/s (one run)")
-    print(f"{'tokens':>7} {'modelhost':>10} {'llama-server':>13} {'ratio':>6} {'vs own short':>13}")
+    print(f"\n{args.model}, prompt tok/s and CPU seconds a prompt (one run)")
+    header = ("tokens", "modelhost", "CPU s", "llama-server", "CPU s", "ratio", "CPU ratio")
+    print(" ".join(f"{name:>12}" for name in header), f"{'vs own short':>12}")
     for length in args.lengths:
-        key = f"prefill_{length}_tok_s"
-        own = ours[key] / ours[f"prefill_{shortest}_tok_s"]
-        theirs = report.get("llama-server", {}).get(key)
-        ratio = ours[key] / theirs if theirs else None
-        report.setdefault("ratios", {})[str(length)] = {"to_llama": ratio, "to_own_short": own}
+        rate, cpu = f"prefill_{length}_tok_s", f"prefill_{length}_cpu_s"
+        ratio = ours[rate] / theirs[rate] if rate in theirs else None
+        # The same prompt's CPU seconds, theirs over ours: >1 where modelhost spends less.
+        cpu_ratio = theirs[cpu] / ours[cpu] if cpu in theirs else None
+        own = ours[rate] / ours[f"prefill_{shortest}_tok_s"]
+        report.setdefault("ratios", {})[str(length)] = {
+            "to_llama": ratio,
+            "to_llama_cpu": cpu_ratio,
+            "to_own_short": own,
+        }
+        cells = (ours[rate], ours[cpu], theirs.get(rate), theirs.get(cpu), ratio, cpu_ratio)
         print(
-            f"{length:>7} {ours[key]:>10.1f} {theirs or float('nan'):>13.1f}"
-            f" {ratio or float('nan'):>6.2f} {own:>13.2f}"
+            f"{length:>12}",
+            " ".join(f"{cell:>12.2f}" if cell is not None else f"{'-':>12}" for cell in cells),
+            f"{own:>12.2f}",
         )
     report["meta"]["loadavg_end"] = os.getloadavg()
     out = args.json or Path(__file__).parent / "results" / f"long-prefill-{int(time.time())}.json"

@@ -77,6 +77,7 @@ struct Tile {
     float top[M];         // each query's largest score so far
     float total[M][16];   // lane-wise sums of its weights (added across lanes at the end)
     float* partial;       // [M][dim]: its weighted values so far
+    float* lanes;         // [dim][M]: the queries side by side, element by element
 };
 
 template <int M>
@@ -92,6 +93,10 @@ void open_tile(Tile<M>& tile, int64_t window, int64_t dim) {
     }
     tile.start = tile.start / kKeyBlock * kKeyBlock;
     std::fill(tile.partial, tile.partial + M * dim, 0.0f);
+    // One base address for the scores' broadcasts: M pointers were more than the registers
+    // hold, and each product then loaded its query's address before its element.
+    for (int64_t e = 0; e < dim; ++e)
+        for (int m = 0; m < M; ++m) tile.lanes[e * M + m] = tile.queries[m][e];
 }
 
 // The tile's queries against the blocks of keys from `begin` up to `end` (positions, multiples
@@ -108,10 +113,11 @@ void attend_blocks(Tile<M>& tile, int64_t dim, int64_t from, const T* transposed
         const T* kt = transposed + ((k0 - from) / kKeyBlock) * dim * kKeyBlock;
         __m512 s[M];
         for (int m = 0; m < M; ++m) s[m] = _mm512_setzero_ps();
-        for (int64_t e = 0; e < dim; ++e) {
+        const float* lanes = tile.lanes;
+        for (int64_t e = 0; e < dim; ++e, lanes += M) {
             const __m512 key = load_cached(kt + e * kKeyBlock);
             for (int m = 0; m < M; ++m)
-                s[m] = _mm512_fmadd_ps(_mm512_set1_ps(tile.queries[m][e]), key, s[m]);
+                s[m] = _mm512_fmadd_ps(_mm512_set1_ps(lanes[m]), key, s[m]);
         }
         float factor[M];
         for (int m = 0; m < M; ++m) {
@@ -187,7 +193,8 @@ void attend_piece(const float* qkv, int64_t width, int64_t first, int64_t end, i
     thread_local std::vector<Tile<M>> tiles;
     thread_local std::vector<float> partial, dropped;
     if (static_cast<int64_t>(tiles.size()) < count) tiles.resize(count);
-    if (static_cast<int64_t>(partial.size()) < count * M * dim) partial.resize(count * M * dim);
+    if (static_cast<int64_t>(partial.size()) < 2 * count * M * dim)
+        partial.resize(2 * count * M * dim);  // each tile's partial sums, then its lanes
     if (static_cast<int64_t>(dropped.size()) < M * dim) dropped.resize(M * dim);
     int64_t begin = INT64_MAX, last = 0;
     for (int64_t j = 0; j < count; ++j) {
@@ -204,6 +211,7 @@ void attend_piece(const float* qkv, int64_t width, int64_t first, int64_t end, i
             }
         }
         tile.partial = partial.data() + j * M * dim;
+        tile.lanes = partial.data() + (count + j) * M * dim;
         open_tile(tile, window, dim);
         begin = std::min(begin, tile.start);
         last = std::max(last, tile.last);
