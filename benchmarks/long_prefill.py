@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import torch
 from prompt_path import measure_llama, modelhost_first_token, prompt_ids
 
@@ -89,7 +90,11 @@ def main() -> None:
             llama_server=args.llama_server, prefill=args.lengths, repeats=1, short=12
         )
         load_before = os.getloadavg()[0]
-        llama = measure_llama(Path(resolve(args.model).path), vocab, llama_args, LLAMA_CONTEXT)
+        try:
+            path = Path(resolve(args.model).path)
+            llama = measure_llama(path, vocab, llama_args, LLAMA_CONTEXT)
+        except httpx.HTTPError as error:  # a prompt past the client's 600 s: keep ours
+            llama = {"error": repr(error)}
         llama.update(load_before=load_before, load_after=os.getloadavg()[0])
         report["llama-server"] = llama
     ours, theirs = report["modelhost"], report.get("llama-server", {})
