@@ -93,17 +93,30 @@ def measure_modelhost(name: str, args: argparse.Namespace, bits: int = 16) -> di
     return result
 
 
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a process so far, all its threads (Linux's /proc; None
+    elsewhere): a steadier figure than the wall clock on a shared machine."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def measure_llama(path: Path, vocab: int, args: argparse.Namespace) -> dict[str, Any]:
+def measure_llama(
+    path: Path, vocab: int, args: argparse.Namespace, context: int = 4096
+) -> dict[str, Any]:
     port = free_port()
     cores = str(os.cpu_count() or 1)
     argv = [str(args.llama_server), "-m", str(path), "--port", str(port), "-t", cores]
-    argv += ["-tb", cores, "-c", "4096", "-np", "1", "--no-warmup", "-b", "2048", "-ub", "512"]
+    argv += ["-tb", cores, "-c", str(context), "-np", "1", "--no-warmup", "-b", "2048"]
+    argv += ["-ub", "512"]
     process = subprocess.Popen(
         argv,
         stdin=subprocess.DEVNULL,
@@ -144,8 +157,12 @@ def measure_llama(path: Path, vocab: int, args: argparse.Namespace) -> dict[str,
 
             complete(32)  # warm-up
             for length in args.prefill:
+                before = process_cpu_seconds(process.pid)
                 own = [complete(length)[1] for _ in range(args.repeats)]
+                after = process_cpu_seconds(process.pid)
                 result[f"prefill_{length}_tok_s"] = length / statistics.median(own)
+                if before is not None and after is not None:
+                    result[f"prefill_{length}_cpu_s"] = (after - before) / args.repeats
             complete(args.short)
             times = [complete(args.short)[0] for _ in range(2 * args.repeats + 1)]
             result[f"ttft_{args.short}_ms"] = 1000 * statistics.median(times)

@@ -160,7 +160,9 @@ def test_a_chat_streams_an_answer_and_stop_frees_its_row(page, served):
     answer = chat(page, "Hello! Who are you?")
     expect(answer).to_have_attribute("data-finish", re.compile("stop|length"), timeout=WAIT_MS)
     assert answer.locator(".text").last.inner_text().strip()
-    assert re.search(r"TTFT [\d.]+ m?s · [\d.]+ tok/s", answer.locator(".figures-line").inner_text())
+    assert re.search(
+        r"TTFT [\d.]+ m?s · [\d.]+ tok/s", answer.locator(".figures-line").inner_text()
+    )
 
     page.fill("#chat-settings [name=max_tokens]", "4000")
     page.fill("#chat-settings [name=temperature]", "0")

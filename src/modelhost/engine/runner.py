@@ -219,14 +219,15 @@ class ModelRunner:
         query_index = torch.where(q_valid, offsets[:, None] + q_range[None, :], 0)
         output_index = row_of_token * max_q + within
 
-        kv_pos = torch.arange(max_blocks * block_size)
+        kv_pos = torch.arange(max_blocks * block_size)[None, None, :]
         # Padded queries point at position 0 so their softmax row is never empty (no NaNs).
-        q_pos = torch.where(q_valid, start_t[:, None] + q_range[None, :], 0)
-        distance = q_pos[:, :, None] - kv_pos[None, None, :]
-        attn_mask = (distance >= 0)[:, None]
+        q_pos = torch.where(q_valid, start_t[:, None] + q_range[None, :], 0)[:, :, None]
+        # Compared into bools directly: an int64 [R, max_q, max_kv] distance took ~150 ms a
+        # step at 32k of context, 5x the comparisons.
+        attn_mask = (kv_pos <= q_pos)[:, None]
         sliding_mask = None
         if self.sliding_window is not None:
-            sliding_mask = ((distance >= 0) & (distance < self.sliding_window))[:, None]
+            sliding_mask = attn_mask & (kv_pos > q_pos - self.sliding_window)[:, None]
 
         bidirectional = False
         if self.images is not None and self.images.tower.bidirectional:
@@ -244,10 +245,13 @@ class ModelRunner:
         ]
         # Rows that want prompt logprobs get logits at their prompt positions too, after these.
         sample_last += prompt_logits_index(rows)
+        device = self.model.device
+        prompt_rows = self._prompt_rows(rows, positions, row_of_token, sample_last)
+        if prompt_rows is not None:
+            prompt_rows = prompt_rows.to(device)
         coarse = None
         if self.coarse_prompts:
             coarse = self._coarse_rows(rows, positions, row_of_token, sample_last)
-        device = self.model.device
         return ForwardBatch(
             input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
             positions=positions.to(device),
@@ -263,8 +267,25 @@ class ModelRunner:
             embed_override=self.images.override(rows) if self.images is not None else None,
             mrope_positions=self._mrope_positions(positions, counts, rows),
             bidirectional=bidirectional,
+            prompt_rows=prompt_rows,
             coarse_rows=None if coarse is None else coarse.to(device),
         )
+
+    @staticmethod
+    def _prompt_rows(
+        rows: list[ScheduledRow],
+        positions: torch.Tensor,
+        row_of_token: torch.Tensor,
+        wanted: list[int],
+    ) -> torch.Tensor | None:
+        """[T] bool: the step's prompt tokens before each prompt's last, less those whose
+        logits are wanted (prompt logprobs); None when there are none. Whether a token is one
+        depends on its request alone, not on how the prompt was chunked or cached."""
+        last = torch.tensor([row.seq.num_prompt_tokens - 1 for row in rows], dtype=torch.long)
+        unread = positions < last[row_of_token]
+        if wanted:
+            unread[torch.tensor(wanted, dtype=torch.long)] = False
+        return unread if bool(unread.any()) else None
 
     def _coarse_rows(
         self,

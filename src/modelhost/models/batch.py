@@ -42,8 +42,13 @@ class ForwardBatch:
     # tokens attend to each other both ways). The native kernels attend causally by position,
     # so such a step takes the masked path.
     bidirectional: bool = False
-    # [T] bool: prompt tokens whose logits nobody reads, which the quantized linears may compute
-    # with 8-bit activations (--prompt-activations 8, models/kernels/packed.py); None: none.
+    # [T] bool: prompt tokens whose logits nobody reads (each prompt's tokens before its last,
+    # less those whose logprobs are asked for); None: none. The native prompt attention tiles
+    # their queries against each block of keys (models/kernels/native_prompt_attention.h).
+    prompt_rows: torch.Tensor | None = None
+    # Those of them the quantized linears compute with 8-bit activations (--prompt-activations
+    # 8, models/kernels/packed.py): not a prompt's last block nor a short prompt's tokens
+    # (engine/runner.py `_coarse_rows`); None: none.
     coarse_rows: torch.Tensor | None = None
 
 

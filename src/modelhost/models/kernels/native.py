@@ -113,8 +113,8 @@ class Kernels:
         self._attention.restype = None
         self._prompt_attention = library.mh_prompt_attention
         self._prompt_attention.argtypes = [p, i64, i64, i64, i64, p, ctypes.c_float, p, p, p]
-        self._prompt_attention.argtypes += [ctypes.c_int, p, p, i64, i64, p, p, ctypes.c_float]
-        self._prompt_attention.argtypes += [p, ctypes.c_int]
+        self._prompt_attention.argtypes += [ctypes.c_int, p, p, i64, i64, p, p]
+        self._prompt_attention.argtypes += [i64, ctypes.c_float, ctypes.c_float, p, ctypes.c_int]
         self._prompt_attention.restype = None
         self._prompt_groups = library.mh_prompt_attention_groups
         self._prompt_groups.argtypes = [i64]
@@ -256,15 +256,17 @@ class Kernels:
         block_size: int,
         positions: torch.Tensor,
         tiled: torch.Tensor,
+        window: int,
         scale: float,
+        softcap: float = 0.0,
     ) -> torch.Tensor:
-        """paged_attention for a step of causal attention (no window, no soft-cap) whose tokens
-        marked in `tiled` ([tokens] bool) have the queries of a sequence's consecutive tokens
-        tiled against each block of keys (mh_prompt_attention); the others attend as
+        """paged_attention for a prompt step whose tokens marked in `tiled` ([tokens] bool)
+        have the queries of a sequence's consecutive tokens tiled against each block of keys
+        (mh_prompt_attention; a sliding window's blocks alone); the others attend as
         paged_attention's do: [tokens, heads * D]."""
         tiled = tiled.to(torch.bool).contiguous()
         step = (qkv, heads, kv_heads, qk_norm, rope, pool, slots, blocks, block_size, positions)
-        return self._attend(self._prompt_attention, *step, tiled.data_ptr(), scale)
+        return self._attend(self._prompt_attention, *step, tiled.data_ptr(), window, scale, softcap)
 
     def _attend(
         self,

@@ -267,9 +267,10 @@ class Attention(nn.Module):
             and not batch.bidirectional
         )
         if native_cache and kernels is not None and self._tiles_prompt(kernels, batch, max_q):
-            # 8-bit prompt rows (--prompt-activations 8): their queries tiled against each
-            # block of keys, any context; the step's other rows attend as paged_attention's.
-            assert batch.coarse_rows is not None
+            # A prompt's tokens before its last: their queries tiled against each block of keys
+            # (a sliding window's alone), any context; the step's other rows attend as
+            # paged_attention's.
+            assert batch.prompt_rows is not None
             return kernels.prompt_attention(
                 qkv.contiguous(),
                 heads,
@@ -281,8 +282,10 @@ class Attention(nn.Module):
                 batch.token_blocks,
                 kv.block_size,
                 batch.positions,
-                batch.coarse_rows,
+                batch.prompt_rows,
+                self.window or 0,
                 self.scale,
+                self.softcap or 0.0,
             )
         if native_cache and (max_q == 1 or context <= NATIVE_PROMPT_CONTEXT):
             assert kernels is not None
@@ -350,15 +353,12 @@ class Attention(nn.Module):
         return out if batch.dense else out[batch.output_index]
 
     def _tiles_prompt(self, kernels: native.Kernels, batch: ForwardBatch, max_q: int) -> bool:
-        """Whether this step's 8-bit prompt rows attend tiled (mh_prompt_attention): plain
-        causal attention (no window, no soft-cap) of a head grouping the kernel takes. 16-bit
-        prompts keep their path, and their answers."""
+        """Whether this step's prompt rows attend tiled (mh_prompt_attention): a head
+        grouping the kernel takes."""
         return (
             max_q > 1
-            and batch.coarse_rows is not None
-            and batch.coarse_rows.shape[0] == batch.positions.shape[0]
-            and self.window is None
-            and self.softcap is None
+            and batch.prompt_rows is not None
+            and batch.prompt_rows.shape[0] == batch.positions.shape[0]
             and self.head_dim % 16 == 0
             and kernels.prompt_attention_takes(self.num_heads, self.num_kv_heads)
         )
