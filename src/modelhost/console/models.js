@@ -1,10 +1,12 @@
 // Models: every local model, its state and bytes against the budget, its rows and recent
 // tokens per second; load, unload, pin and unpin through /api/models/{id}/{action}; a pull
-// from the Hugging Face hub through Ollama's /api/pull, its NDJSON progress on a bar.
+// from the Hugging Face hub through Ollama's /api/pull, its NDJSON progress on a bar; each
+// base's LoRA adapters under its row (adapters.js).
 
+import * as adapters from "./adapters.js";
 import { get, metricSum, parseMetrics, post, request } from "./api.js";
 import { sparkline } from "./chart.js";
-import { $, bytes, el, num, replace, say } from "./dom.js";
+import { $, $$, bytes, el, num, replace, say } from "./dom.js";
 
 const SAMPLE_S = 5;
 const KEPT_SAMPLES = 60; // five minutes of tokens per second per model
@@ -26,6 +28,7 @@ export function onModels(fn) { listeners.add(fn); if (listing.length) fn(listing
 
 export function init() {
   $("#pull-form").addEventListener("submit", (event) => { event.preventDefault(); pull(); });
+  adapters.init(refresh);
   setInterval(sample, SAMPLE_S * 1000);
   setInterval(() => { if (!$("#view-models").hidden) refreshRows(); }, SAMPLE_S * 1000);
   refresh();
@@ -36,15 +39,18 @@ export function shown() { refresh(); refreshRows(); }
 export async function refresh() {
   try {
     listing = (await get("/v1/models")).data;
+    await adapters.refresh(listing);
   } catch (error) {
     if (error.status !== 401) say(`Models: ${error.message}`, "error");
     return;
   }
+  adapters.offerBases(listing);
   for (const fn of listeners) fn(listing);
   render();
 }
 
 async function refreshRows() {
+  await adapters.refresh(listing); // the requests running with each adapter
   try {
     const metrics = parseMetrics(await get("/metrics"));
     rows = {};
@@ -135,7 +141,8 @@ function kindBadge(row) {
 function render() {
   renderBudget();
   const body = $("#models-table tbody");
-  replace(body, listing.map((row) => {
+  const columns = $$("#models-table thead th").length;
+  replace(body, listing.filter((row) => !row.adapter).flatMap((row) => {
     const resident = residentOf(row.id);
     const busy = pending.has(row.id);
     const counts = rows[row.id] || { running: 0, waiting: 0 };
@@ -149,7 +156,7 @@ function render() {
     else actions.append(button("Load", "load"));
     actions.append(resident?.pinned ? button("Unpin", "unpin", "secondary") : button("Pin", "pin", "secondary"));
     const note = refusals.get(row.id) || row.refusal;
-    return el("tr", { dataset: { model: row.id, state: row.resident ? "resident" : "idle" } },
+    return [el("tr", { dataset: { model: row.id, state: row.resident ? "resident" : "idle" } },
       el("th", { scope: "row" }, row.id, " ", kindBadge(row), note ? el("div", { class: "error small" }, note) : null),
       el("td", {}, row.format || "–"),
       el("td", {}, resident ? bytes(resident.bytes) : bytes(row.estimate_bytes ?? row.size_bytes)),
@@ -158,7 +165,7 @@ function render() {
       el("td", {}, `${counts.running} active · ${counts.waiting} queued`),
       el("td", { class: "rate" }, num(rates[rates.length - 1] || 0), " ",
         sparkline(rates, { label: `${row.id} tokens per second, last minutes` })),
-      actions);
+      actions), adapters.adapterRow(row.id, listing, columns)];
   }));
 }
 
