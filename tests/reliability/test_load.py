@@ -44,8 +44,12 @@ BAD_BODIES = [
     json.dumps({"messages": MESSAGES, "temperature": "hot"}).encode(),
     b'{"messages": ' + b"[" * 1000 + b"]" * 1000 + b"}",
 ]
-ENDINGS = {"/v1/chat/completions": "data: [DONE]", "/v1/messages": "event: message_stop",
-           "/v1/responses": "event: response.completed"}  # fmt: skip
+# A Responses stream its max_output_tokens cut ends with response.incomplete, as the API's.
+ENDINGS = {
+    "/v1/chat/completions": ("data: [DONE]",),
+    "/v1/messages": ("event: message_stop",),
+    "/v1/responses": ("event: response.completed", "event: response.incomplete"),
+}
 
 
 class World:
@@ -120,7 +124,8 @@ async def one_request(
             if disconnect_after is not None and len(lines) >= disconnect_after:
                 outcomes["left early"] += 1
                 return  # leaving the block closes the connection mid-stream
-    if ENDINGS[path] not in lines or any(is_error_frame(line) for line in lines):
+    ended = any(ending in lines for ending in ENDINGS[path])
+    if not ended or any(is_error_frame(line) for line in lines):
         problems.append(f"{path} stream did not complete: {lines[-3:]}")
     outcomes["completed"] += 1
 
