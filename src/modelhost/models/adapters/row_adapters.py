@@ -182,11 +182,11 @@ def fit_adapter(name: str, lora: LoraFile, network: DecoderLM, dtype: torch.dtyp
 
 @dataclass(frozen=True, slots=True)
 class _Stacked:
-    """A step's adapters stacked for one host module, target by target: `a` [R, in] holds
-    every adapter's A rows of the first target, then of the next; each target's B columns of
-    every adapter side by side in `targets` (its output columns, its rank columns in `a`, its
-    B [out columns, ranks]). `owners`: the step's adapter each rank column belongs to, and
-    `layout` the key of its mask."""
+    """A step's adapters stacked for one host module, target by target: `a` [in, R] holds
+    every adapter's A of the first target, then of the next (transposed); each target's B of
+    every adapter side by side in `targets` (its output columns, its rank columns of `a`, its
+    B transposed [ranks, out columns]). `owners`: the step's adapter each rank column belongs
+    to, and `layout` the key of its mask."""
 
     a: torch.Tensor
     targets: tuple[tuple[int, int, int, int, torch.Tensor], ...]
@@ -222,7 +222,9 @@ def _stack(adapters: Sequence[LoraAdapter], key: tuple[int, str]) -> _Stacked | 
         targets.append((start, stop, column, column + ranks, b))
         layout += [(i, a.shape[0]) for i, a, _ in parts]
         column += ranks
-    a = torch.cat(a_rows).contiguous()
+    # Held transposed, [in, R] and [ranks, out]: a step's matmuls then read them in order.
+    a = torch.cat(a_rows).T.contiguous()
+    targets = [(start, stop, c0, c1, b.T.contiguous()) for start, stop, c0, c1, b in targets]
     owners = torch.cat([torch.full((rank,), i, dtype=torch.long) for i, rank in layout])
     return _Stacked(a, tuple(targets), owners.to(a.device), tuple(layout))
 
@@ -347,10 +349,14 @@ class RowAdapters:
             if alone:
                 torch.set_num_threads(1)
             try:
-                low = x.to(stacked.a.dtype) @ stacked.a.T
+                low = torch.mm(x.to(stacked.a.dtype), stacked.a)
                 low.mul_(step.mask(stacked, kept))
+                same = low.dtype == output.dtype
                 for start, stop, c0, c1, b in stacked.targets:
-                    output[:, start:stop].add_((low[:, c0:c1] @ b.T).to(output.dtype))
+                    if same:  # the update added in the matmul's own pass
+                        output[:, start:stop].addmm_(low[:, c0:c1], b)
+                    else:
+                        output[:, start:stop].add_(torch.mm(low[:, c0:c1], b).to(output.dtype))
             finally:
                 if alone:
                     torch.set_num_threads(threads)
