@@ -305,7 +305,10 @@ class RowAdapters:
         if all(use is None for use in uses):
             yield
             return
-        adapters = tuple({id(u.adapter): u.adapter for u in uses if u is not None}.values())
+        # In one order whatever the rows' order, so a step with the same adapters reuses the
+        # stacks a recent one made.
+        distinct = {id(u.adapter): u.adapter for u in uses if u is not None}
+        adapters = tuple(distinct[key] for key in sorted(distinct))
         self._step = _Step(uses, kept, adapters, self._stacks_for(adapters))
         fused, self.network.fuse_decode = self.network.fuse_decode, False
         try:
