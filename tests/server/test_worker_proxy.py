@@ -114,34 +114,6 @@ class EndlessStream(httpx.AsyncByteStream):
             await asyncio.sleep(0.01)
 
 
-async def test_a_client_that_leaves_a_relayed_stream_is_logged_and_counted_as_499(
-    caplog: pytest.LogCaptureFixture,
-):
-    caplog.set_level(logging.INFO, logger="modelhost.server")
-    unit = WorkerUnit("tiny-a", 1, WorkerProcess([]))
-    upstream = httpx.Response(
-        200, headers={"content-type": "text/event-stream"}, stream=EndlessStream()
-    )
-    sent: list[dict[str, Any]] = []
-
-    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        await relay(unit, upstream, scope, receive, send, SURFACES.errors_for(scope["path"]))
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    async def receive() -> dict[str, Any]:
-        while len(sent) < 3:  # the response started and two frames came through
-            await asyncio.sleep(0.01)
-        return {"type": "http.disconnect"}
-
-    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []}
-    metrics = Metrics(SimpleNamespace())
-    await ObservedRequests(app, metrics)(scope, receive, send)
-    assert "POST /v1/chat/completions 499 " in caplog.text
-    assert 'status="499"' in metrics.render().decode()
-
-
 class EndingStream(httpx.AsyncByteStream):
     """A stream whose body ends a moment after its last event."""
 
@@ -150,14 +122,14 @@ class EndingStream(httpx.AsyncByteStream):
         await asyncio.sleep(0.02)
 
 
-async def test_a_client_that_closes_right_after_the_last_event_is_not_logged_as_499(
-    caplog: pytest.LogCaptureFixture,
-):
-    caplog.set_level(logging.INFO, logger="modelhost.server")
+async def relay_to_a_leaving_client(
+    stream: httpx.AsyncByteStream, path: str, leave_after: int, metrics: Metrics
+) -> None:
+    """Relay the worker's `stream` on `path` to a client that disconnects once `leave_after`
+    messages (the response's start, then its body's chunks) have reached it, through the
+    front's request log and metrics."""
     unit = WorkerUnit("tiny-a", 1, WorkerProcess([]))
-    upstream = httpx.Response(
-        200, headers={"content-type": "text/event-stream"}, stream=EndingStream()
-    )
+    upstream = httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=stream)
     sent: list[dict[str, Any]] = []
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -167,12 +139,31 @@ async def test_a_client_that_closes_right_after_the_last_event_is_not_logged_as_
         sent.append(message)
 
     async def receive() -> dict[str, Any]:
-        while len(sent) < 2:  # Codex closes once it has read `response.completed`
+        while len(sent) < leave_after:
             await asyncio.sleep(0.001)
         return {"type": "http.disconnect"}
 
-    scope = {"type": "http", "method": "POST", "path": "/v1/responses", "headers": []}
-    await ObservedRequests(app, Metrics(SimpleNamespace()))(scope, receive, send)
+    scope = {"type": "http", "method": "POST", "path": path, "headers": []}
+    await ObservedRequests(app, metrics)(scope, receive, send)
+
+
+async def test_a_client_that_leaves_a_relayed_stream_is_logged_and_counted_as_499(
+    caplog: pytest.LogCaptureFixture,
+):
+    caplog.set_level(logging.INFO, logger="modelhost.server")
+    metrics = Metrics(SimpleNamespace())
+    # the response started and two frames came through
+    await relay_to_a_leaving_client(EndlessStream(), "/v1/chat/completions", 3, metrics)
+    assert "POST /v1/chat/completions 499 " in caplog.text
+    assert 'status="499"' in metrics.render().decode()
+
+
+async def test_a_client_that_closes_right_after_the_last_event_is_not_logged_as_499(
+    caplog: pytest.LogCaptureFixture,
+):
+    caplog.set_level(logging.INFO, logger="modelhost.server")
+    # Codex closes once it has read `response.completed`
+    await relay_to_a_leaving_client(EndingStream(), "/v1/responses", 2, Metrics(SimpleNamespace()))
     assert "POST /v1/responses 200 " in caplog.text
     assert " 499 " not in caplog.text
 
