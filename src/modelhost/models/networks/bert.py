@@ -157,14 +157,21 @@ def encoder_tensor_name(name: str) -> str | None:
     """Our parameter name for a Hugging Face BERT-family tensor; None for tensors we do not
     use."""
     name = name.removeprefix("bert.").removeprefix("roberta.")
+    # None: position_ids buffers, the pooler and heads, not the encoder's own
+    return renamed(name, _EMBEDDING_NAMES, "encoder.layer.", _LAYER_NAMES)
+
+
+def renamed(name: str, top: dict[str, str], layer_prefix: str, layer: dict[str, str]) -> str | None:
+    """`name` (a checkpoint's, its model prefix removed) as our parameter's: a module outside
+    the layers by `top`, one of layer N (`layer_prefix`N.) by `layer`; None for any other."""
     stem, _, leaf = name.rpartition(".")
-    if stem in _EMBEDDING_NAMES:
-        return f"{_EMBEDDING_NAMES[stem]}.{leaf}"
-    if stem.startswith("encoder.layer."):
-        index, _, rest = stem.removeprefix("encoder.layer.").partition(".")
-        if rest in _LAYER_NAMES:
-            return f"layers.{index}.{_LAYER_NAMES[rest]}.{leaf}"
-    return None  # position_ids buffers, the pooler and heads: not the encoder's own
+    if stem in top:
+        return f"{top[stem]}.{leaf}"
+    if stem.startswith(layer_prefix):
+        index, _, rest = stem.removeprefix(layer_prefix).partition(".")
+        if rest in layer:
+            return f"layers.{index}.{layer[rest]}.{leaf}"
+    return None
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: Pooling) -> torch.Tensor:

@@ -22,7 +22,12 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from modelhost.models.networks.bert import EmbeddingModel, EncoderTokenizer, load_state
+from modelhost.models.networks.bert import (
+    EmbeddingModel,
+    EncoderTokenizer,
+    load_state,
+    renamed,
+)
 from modelhost.models.networks.encoder_files import nomic_refusal, read_pooling
 
 
@@ -152,14 +157,7 @@ _TOP_NAMES = {
 
 def _tensor_name(name: str) -> str | None:
     name = name.removeprefix("nomic_bert.").removeprefix("encoder.")
-    stem, _, leaf = name.rpartition(".")
-    if stem in _TOP_NAMES:
-        return f"{_TOP_NAMES[stem]}.{leaf}"
-    if stem.startswith("layers."):
-        index, _, rest = stem.removeprefix("layers.").partition(".")
-        if rest in _LAYER_NAMES:
-            return f"layers.{index}.{_LAYER_NAMES[rest]}.{leaf}"
-    return None
+    return renamed(name, _TOP_NAMES, "layers.", _LAYER_NAMES)
 
 
 def unfused(
