@@ -43,13 +43,10 @@ Segments = dict[str, tuple[int, int]]
 ONE_THREAD_TOKENS = 64
 
 
-@dataclass(frozen=True, slots=True)
-class HostUpdate:
-    """One adapter's update of one host module: its targets' A matrices stacked (one matmul
-    for q, k and v together), and per target its output columns, its rank slice and its B."""
-
-    a: torch.Tensor  # [sum of ranks, in]
-    segments: tuple[tuple[int, int, int, int, torch.Tensor], ...]  # start, stop, r0, r1, B
+# One adapter's update of a host module: per target it patches, its output columns in the host
+# (start, stop), its A [rank, in] and its B [out columns, rank]. A step stacks these across
+# its adapters (`_stack`).
+HostUpdate = tuple[tuple[int, int, torch.Tensor, torch.Tensor], ...]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -167,16 +164,12 @@ def fit_adapter(name: str, lora: LoraFile, network: DecoderLM, dtype: torch.dtyp
     updates: dict[tuple[int, str], HostUpdate] = {}
     nbytes = 0
     for key, parts in grouped.items():
-        stacked = torch.cat([a for _, _, a, _ in parts]).to(device=device, dtype=dtype)
-        placed: list[tuple[int, int, int, int, torch.Tensor]] = []
-        rank = 0
+        placed = []
         for start, stop, a, b in parts:
-            b = b.to(device=device, dtype=dtype).contiguous()
-            placed.append((start, stop, rank, rank + a.shape[0], b))
-            rank += a.shape[0]
-            nbytes += b.numel() * b.element_size()
-        nbytes += stacked.numel() * stacked.element_size()
-        updates[key] = HostUpdate(stacked.contiguous(), tuple(placed))
+            a, b = (t.to(device=device, dtype=dtype).contiguous() for t in (a, b))
+            placed.append((start, stop, a, b))
+            nbytes += a.numel() * a.element_size() + b.numel() * b.element_size()
+        updates[key] = tuple(placed)
     return LoraAdapter(name, str(lora.path), lora.identity, updates, nbytes)
 
 
@@ -204,11 +197,8 @@ def _stack(adapters: Sequence[LoraAdapter], key: tuple[int, str]) -> _Stacked | 
     it."""
     by_target: dict[tuple[int, int], list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
     for i, adapter in enumerate(adapters):
-        update = adapter.updates.get(key)
-        if update is None:
-            continue
-        for start, stop, r0, r1, b in update.segments:
-            by_target.setdefault((start, stop), []).append((i, update.a[r0:r1], b))
+        for start, stop, a, b in adapter.updates.get(key, ()):
+            by_target.setdefault((start, stop), []).append((i, a, b))
     if not by_target:
         return None
     a_rows: list[torch.Tensor] = []
