@@ -32,6 +32,7 @@ import torch
 from prompt_path import measure_llama, modelhost_first_token, prompt_ids
 
 from modelhost.engine.engine import Engine, EngineConfig, share_the_gil_with_the_engine
+from modelhost.engine.prompt_activations import parse_prompt_activations
 from modelhost.models.loading.loader import load_model, resolve
 
 LLAMA_SERVER = Path("/work/llama-server/bin/llama-server")
@@ -45,7 +46,7 @@ def measure_modelhost(name: str, args: argparse.Namespace) -> dict[str, Any]:
         batch=4,
         max_num_batched_tokens=args.chunk,
         prompt_threads=cores,
-        prompt_activations=args.prompt_activations,
+        prompt_activations=parse_prompt_activations(args.prompt_activations),
         context_length=max(args.lengths) + 64,
     )
     engine = Engine(model, config)
@@ -73,7 +74,7 @@ def main() -> None:
     parser.add_argument("model", nargs="?", default="gemma-3-270m")
     parser.add_argument("--lengths", nargs="+", type=int, default=[1200, 4096, 16384, 32000])
     parser.add_argument("--chunk", type=int, default=512, help="prompt tokens a step")
-    parser.add_argument("--prompt-activations", type=int, choices=(8, 16), default=16)
+    parser.add_argument("--prompt-activations", choices=("auto", "8", "16", "bf16"), default="16")
     parser.add_argument("--llama-server", type=Path, default=LLAMA_SERVER)
     parser.add_argument("--no-llama", action="store_true", help="modelhost alone")
     parser.add_argument("--json", type=Path, default=None)

@@ -1,4 +1,4 @@
-"""`modelhost serve --prompt-activations auto|8|16`: the flag, its way to a worker, and a
+"""`modelhost serve --prompt-activations auto|8|16|bf16`: the flag, its way to a worker, and a
 server that honours it, seen through the official OpenAI SDK."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from modelhost import serve_config
 from modelhost.assembly import build_serving
 from modelhost.cli import serve_args as cli_serve_args
 from modelhost.models.loaded import LoadedModel
+from modelhost.models.loading.quant import amx_in_hardware
 from modelhost.serve_config import WorkerConfig
 from modelhost.server.settings import ServeSettings
 
@@ -31,12 +32,14 @@ def parse(*argv: str) -> argparse.Namespace:
     return parser.parse_args(["serve", *argv])
 
 
-def test_prompt_activations_are_auto_unless_the_flag_says_8_or_16() -> None:
+def test_prompt_activations_are_auto_unless_the_flag_says_8_16_or_bf16() -> None:
     assert serve_config.settings_from_args(parse()).prompt_activations == "auto"
     settings = serve_config.settings_from_args(parse("--prompt-activations", "8"))
     assert settings.prompt_activations == 8
     settings = serve_config.settings_from_args(parse("--prompt-activations", "16"))
     assert settings.prompt_activations == 16
+    settings = serve_config.settings_from_args(parse("--prompt-activations", "bf16"))
+    assert settings.prompt_activations == "bf16"
 
 
 def test_prompt_activations_other_than_8_or_16_are_refused(capsys) -> None:
@@ -75,6 +78,8 @@ def test_a_server_with_8_bit_prompts_answers_with_the_same_usage_and_its_cache_a
     details = again.usage.prompt_tokens_details
     assert details is not None and (details.cached_tokens or 0) > 0
     assert again.choices[0].message.content == first.choices[0].message.content
-    # /stats says which bits each server's prompts take: auto keeps SmolLM2 at 16.
-    assert httpx.get(f"{fine.base_url}/stats").json()["batch"]["prompt_activations"] == 16
+    # /stats says what each server's prompts take: auto gives SmolLM2 bf16 on a CPU with AMX,
+    # else 16 bits.
+    auto = "bf16" if amx_in_hardware() else 16
+    assert httpx.get(f"{fine.base_url}/stats").json()["batch"]["prompt_activations"] == auto
     assert httpx.get(f"{coarse.base_url}/stats").json()["batch"]["prompt_activations"] == 8

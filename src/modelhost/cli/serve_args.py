@@ -9,7 +9,12 @@ import os
 from modelhost.models.modes import HELP as QUANTIZE_HELP
 from modelhost.models.modes import MODES
 
-PROMPT_ACTIVATIONS = ("auto", "8", "16")  # engine/prompt_activations.py's choices, as spelled
+PROMPT_ACTIVATIONS = (
+    "auto",
+    "8",
+    "16",
+    "bf16",
+)  # engine/prompt_activations.py's choices, as spelled
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
@@ -150,12 +155,13 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     # of them; benchmarks/README.md has the speed and the perplexity each costs (docs/engine.md).
     parser.add_argument(
         "--prompt-activations", choices=PROMPT_ACTIVATIONS, default="auto",
-        metavar="{auto,8,16}",
-        help="bits of the quantized linears' activations for prompt tokens whose logits are not "
-        "read: 16 (every token alike), 8 (one scale each 32 inputs, as llama.cpp: faster "
-        "prompts, a little less precise; generated tokens and sampled rows stay at 16), or auto "
-        "(default: 8 for quantized weights on models of hidden size 1536 and up, where it is "
-        "measured faster, else 16)",
+        metavar="{auto,8,16,bf16}",
+        help="how the linears compute prompt tokens whose logits are not read: 16 (16-bit "
+        "activations, every token alike), 8 (one scale each 32 inputs, as llama.cpp: faster "
+        "prompts, a little less precise; generated tokens and sampled rows stay at 16), bf16 "
+        "(PyTorch's bf16 GEMM, on AMX tiles where the CPU has them), or auto (default: bf16 on "
+        "a CPU with AMX for models of hidden size 512 and up; else 8 for quantized weights on "
+        "models of hidden size 1536 and up, where it is measured faster; else 16)",
     )  # fmt: skip
     # Where a decode step has spare rows, guessed tokens ride in them for little more than the
     # weights' read (engine/speculation.py); exact either way.

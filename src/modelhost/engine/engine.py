@@ -240,7 +240,8 @@ class Engine:
             block_size=config.block_size,
             prompt_threads=config.prompt_threads,
             grows=grows,
-            coarse_prompts=self.prompt_activations == 8,
+            coarse_prompts=self.prompt_activations != 16,
+            coarse_bf16=self.prompt_activations == "bf16",
             kv_cache=config.kv_cache,
         )
         self.draft: DraftModel | None = None
@@ -261,8 +262,8 @@ class Engine:
         self.persistence: PrefixPersistence | None = None
         if prefix_store is not None:
             layout = kv_layout(self.runner.kv)
-            if self.prompt_activations == 8:  # its prompts' blocks differ from 16-bit ones
-                layout += ";prompt_activations=8"
+            if self.prompt_activations != 16:  # its prompts' blocks differ from 16-bit ones
+                layout += f";prompt_activations={self.prompt_activations}"
             # The bytes of a q8 block mean int8 values and scales: a 16-bit engine never reads
             # them, nor a q8 engine a 16-bit block (the layout's dtype says so too). 16-bit
             # layouts keep the name they had, and the blocks stored under it.

@@ -21,6 +21,10 @@ PROMPT_THREADS_MIN_TOKENS = 64
 # Prompts shorter than this take 16-bit activations whole (`_coarse_rows`): their steps are few
 # rows, bound by reading the weights rather than by the products 8 bits would halve.
 COARSE_MIN_PROMPT_TOKENS = 64
+# bf16 rows (--prompt-activations bf16) only from this long a prompt: the bf16 GEMM takes its
+# rows in panels of 512 (models/kernels/packed.py) and dequantizes every weight each step, which
+# a shorter prompt's few rows do not pay back.
+BF16_MIN_PROMPT_TOKENS = 512
 
 
 class ModelRunner:
@@ -33,12 +37,15 @@ class ModelRunner:
         prompt_threads: int | None = None,
         grows: bool = False,
         coarse_prompts: bool = False,
+        coarse_bf16: bool = False,
         kv_cache: str = "f16",
     ) -> None:
         self.model = model
-        # --prompt-activations 8: a prompt's tokens before its last, whose logits nobody
-        # reads, run the quantized linears with 8-bit activations (models/kernels/packed.py).
+        # --prompt-activations 8 or bf16: a prompt's tokens before its last, whose logits
+        # nobody reads, run the quantized linears with 8-bit activations, or in bf16
+        # (models/kernels/packed.py).
         self.coarse_prompts = coarse_prompts
+        self.coarse_bf16 = coarse_bf16
         self.prompt_threads = prompt_threads
         kernels = native.kernels()
         if kernels is not None and prompt_threads is not None:
@@ -269,6 +276,7 @@ class ModelRunner:
             bidirectional=bidirectional,
             prompt_rows=prompt_rows,
             coarse_rows=None if coarse is None else coarse.to(device),
+            coarse_bf16=coarse is not None and self.coarse_bf16,
         )
 
     @staticmethod
@@ -295,7 +303,8 @@ class ModelRunner:
         wanted: list[int],
     ) -> torch.Tensor | None:
         """[T] bool: the step's prompt tokens before the block of each prompt's last token (of
-        prompts of COARSE_MIN_PROMPT_TOKENS or more), less those whose logits are wanted
+        prompts of COARSE_MIN_PROMPT_TOKENS or more, BF16_MIN_PROMPT_TOKENS in bf16), less those
+        whose logits are wanted
         (prompt logprobs); None when there are none. Whether a token is one depends on its
         request alone, not on how the prompt was chunked or cached.
 
@@ -306,9 +315,10 @@ class ModelRunner:
         and such a step reads its weights once (a 1B file's cached prompt: its first token
         in about one decode step, not two)."""
         bs = self.block_size
+        shortest = BF16_MIN_PROMPT_TOKENS if self.coarse_bf16 else COARSE_MIN_PROMPT_TOKENS
         ends = [
             (row.seq.num_prompt_tokens - 1) // bs * bs
-            if row.seq.num_prompt_tokens >= COARSE_MIN_PROMPT_TOKENS
+            if row.seq.num_prompt_tokens >= shortest
             else 0
             for row in rows
         ]

@@ -46,10 +46,11 @@ class ForwardBatch:
     # less those whose logprobs are asked for); None: none. The native prompt attention tiles
     # their queries against each block of keys (models/kernels/native_prompt_attention.h).
     prompt_rows: torch.Tensor | None = None
-    # Those of them the quantized linears compute with 8-bit activations (--prompt-activations
-    # 8, models/kernels/packed.py): not a prompt's last block nor a short prompt's tokens
-    # (engine/runner.py `_coarse_rows`); None: none.
+    # Those of them the quantized linears compute with 8-bit activations, or in bf16 where
+    # `coarse_bf16` (--prompt-activations 8 or bf16, models/kernels/packed.py): not a prompt's
+    # last block nor a short prompt's tokens (engine/runner.py `_coarse_rows`); None: none.
     coarse_rows: torch.Tensor | None = None
+    coarse_bf16: bool = False
 
 
 @dataclass(slots=True)

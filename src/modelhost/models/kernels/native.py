@@ -46,6 +46,7 @@ HEADERS = [
         "native_common.h",
         "native_avx2.h",
         "native_qlinear.h",
+        "native_bf16.h",
         "native_repack.h",
         "native_moe.h",
         "native_prompt_attention.h",
@@ -99,6 +100,9 @@ class Kernels:
         self._qrows = library.mh_qrows
         self._qrows.argtypes = [desc, p, i64, p, ctypes.c_int]
         self._qrows.restype = None
+        self._bf16 = library.mh_dequantize_bf16
+        self._bf16.argtypes = [desc, i64, i64, p, i64, ctypes.c_int]
+        self._bf16.restype = None
         self._sizes = library.mh_packed_sizes
         self._sizes.argtypes = [i32, i64, i64, p]
         self._sizes.restype = ctypes.c_int
@@ -159,6 +163,12 @@ class Kernels:
         out = torch.empty((ids.numel(), weight.padded), dtype=torch.float32)
         self._qrows(ctypes.byref(weight), ids.data_ptr(), ids.numel(), out.data_ptr(), self.threads)
         return out
+
+    def dequantize_bf16(self, weight: QLinearDesc, first: int, out: torch.Tensor) -> None:
+        """out [count, >= weight.padded] bf16 (rows contiguous) = the weight's outputs first ..
+        first + count (first a multiple of 16), dequantized and rounded to bf16."""
+        count, stride = out.shape[0], out.stride(0)
+        self._bf16(ctypes.byref(weight), first, count, out.data_ptr(), stride, self.threads)
 
     def packed_sizes(self, format: int, out: int, width: int) -> tuple[int, int, int] | None:
         """Bytes of a packed [out, width] weight's data, params and supers arrays, or None where

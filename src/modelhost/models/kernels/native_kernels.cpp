@@ -56,6 +56,7 @@ inline __m512i dpbusd_nibble_pair(__m512i acc, __m512i u, __m512i s, __m512i v, 
 
 #include "native_common.h"  // the lanes' helpers every kernel shares
 #include "native_qlinear.h"
+#include "native_bf16.h"
 
 namespace {
 

@@ -186,9 +186,9 @@ class DecoderLM(nn.Module):
             if before_layers is not None:
                 before_layers()
             blocks = self.model.blocks()
-            # Prompt tokens whose logits nobody reads may take 8-bit activations
-            # (--prompt-activations 8, models/kernels/packed.py); the kept rows stay at 16.
-            with coarse_rows(batch.coarse_rows):
+            # Prompt tokens whose logits nobody reads may take 8-bit activations or bf16
+            # (--prompt-activations, models/kernels/packed.py); the kept rows stay at 16.
+            with coarse_rows(batch.coarse_rows, batch.coarse_bf16):
                 for index, layer in enumerate(blocks):
                     # The last layer stores every token's keys and values but goes on (output
                     # projection, MLP) only with the tokens whose logits are wanted: a prompt's
