@@ -37,6 +37,7 @@ import torch
 
 from modelhost.engine.engine import Engine, EngineConfig, share_the_gil_with_the_engine
 from modelhost.engine.kv.kv_format import KV_FORMATS, KVFormat
+from modelhost.engine.prompt_activations import parse_prompt_activations
 from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.engine.scheduler import ScheduledRow, SchedulerOutput
 from modelhost.engine.sequence import Sequence
@@ -118,10 +119,10 @@ def prompt_logits(
 WINDOW = 128  # positions scored together in the prompt-activation perplexity
 
 
-def windowed_logits(model: LoadedModel, ids: list[int], coarse_context: bool) -> torch.Tensor:
+def windowed_logits(model: LoadedModel, ids: list[int], context: int | str) -> torch.Tensor:
     """Logits at every position but the last, window by window: positions [a, a + WINDOW)
     from one forward over ids[: a + WINDOW] whose rows before a are coarse (8-bit
-    activations) where `coarse_context`, the window's rows at 16 bits."""
+    activations, or bf16) where `context` is 8 (or "bf16"), the window's rows at 16 bits."""
     engine = Engine(model, EngineConfig(batch=1, max_num_batched_tokens=len(ids)))
     try:
         out = []
@@ -133,8 +134,9 @@ def windowed_logits(model: LoadedModel, ids: list[int], coarse_context: bool) ->
                 SchedulerOutput(rows=[ScheduledRow(seq, 0, end, True)])
             )
             batch.logits_index = torch.arange(a, end)
-            if coarse_context and a > 0:
+            if context != 16 and a > 0:
                 batch.coarse_rows = batch.positions < a
+                batch.coarse_bf16 = context == "bf16"
             out.append(model.network(batch, engine.runner.kv))
             engine.block_manager.free(seq)
         return torch.cat(out)
@@ -142,9 +144,9 @@ def windowed_logits(model: LoadedModel, ids: list[int], coarse_context: bool) ->
         engine.close()
 
 
-def prompt_perplexity(model: LoadedModel, bits: int) -> float:
+def prompt_perplexity(model: LoadedModel, bits: int | str) -> float:
     ids = model.tokenizer.encode(TEXT)
-    logits = windowed_logits(model, ids, coarse_context=bits == 8)
+    logits = windowed_logits(model, ids, bits)
     nll = torch.nn.functional.cross_entropy(logits.float(), torch.tensor(ids[1:]))
     return math.exp(nll.item())
 
@@ -165,7 +167,7 @@ def perplexity(model: LoadedModel, kv_cache: KVFormat = "f16") -> tuple[float, i
 
 
 def greedy(
-    model: LoadedModel, num_tokens: int, bits: int = 16, kv_cache: KVFormat = "f16"
+    model: LoadedModel, num_tokens: int, bits: int | str = 16, kv_cache: KVFormat = "f16"
 ) -> list[list[int]]:
     async def run() -> list[list[int]]:
         engine = Engine(model, EngineConfig(batch=8, prompt_activations=bits, kv_cache=kv_cache))
@@ -194,11 +196,12 @@ def agreement(ours: list[list[int]], reference: list[list[int]]) -> tuple[int, f
 
 
 def by_bits(
-    model: LoadedModel, bits: list[int], tokens: int, reference: list[list[int]]
-) -> dict[int, dict]:
+    model: LoadedModel, bits: list[int | str], tokens: int, reference: list[list[int]]
+) -> dict[int | str, dict]:
     """The windowed perplexity and greedy agreement (with the mode's 16-bit continuations) at
-    each of `bits`, and at 8 the perplexity with every row at 8 bits."""
-    figures: dict[int, dict] = {}
+    each of `bits` (or "bf16": its greedy prompts, under 512 tokens, stay at 16 bits), and at 8
+    the perplexity with every row at 8 bits."""
+    figures: dict[int | str, dict] = {}
     for b in bits:
         same, prefix = agreement(greedy(model, tokens, b), reference)
         figures[b] = {
@@ -218,7 +221,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32, help="greedy tokens per prompt")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
-        "--prompt-activations", nargs="+", type=int, choices=(8, 16), default=[],
+        "--prompt-activations", nargs="+", type=parse_prompt_activations,
+        choices=(8, 16, "bf16"), default=[],
         help="also score each mode with these bits of unread prompt rows (see above)",
     )  # fmt: skip
     parser.add_argument(
@@ -276,7 +280,7 @@ def main() -> None:
         for mode, row in modes.items():
             for bits, figures in row.get("prompt_activations", {}).items():
                 print(
-                    f"{name:<24}{mode:>6} prompt rows at {bits:>2} bits: windowed ppl "
+                    f"{name:<24}{mode:>6} prompt rows at {bits!s:>4}: windowed ppl "
                     f"{figures['windowed_perplexity']:.3f}, greedy same "
                     f"{figures['greedy_identical']}/{len(PROMPTS)} "
                     f"({figures['mean_tokens_before_divergence']:.1f} tokens agree)"

@@ -56,6 +56,7 @@ FLAGS = ["-O3", "-shared", "-fPIC", "-std=c++17", "-fopenmp"]
 # Builds of the one source, the first whose CPU check passes loads: each is built once.
 VARIANTS = {"AVX-512 VNNI": [], "AVX2": ["-DMH_AVX2"]}
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # mh_gated_activation's `act`
+ATTENDED_BY_CALLER = 2  # mh_prompt_attention's mark of a token it leaves to the caller
 
 
 class StructMismatch(RuntimeError):
@@ -164,11 +165,14 @@ class Kernels:
         self._qrows(ctypes.byref(weight), ids.data_ptr(), ids.numel(), out.data_ptr(), self.threads)
         return out
 
-    def dequantize_bf16(self, weight: QLinearDesc, first: int, out: torch.Tensor) -> None:
+    def dequantize_bf16(
+        self, weight: QLinearDesc, first: int, out: torch.Tensor, threads: int | None = None
+    ) -> None:
         """out [count, >= weight.padded] bf16 (rows contiguous) = the weight's outputs first ..
         first + count (first a multiple of 16), dequantized and rounded to bf16."""
         count, stride = out.shape[0], out.stride(0)
-        self._bf16(ctypes.byref(weight), first, count, out.data_ptr(), stride, self.threads)
+        threads = self.threads if threads is None else threads
+        self._bf16(ctypes.byref(weight), first, count, out.data_ptr(), stride, threads)
 
     def packed_sizes(self, format: int, out: int, width: int) -> tuple[int, int, int] | None:
         """Bytes of a packed [out, width] weight's data, params and supers arrays, or None where
@@ -270,11 +274,13 @@ class Kernels:
         scale: float,
         softcap: float = 0.0,
     ) -> torch.Tensor:
-        """paged_attention for a prompt step whose tokens marked in `tiled` ([tokens] bool)
-        have the queries of a sequence's consecutive tokens tiled against each block of keys
-        (mh_prompt_attention; a sliding window's blocks alone); the others attend as
-        paged_attention's do: [tokens, heads * D]."""
-        tiled = tiled.to(torch.bool).contiguous()
+        """paged_attention for a prompt step whose tokens marked in `tiled` ([tokens] bool, or
+        uint8 marks) have the queries of a sequence's consecutive tokens tiled against each
+        block of keys (mh_prompt_attention; a sliding window's blocks alone); tokens marked
+        ATTENDED_BY_CALLER are only normed, rotated (their queries in qkv, in place) and stored,
+        their rows of the result left for the caller; the others attend as paged_attention's
+        do: [tokens, heads * D]."""
+        tiled = tiled.to(torch.uint8).contiguous()
         step = (qkv, heads, kv_heads, qk_norm, rope, pool, slots, blocks, block_size, positions)
         return self._attend(self._prompt_attention, *step, tiled.data_ptr(), window, scale, softcap)
 

@@ -27,6 +27,8 @@
 namespace {
 
 constexpr int64_t kKeyBlock = 16;  // keys scored together: one register of scores a query
+// A token's mark in mh_prompt_attention's `tiled`: 0 attends alone (as mh_paged_attention's).
+constexpr uint8_t kTiled = 1, kAttendedByCaller = 2;
 // Keys a span (a multiple of kKeyBlock): Gemma 3's 256-wide fp16 heads put a span's keys and
 // values in 512 KB of a core's 2 MB cache.
 constexpr int64_t kSpanKeys = 512;
@@ -239,12 +241,16 @@ void attend_prompt(const float* qkv, int64_t rows, const uint8_t* tiled, int64_t
     std::vector<int64_t> alone;  // tokens not tiled
     int64_t laid = 0;
     for (int64_t t = 0; t < rows;) {
-        if (!tiled[t]) {
+        if (tiled[t] == kAttendedByCaller) {
+            ++t;
+            continue;
+        }
+        if (tiled[t] != kTiled) {
             alone.push_back(t++);
             continue;
         }
         int64_t end = t + 1;
-        while (end < rows && tiled[end] && positions[end] == positions[end - 1] + 1 &&
+        while (end < rows && tiled[end] == kTiled && positions[end] == positions[end - 1] + 1 &&
                std::equal(blocks + end * blocks_per_row, blocks + (end + 1) * blocks_per_row,
                           blocks + t * blocks_per_row))
             ++end;
@@ -344,10 +350,11 @@ extern "C" int mh_prompt_attention_groups(int64_t group) {
 
 // A prompt step's causal attention (within `window` where window > 0, scores soft-capped
 // where softcap > 0): qkv, the pool and the tables as mh_paged_attention's (q/k norms, rotary
-// and the keys' store included); out [rows, heads * dim]. The tokens marked in `tiled` [rows]
-// (a prompt's tokens before its last) are tiled as above; the others (a prompt's last token,
-// decode and verification rows) attend as mh_paged_attention's do, so that their results
-// never depend on the step they share.
+// and the keys' store included); out [rows, heads * dim]. The tokens marked 1 in `tiled` [rows]
+// (a prompt's tokens before its last) are tiled as above; those marked 2 are left to the caller
+// (their queries normed and rotated in qkv, their keys stored; their rows of out untouched); the
+// others (a prompt's last token, decode and verification rows) attend as mh_paged_attention's
+// do, so that their results never depend on the step they share.
 extern "C" void mh_prompt_attention(float* qkv, int64_t rows, int64_t heads, int64_t kv_heads,
                                     int64_t dim, const float* qk_norm_weight, float eps,
                                     const float* cos, const float* sin, void* pool, int half,

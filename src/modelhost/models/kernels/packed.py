@@ -22,7 +22,6 @@ the row.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -31,6 +30,7 @@ import torch
 from torch import nn
 
 from modelhost.models.kernels import native
+from modelhost.models.kernels.bf16_linear import bf16_matmul
 from modelhost.models.kernels.structs import QLinearDesc
 from modelhost.models.loading.footprint import TYPE_NAMES, padded_width
 
@@ -114,15 +114,6 @@ class PackedWeight:
 # The step's tokens (all of its T rows) whose activations may be coarse: [T] bool, and whether
 # they take bf16 (else 8-bit activations); or None.
 _coarse_rows: ContextVar[tuple[torch.Tensor, bool] | None] = ContextVar("coarse_rows", default=None)
-# bf16 rows are multiplied in panels of this many rows (the last padded with zeros) against
-# slices of this many outputs of each part (the last shorter): oneDNN picks its blocking, and
-# with it the order of a sum, by the matrices' shapes, so fixed shapes keep a row's result
-# independent of the rows beside it (and of the thread count). Measured on AMX (Xeon, two
-# threads): about 1 TFLOP/s a thread at 512 rows by 512 outputs, against ~0.23 for the
-# 16-bit integer kernels.
-BF16_PANEL_ROWS = 512
-BF16_SLICE_OUTPUTS = 512
-_bf16_slices = threading.local()
 
 
 @contextmanager
@@ -177,27 +168,6 @@ class QuantLinear(nn.Module):
             kernels.qmatmul(rows, part.desc, y, column, coarse=coarse)
             column += part.out
 
-    def _bf16_matmul(self, kernels: native.Kernels, rows: torch.Tensor, y: torch.Tensor) -> None:
-        """y = rows @ W.T through PyTorch's bf16 GEMM in fixed shapes (BF16_PANEL_ROWS by
-        BF16_SLICE_OUTPUTS), each slice of a part's outputs dequantized once into a reused
-        buffer and multiplied by every panel of rows."""
-        n, width = rows.shape
-        panels = -(-n // BF16_PANEL_ROWS)
-        x = torch.zeros((panels * BF16_PANEL_ROWS, width), dtype=torch.bfloat16)
-        x[:n] = rows
-        column = 0
-        for part in self.parts:
-            for first in range(0, part.out, BF16_SLICE_OUTPUTS):
-                count = min(BF16_SLICE_OUTPUTS, part.out - first)
-                weight = _bf16_slice(count * part.padded).view(count, part.padded)
-                kernels.dequantize_bf16(part.desc, first, weight)
-                columns = slice(column + first, column + first + count)
-                for start in range(0, n, BF16_PANEL_ROWS):
-                    stop = min(n, start + BF16_PANEL_ROWS)
-                    panel = x[start : start + BF16_PANEL_ROWS] @ weight.t()
-                    y[start:stop, columns] = panel[: stop - start]
-            column += part.out
-
     def _mixed(
         self,
         kernels: native.Kernels,
@@ -211,7 +181,7 @@ class QuantLinear(nn.Module):
 
         def coarse_matmul(x: torch.Tensor, out: torch.Tensor) -> None:
             if bf16:
-                self._bf16_matmul(kernels, x, out)
+                bf16_matmul(kernels, self.parts, x, out)
             else:
                 self._matmul(kernels, x, out, coarse=True)
 
@@ -241,15 +211,6 @@ class PackedEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.weight_packed.rows(ids)
-
-
-def _bf16_slice(elements: int) -> torch.Tensor:
-    """This thread's bf16 buffer of at least `elements`, first `elements` of it."""
-    buffer = getattr(_bf16_slices, "buffer", None)
-    if buffer is None or buffer.numel() < elements:
-        buffer = torch.empty(elements, dtype=torch.bfloat16)
-        _bf16_slices.buffer = buffer
-    return buffer[:elements]
 
 
 def _kernels() -> native.Kernels:

@@ -11,7 +11,7 @@ from torch import nn
 
 from modelhost.models import kv_q8, kv_q8_layout
 from modelhost.models.batch import ForwardBatch, KVCache
-from modelhost.models.kernels import native
+from modelhost.models.kernels import bf16_attention, native
 
 # Prompt steps whose rows' contexts fit in this many tokens attend natively, one query at a
 # time over the paged keys; beyond it SDPA, whose tiles reuse each key across many queries,
@@ -271,8 +271,15 @@ class Attention(nn.Module):
             # (a sliding window's alone), any context; the step's other rows attend as
             # paged_attention's.
             assert batch.prompt_rows is not None
-            return kernels.prompt_attention(
-                qkv.contiguous(),
+            # A long prompt's bf16 rows attend through PyTorch's bf16 flash attention (AMX
+            # tiles) once the kernel has normed, rotated and stored them.
+            bf16_rows = batch.coarse_rows if batch.coarse_bf16 and not self.softcap else None
+            tiled = batch.prompt_rows
+            if bf16_rows is not None:
+                tiled = bf16_attention.marks(batch.prompt_rows, bf16_rows)
+            qkv = qkv.contiguous()
+            out = kernels.prompt_attention(
+                qkv,
                 heads,
                 kv_heads,
                 self._native_qk_norm(),
@@ -282,11 +289,27 @@ class Attention(nn.Module):
                 batch.token_blocks,
                 kv.block_size,
                 batch.positions,
-                batch.prompt_rows,
+                tiled,
                 self.window or 0,
                 self.scale,
                 self.softcap or 0.0,
             )
+            if bf16_rows is not None:
+                bf16_attention.attend_runs(
+                    qkv,
+                    out,
+                    bf16_rows,
+                    heads,
+                    kv_heads,
+                    head_dim,
+                    pool,
+                    batch.positions,
+                    batch.token_blocks,
+                    kv.block_size,
+                    self.window or 0,
+                    self.scale,
+                )
+            return out
         if native_cache and (max_q == 1 or context <= NATIVE_PROMPT_CONTEXT):
             assert kernels is not None
             # Every token, a decode row's or a prompt's, attends over its own row's paged keys
