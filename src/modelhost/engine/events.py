@@ -114,9 +114,8 @@ class EngineStats:
     kv_committed_bytes: int = 0  # bytes of the pool that hold memory now (a growing pool)
     kv_store_queued_bytes: int = 0  # blocks copied for the disk KV store, not yet written
     speculate: str = "none"  # the engine's speculation mode in effect (engine/speculation.py)
-    prompt_activations: int | str = (
-        16  # bits (or "bf16") of a prompt's unread rows (engine/prompt_activations.py)
-    )
+    # bits (or "bf16") of a prompt's unread rows (engine/prompt_activations.py)
+    prompt_activations: int | str = 16
     spec_draft_tokens: int = 0  # tokens guessed ahead and verified
     spec_accepted_tokens: int = 0  # of those, tokens the model agreed with
     spec_verify_steps: int = 0  # steps that verified any guess

@@ -202,9 +202,8 @@ class BatchStats:
     submitted_rows: int
     kv_bytes: int
     kv_budget_bytes: int
-    prompt_activations: int | str = (
-        16  # bits (or "bf16") of a prompt's unread rows (--prompt-activations)
-    )
+    # bits (or "bf16") of a prompt's unread rows (--prompt-activations)
+    prompt_activations: int | str = 16
 
 
 @dataclass(frozen=True, slots=True)

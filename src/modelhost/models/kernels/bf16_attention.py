@@ -49,24 +49,44 @@ def attend_runs(
 ) -> None:
     """out[t] = token t's attention for every token marked (fp32 [T, heads * head_dim]), from
     qkv's normed and rotated queries and the pool's stored keys and values."""
+    group = heads // kv_heads
     for run in runs(marked, positions, tables):
         first, last = int(positions[run[0]]), int(positions[run[-1]])
         start = max(0, first - window + 1) // PANEL * PANEL if window > 0 else 0
-        keys, values = _gathered(pool, tables[run[0]], block_size, start, last + 1, heads, kv_heads)
+        keys, values = _gathered(pool, tables[run[0]], block_size, start, last + 1)
         queries = qkv[run, : heads * head_dim].view(-1, heads, head_dim)
-        key_positions = torch.arange(start, start + keys.shape[2])
+        key_positions = torch.arange(start, start + keys.shape[1])
         for at in range(0, run.numel(), PANEL):
             rows = min(PANEL, run.numel() - at)
-            panel = torch.zeros((1, heads, PANEL, head_dim), dtype=torch.bfloat16)
-            panel[0, :, :rows] = queries[at : at + rows].transpose(0, 1)
-            seen = positions[run[at : at + rows]]
+            panel = torch.zeros((heads, PANEL, head_dim), dtype=torch.bfloat16)
+            panel[:, :rows] = queries[at : at + rows].transpose(0, 1)
             query_positions = torch.full((PANEL,), first, dtype=torch.long)
-            query_positions[:rows] = seen
+            query_positions[:rows] = positions[run[at : at + rows]]
             mask = _mask(query_positions, key_positions, window)
-            result = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                panel, keys, values, 0.0, False, attn_mask=mask, scale=scale
-            )[0]
-            out[run[at : at + rows]] = result[0, :, :rows].transpose(0, 1).reshape(rows, -1).float()
+            result = torch.empty((heads, rows, head_dim), dtype=torch.bfloat16)
+            for h in range(kv_heads):  # a KV head's keys shared by its query heads, uncopied
+                shape = (1, group, keys.shape[1], head_dim)
+                result[h * group : (h + 1) * group] = _flash(
+                    panel[None, h * group : (h + 1) * group],
+                    keys[h][None, None].expand(shape),
+                    values[h][None, None].expand(shape),
+                    mask,
+                    scale,
+                )[0, :, :rows]
+            out[run[at : at + rows]] = result.transpose(0, 1).reshape(rows, -1).float()
+
+
+def _flash(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """PyTorch's CPU flash attention [1, heads, queries, dim] (its output alone)."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        queries, keys, values, 0.0, False, attn_mask=mask, scale=scale
+    )[0]
 
 
 def marks(prompt_rows: torch.Tensor, bf16_rows: torch.Tensor) -> torch.Tensor:
@@ -78,27 +98,17 @@ def marks(prompt_rows: torch.Tensor, bf16_rows: torch.Tensor) -> torch.Tensor:
 
 
 def _gathered(
-    pool: torch.Tensor,
-    table: torch.Tensor,
-    block_size: int,
-    start: int,
-    stop: int,
-    heads: int,
-    kv_heads: int,
+    pool: torch.Tensor, table: torch.Tensor, block_size: int, start: int, stop: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keys and values of positions start .. stop - 1 as bf16 [1, heads, padded, head_dim]
-    (each KV head's repeated for its query heads; zeros up to a multiple of PANEL)."""
+    """Keys and values of positions start .. stop - 1 as bf16 [kv_heads, padded, head_dim]
+    (zeros up to a multiple of PANEL positions)."""
     position = torch.arange(start, stop)
     slots = table[position // block_size] * block_size + position % block_size
     stored = pool.index_select(0, slots)  # [keys, 2, kv_heads, head_dim]
     padded = -(-(stop - start) // PANEL) * PANEL
-    both = torch.zeros((2, kv_heads, padded, pool.shape[-1]), dtype=torch.bfloat16)
+    both = torch.zeros((2, pool.shape[2], padded, pool.shape[-1]), dtype=torch.bfloat16)
     both[:, :, : stop - start] = stored.permute(1, 2, 0, 3)
-    group = heads // kv_heads
-    shape = (1, kv_heads, group, padded, pool.shape[-1])
-    keys = both[0][None, :, None].expand(shape).reshape(1, heads, padded, -1)
-    values = both[1][None, :, None].expand(shape).reshape(1, heads, padded, -1)
-    return keys, values
+    return both[0], both[1]
 
 
 def _mask(query_positions: torch.Tensor, key_positions: torch.Tensor, window: int) -> torch.Tensor:
