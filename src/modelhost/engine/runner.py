@@ -22,8 +22,8 @@ PROMPT_THREADS_MIN_TOKENS = 64
 # rows, bound by reading the weights rather than by the products 8 bits would halve.
 COARSE_MIN_PROMPT_TOKENS = 64
 # bf16 rows (--prompt-activations bf16) only from this long a prompt: the bf16 GEMM takes its
-# rows in panels of 512 (models/kernels/bf16_linear.py) and dequantizes every weight each step, which
-# a shorter prompt's few rows do not pay back.
+# rows in panels of 512 (models/kernels/bf16_linear.py) and dequantizes every weight each
+# step, which a shorter prompt's few rows do not pay back.
 BF16_MIN_PROMPT_TOKENS = 512
 
 
@@ -304,8 +304,8 @@ class ModelRunner:
     ) -> torch.Tensor | None:
         """[T] bool: the step's prompt tokens before the block of each prompt's last token (of
         prompts of COARSE_MIN_PROMPT_TOKENS or more, BF16_MIN_PROMPT_TOKENS in bf16), less those
-        whose logits are wanted (prompt logprobs); None when there are none. Whether a token is one depends on its
-        request alone, not on how the prompt was chunked or cached.
+        whose logits are wanted (prompt logprobs); None when there are none. Whether a token is
+        one depends on its request alone, not on how the prompt was chunked or cached.
 
         A step computing coarse and 16-bit rows reads every weight twice (packed.py computes
         the two sets apart), which a step of few rows, bound by reading its weights, pays in

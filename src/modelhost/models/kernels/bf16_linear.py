@@ -6,18 +6,11 @@ Each slice of BF16_SLICE_OUTPUTS outputs of a part is dequantized to bf16 (nativ
 a buffer of its thread's and multiplied by every panel of BF16_PANEL_ROWS rows (the last padded
 with zeros). oneDNN picks its blocking, and with it the order of a sum, by the matrices' shapes:
 fixed shapes keep a row's result independent of the rows beside it and of the thread count.
-
-Slices are tasks for a pool of single-threaded workers (each its own dequantization and GEMM)
-rather than one multi-threaded call each: a slice is ~0.3 ms of work, and a multi-threaded
-call's closing barrier waits for its slowest thread, which on a shared machine (another process
-on the core) stalls every call; a worker that is preempted just takes fewer slices.
 """
 
 from __future__ import annotations
 
-import functools
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import torch
@@ -40,43 +33,18 @@ def bf16_matmul(
     panels = -(-n // BF16_PANEL_ROWS)
     x = torch.zeros((panels * BF16_PANEL_ROWS, width), dtype=torch.bfloat16)
     x[:n] = rows
-    slices = []
     column = 0
     for part in parts:
         for first in range(0, part.out, BF16_SLICE_OUTPUTS):
-            slices.append((part, first, column + first))
-        column += part.out
-
-    def one_slice(task: tuple[PackedWeight, int, int]) -> None:
-        part, first, at = task
-        count = min(BF16_SLICE_OUTPUTS, part.out - first)
-        weight = _buffer(count * part.padded).view(count, part.padded)
-        kernels.dequantize_bf16(part.desc, first, weight, threads=1)
-        with torch.inference_mode():  # the step's (thread-local) mode, which wrote y
+            count = min(BF16_SLICE_OUTPUTS, part.out - first)
+            weight = _buffer(count * part.padded).view(count, part.padded)
+            kernels.dequantize_bf16(part.desc, first, weight)
+            columns = slice(column + first, column + first + count)
             for start in range(0, n, BF16_PANEL_ROWS):
                 stop = min(n, start + BF16_PANEL_ROWS)
                 panel = x[start : start + BF16_PANEL_ROWS] @ weight.t()
-                y[start:stop, at : at + count] = panel[: stop - start]
-
-    workers = kernels.threads
-    if workers <= 1 or len(slices) == 1:
-        torch_threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            for task in slices:
-                one_slice(task)
-        finally:
-            torch.set_num_threads(torch_threads)
-        return
-    list(_pool(workers).map(one_slice, slices))
-
-
-@functools.cache
-def _pool(workers: int) -> ThreadPoolExecutor:
-    """A pool of `workers` threads whose PyTorch ops each run on one thread."""
-    return ThreadPoolExecutor(
-        workers, thread_name_prefix="bf16-gemm", initializer=torch.set_num_threads, initargs=(1,)
-    )
+                y[start:stop, columns] = panel[: stop - start]
+        column += part.out
 
 
 def _buffer(elements: int) -> torch.Tensor:

@@ -165,14 +165,11 @@ class Kernels:
         self._qrows(ctypes.byref(weight), ids.data_ptr(), ids.numel(), out.data_ptr(), self.threads)
         return out
 
-    def dequantize_bf16(
-        self, weight: QLinearDesc, first: int, out: torch.Tensor, threads: int | None = None
-    ) -> None:
+    def dequantize_bf16(self, weight: QLinearDesc, first: int, out: torch.Tensor) -> None:
         """out [count, >= weight.padded] bf16 (rows contiguous) = the weight's outputs first ..
         first + count (first a multiple of 16), dequantized and rounded to bf16."""
         count, stride = out.shape[0], out.stride(0)
-        threads = self.threads if threads is None else threads
-        self._bf16(ctypes.byref(weight), first, count, out.data_ptr(), stride, threads)
+        self._bf16(ctypes.byref(weight), first, count, out.data_ptr(), stride, self.threads)
 
     def packed_sizes(self, format: int, out: int, width: int) -> tuple[int, int, int] | None:
         """Bytes of a packed [out, width] weight's data, params and supers arrays, or None where
