@@ -60,10 +60,13 @@ async def test_greedy_tokens_from_an_8_bit_cache_match_the_16_bit_ones(
     assert eight == sixteen
 
 
+# A short prompt attends natively over the q8 pool too; a long one through PyTorch's path.
+@pytest.mark.parametrize("long", [False, True])
 async def test_greedy_tokens_are_the_same_whether_the_kernels_or_pytorch_read_the_8_bit_cache(
-    smollm2: LoadedModel, monkeypatch: pytest.MonkeyPatch
+    smollm2: LoadedModel, monkeypatch: pytest.MonkeyPatch, long: bool
 ) -> None:
-    prompt = remembered_list(smollm2)
+    short = smollm2.tokenizer.encode("Name three colours of the rainbow and say why it forms.")
+    prompt = remembered_list(smollm2) if long else short
     natively, _ = await answer(engine_over(smollm2, "q8"), prompt)
     readable = native.cache_readable
     monkeypatch.setattr(
