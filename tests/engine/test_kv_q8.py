@@ -12,6 +12,7 @@ from modelhost.engine.events import EngineEvent
 from modelhost.engine.kv.kv_format import KVFormat, kv_token_bytes
 from modelhost.engine.sampling.sampling_params import SamplingParams
 from modelhost.models import kv_q8
+from modelhost.models.kernels import native
 from modelhost.models.loaded import LoadedModel
 from modelhost.residency.kv.kv_model_identity import prefix_store_opener
 from modelhost.residency.kv.kv_store import KVDiskStore
@@ -57,6 +58,22 @@ async def test_greedy_tokens_from_an_8_bit_cache_match_the_16_bit_ones(
     sixteen, _ = await answer(engine_over(smollm2, "f16"), prompt)
     eight, _ = await answer(engine_over(smollm2, "q8"), prompt)
     assert eight == sixteen
+
+
+# A short prompt attends natively over the q8 pool too; a long one through PyTorch's path.
+@pytest.mark.parametrize("long", [False, True])
+async def test_greedy_tokens_are_the_same_whether_the_kernels_or_pytorch_read_the_8_bit_cache(
+    smollm2: LoadedModel, monkeypatch: pytest.MonkeyPatch, long: bool
+) -> None:
+    short = smollm2.tokenizer.encode("Name three colours of the rainbow and say why it forms.")
+    prompt = remembered_list(smollm2) if long else short
+    natively, _ = await answer(engine_over(smollm2, "q8"), prompt)
+    readable = native.cache_readable
+    monkeypatch.setattr(
+        native, "cache_readable", lambda pool: readable(pool) and pool.dtype != torch.int8
+    )
+    through_pytorch, _ = await answer(engine_over(smollm2, "q8"), prompt)
+    assert natively == through_pytorch
 
 
 def test_a_token_costs_about_half_the_bytes_in_an_8_bit_cache(smollm2: LoadedModel) -> None:

@@ -254,8 +254,9 @@ class Engine:
                 block_size=config.block_size,
                 prompt_threads=config.prompt_threads,
             )
-        # An 8-bit pool is read through PyTorch's attention, whose verify rows are not held
-        # to decode's answers bit for bit: its guesses are not called exact.
+        # An 8-bit pool's verify rows past NATIVE_PROMPT_CONTEXT are read through PyTorch's
+        # attention (the tiled prompt kernel does not read q8), not held to decode's answers
+        # bit for bit: its guesses are not called exact.
         exact = exact_for(model) and config.kv_cache == "f16"
         self.speculator = Speculator(config.speculate, exact, self.draft)
         self._block_bytes = config.block_size * config.token_bytes(model)

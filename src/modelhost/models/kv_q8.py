@@ -8,8 +8,10 @@ head: Gemma 3's normed keys carry a few large channels, and one fp32 scale over 
 rest on a coarse grid (perplexity +2.6%; +0.3% in groups of 32). bf16 rather than fp16 scales:
 SmolLM2's small values took fp16's subnormal scales (+0.7% against +0.4%). The values are
 rounded against the scale as stored, so the scale's own rounding costs nothing but a clamp.
-Attention reads the pool through the PyTorch path: each layer's gathered blocks are turned back
-to fp32 before SDPA (the native kernels read fp16 and fp32 pools only).
+The native kernels (models/kernels/native_kv_q8.h) write these same bytes and read the pool in
+place for decode steps and prompts of short context; longer prompts go through the PyTorch path
+below, each layer's gathered blocks turned back to fp32 before SDPA (the tiled prompt kernel
+reads fp16 and fp32 pools only).
 """
 
 from __future__ import annotations

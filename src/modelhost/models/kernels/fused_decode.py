@@ -59,8 +59,9 @@ class FusedDecode:
 
     def can_run(self, batch: ForwardBatch, kv: KVCache) -> bool:
         """Whether this step is one the fused path computes: one token a row (generated, or a
-        prompt's only one), over an fp32 or fp16 CPU pool, all of it at 16 bits (a step with
-        coarse prompt rows takes the module path, which rounds them to 8)."""
+        prompt's only one), over a CPU pool the kernels read (fp32, fp16 or q8), all of it at
+        16 bits (a step with coarse prompt rows takes the module path, which rounds them to
+        8)."""
         return (
             batch.dense
             and batch.coarse_rows is None
@@ -88,7 +89,7 @@ class FusedDecode:
             cos=(ctypes.c_void_p * 3)(*[cos.data_ptr() for cos, _ in tables]),
             sin=(ctypes.c_void_p * 3)(*[sin.data_ptr() for _, sin in tables]),
             pools=ctypes.addressof(self._pool_pointers(kv)),
-            half_pools=native.half_pool(kv.pools[0]),
+            pool_kind=native.pool_kind(kv.pools[0]),
             slots=batch.slot_mapping.data_ptr(),
             blocks=batch.kv_blocks.data_ptr(),
             positions=batch.positions.data_ptr(),

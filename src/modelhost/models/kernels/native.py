@@ -50,12 +50,15 @@ HEADERS = [
         "native_repack.h",
         "native_moe.h",
         "native_prompt_attention.h",
+        "native_kv_q8.h",
     )
 ]
 FLAGS = ["-O3", "-shared", "-fPIC", "-std=c++17", "-fopenmp"]
 # Builds of the one source, the first whose CPU check passes loads: each is built once.
 VARIANTS = {"AVX-512 VNNI": [], "AVX2": ["-DMH_AVX2"]}
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # mh_gated_activation's `act`
+# The kernels' PoolKind of each pool dtype they read: int8 is the 8-bit cache (models/kv_q8.py).
+POOL_KINDS = {torch.float32: 0, torch.float16: 1, torch.int8: 2}
 ATTENDED_BY_CALLER = 2  # mh_prompt_attention's mark of a token it leaves to the caller
 
 
@@ -276,7 +279,9 @@ class Kernels:
         block of keys (mh_prompt_attention; a sliding window's blocks alone); tokens marked
         ATTENDED_BY_CALLER are only normed, rotated (their queries in qkv, in place) and stored,
         their rows of the result left for the caller; the others attend as paged_attention's
-        do: [tokens, heads * D]."""
+        do: [tokens, heads * D]. Not over an 8-bit pool (the tiled kernel reads fp32 and fp16)."""
+        if pool_kind(pool) == POOL_KINDS[torch.int8]:
+            raise ValueError("prompt_attention does not read 8-bit KV pools")
         tiled = tiled.to(torch.uint8).contiguous()
         step = (qkv, heads, kv_heads, qk_norm, rope, pool, slots, blocks, block_size, positions)
         return self._attend(self._prompt_attention, *step, tiled.data_ptr(), window, scale, softcap)
@@ -306,7 +311,7 @@ class Kernels:
         kernel(
             qkv.data_ptr(), rows, heads, kv_heads, dim,
             None if norm_weight is None else norm_weight.data_ptr(), eps,
-            cos.data_ptr(), sin.data_ptr(), pool.data_ptr(), half_pool(pool), slots.data_ptr(),
+            cos.data_ptr(), sin.data_ptr(), pool.data_ptr(), pool_kind(pool), slots.data_ptr(),
             blocks.data_ptr(), blocks.shape[1], block_size, positions.data_ptr(),
             *options, out.data_ptr(), self.threads,
         )  # fmt: skip
@@ -344,15 +349,15 @@ def readable(x: torch.Tensor) -> bool:
 
 
 def cache_readable(pool: torch.Tensor) -> bool:
-    """Whether the attention kernels can read and write a KV pool: contiguous fp32 or fp16 on
-    the CPU."""
-    cached = (torch.float32, torch.float16)
-    return pool.dtype in cached and pool.device.type == "cpu" and pool.is_contiguous()
+    """Whether paged_attention can read and write a KV pool: contiguous fp32, fp16 or q8
+    (int8 slots with their scales, models/kv_q8.py) on the CPU. prompt_attention takes fp32
+    and fp16 alone."""
+    return pool.dtype in POOL_KINDS and pool.device.type == "cpu" and pool.is_contiguous()
 
 
-def half_pool(pool: torch.Tensor) -> int:
-    """The kernels' flag for a pool of fp16 (1) or fp32 (0) keys and values."""
-    return int(pool.dtype == torch.float16)
+def pool_kind(pool: torch.Tensor) -> int:
+    """The kernels' PoolKind (native_kv_q8.h) of a pool cache_readable takes."""
+    return POOL_KINDS[pool.dtype]
 
 
 def padded_rows(x: torch.Tensor, padded: int) -> torch.Tensor:

@@ -1,7 +1,7 @@
 // The native CPU kernels, on AVX-512 VNNI (or on AVX2, built with MH_AVX2: native_avx2.h):
 // linears over weights packed in their file's own quantization (native_qlinear.h, repacked by
-// native_repack.h), a step's attention over the paged KV cache (fp32 or fp16) with the keys'
-// norm, rotary and store, RMSNorm and gated activations, a whole decode step through the
+// native_repack.h), a step's attention over the paged KV cache (fp32, fp16, or 8 bits:
+// native_kv_q8.h) with the keys' norm, rotary and store, RMSNorm and gated activations, a whole decode step through the
 // decoder layers (mh_decode_layers), and the sampler's choice of each row's token.
 //
 // Built and loaded by models/kernels/native.py (g++, ctypes). A weight byte is read from memory once
@@ -57,6 +57,7 @@ inline __m512i dpbusd_nibble_pair(__m512i acc, __m512i u, __m512i s, __m512i v, 
 #include "native_common.h"  // the lanes' helpers every kernel shares
 #include "native_qlinear.h"
 #include "native_bf16.h"
+#include "native_kv_q8.h"  // the 8-bit KV cache's slots
 
 namespace {
 
@@ -66,6 +67,12 @@ thread_local std::vector<float> score_buffer;
 inline __m512 load_cached(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load_cached(const uint16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// Elements 16 c .. 16 c + 15 of a cached key or value head (q8 heads: native_kv_q8.h's).
+template <typename T>
+inline __m512 load_chunk(const T* head, int64_t c, int64_t) {
+    return load_cached(head + 16 * c);
 }
 
 // Softmax attention of G query heads (queries [G, dim]) over one KV head's keys at positions
@@ -80,6 +87,8 @@ void attend_heads(const float* queries, int64_t dim, const T* const* keys, int64
                   int64_t value_shift, float scale, float softcap, float* out) {
     constexpr int64_t kKeysAhead = 16;
     constexpr int64_t kLine = 64 / sizeof(T);  // elements a cache line
+    // A head's elements to prefetch: a q8 head's scales follow its values.
+    const int64_t extent = std::is_same<T, int8_t>::value ? q8_width(dim) : dim;
     const int64_t chunks = dim / 16;           // head sizes are multiples of 16
     std::vector<float>& scores = score_buffer;  // [G, length rounded up to 16]
     const int64_t stride = (length + 15) / 16 * 16;
@@ -93,12 +102,12 @@ void attend_heads(const float* queries, int64_t dim, const T* const* keys, int64
                 continue;
             }
             if (i + kKeysAhead < length)
-                for (int64_t e = 0; e < dim; e += kLine)
+                for (int64_t e = 0; e < extent; e += kLine)
                     _mm_prefetch(keys[i + kKeysAhead] + e, _MM_HINT_T0);
             __m512 acc[G];
             for (int g = 0; g < G; ++g) acc[g] = _mm512_setzero_ps();
             for (int64_t c = 0; c < chunks; ++c) {
-                const __m512 key = load_cached(keys[i] + 16 * c);
+                const __m512 key = load_chunk(keys[i], c, dim);
                 for (int g = 0; g < G; ++g)
                     acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(queries + g * dim + 16 * c), key,
                                              acc[g]);
@@ -137,14 +146,14 @@ void attend_heads(const float* queries, int64_t dim, const T* const* keys, int64
             for (int64_t c = 0; c < kChunks; ++c) acc[g][c] = _mm512_setzero_ps();
         for (int64_t i = 0; i < length; ++i) {
             if (c0 == 0 && i + kKeysAhead < length)  // later passes find the values cached
-                for (int64_t e = 0; e < dim; e += kLine)
+                for (int64_t e = 0; e < extent; e += kLine)
                     _mm_prefetch(keys[i + kKeysAhead] + value_shift + e, _MM_HINT_T0);
-            const T* value = keys[i] + value_shift + 16 * c0;
+            const T* value = keys[i] + value_shift;
             __m512 weight[G];
             for (int g = 0; g < G; ++g) weight[g] = _mm512_set1_ps(scores[g * stride + i]);
             for (int64_t c = 0; c < kChunks; ++c) {
                 if (c >= n) break;
-                const __m512 v = load_cached(value + 16 * c);
+                const __m512 v = load_chunk(value, c0 + c, dim);
                 for (int g = 0; g < G; ++g) acc[g][c] = _mm512_fmadd_ps(weight[g], v, acc[g][c]);
             }
         }
@@ -193,11 +202,11 @@ void attend(const float* queries, int64_t group, int64_t dim, const T* pool,
 // Rows of qkv [rows, (heads + 2 kv_heads) dim] made ready for attention, in place: each query
 // and key head RMS-normed (qk_norm_weight [heads + kv_heads, dim], or null: none) and rotated
 // (cos, sin [rows, dim]: rotate-half with the signed sin), then each row's keys and values
-// copied into its pool slot: fp32, or rounded to fp16 where `half` (the pool then holds fp16
-// bits). Prompt steps (hundreds of rows) split the rows among threads.
+// copied into its pool slot as the pool's `kind` holds them: fp32, rounded to fp16 (the pool
+// holds fp16 bits), or 8 bits with their scales (native_kv_q8.h). Prompt steps (hundreds of rows) split the rows among threads.
 void store_keys(float* qkv, int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim,
                 const float* qk_norm_weight, float eps, const float* cos, const float* sin,
-                void* pool, int half, const int64_t* slots, int threads) {
+                void* pool, int kind, const int64_t* slots, int threads) {
     const int64_t width = (heads + 2 * kv_heads) * dim;
     const int64_t slot_width = 2 * kv_heads * dim;  // a key and a value for every KV head
 #pragma omp parallel for num_threads(threads) schedule(static) \
@@ -210,7 +219,10 @@ void store_keys(float* qkv, int64_t rows, int64_t heads, int64_t kv_heads, int64
             rotate(row + h * dim, cos + r * dim, sin + r * dim, dim);
         }
         const float* kv = row + heads * dim;
-        if (half) {
+        if (kind == kPoolQ8) {
+            store_q8(kv, kv_heads, dim,
+                     static_cast<int8_t*>(pool) + slots[r] * 2 * kv_heads * q8_width(dim));
+        } else if (kind == kPoolF16) {
             uint16_t* slot = static_cast<uint16_t*>(pool) + slots[r] * slot_width;
             for (int64_t i = 0; i < slot_width; i += 16)  // dim is a multiple of 16
                 _mm256_storeu_si256(
@@ -230,19 +242,20 @@ void store_keys(float* qkv, int64_t rows, int64_t heads, int64_t kv_heads, int64
 // token). q/k norms (optional), rotary, every new key and value written at its slot, then
 // softmax attention of every query head over its visible keys (all positions <= its own,
 // within `window` of it when window > 0), so a prompt's tokens see each other causally.
-// qkv [rows, (H + 2 Hkv) D] is modified in place; out is [rows, H D]. Rows and KV heads are
-// independent tasks.
+// qkv [rows, (H + 2 Hkv) D] is modified in place; out is [rows, H D]; the pool holds `kind`
+// (PoolKind). Rows and KV heads are independent tasks.
 extern "C" void mh_paged_attention(float* qkv, int64_t rows, int64_t heads, int64_t kv_heads,
                                    int64_t dim, const float* qk_norm_weight, float eps,
-                                   const float* cos, const float* sin, void* pool, int half,
+                                   const float* cos, const float* sin, void* pool, int kind,
                                    const int64_t* slots, const int64_t* blocks,
                                    int64_t blocks_per_row, int64_t block_size,
                                    const int64_t* positions, int64_t window, float scale,
                                    float softcap, float* out, int threads) {
-    store_keys(qkv, rows, heads, kv_heads, dim, qk_norm_weight, eps, cos, sin, pool, half, slots,
+    store_keys(qkv, rows, heads, kv_heads, dim, qk_norm_weight, eps, cos, sin, pool, kind, slots,
                threads);
     const int64_t width = (heads + 2 * kv_heads) * dim;
-    const int64_t slot_width = 2 * kv_heads * dim;
+    const int64_t head = kind == kPoolQ8 ? q8_width(dim) : dim;  // a head's elements in a slot
+    const int64_t slot_width = 2 * kv_heads * head;
     const int64_t group = heads / kv_heads;  // query heads sharing one KV head
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
     for (int64_t task = 0; task < rows * kv_heads; ++task) {
@@ -253,12 +266,15 @@ extern "C" void mh_paged_attention(float* qkv, int64_t rows, int64_t heads, int6
         const float* queries = qkv + r * width + h * group * dim;
         const int64_t* table = blocks + r * blocks_per_row;
         float* result = out + r * heads * dim + h * group * dim;
-        if (half)
-            attend(queries, group, dim, static_cast<const uint16_t*>(pool), slot_width, h * dim,
-                   kv_heads * dim, table, block_size, first, length, scale, softcap, result);
+        if (kind == kPoolQ8)
+            attend(queries, group, dim, static_cast<const int8_t*>(pool), slot_width, h * head,
+                   kv_heads * head, table, block_size, first, length, scale, softcap, result);
+        else if (kind == kPoolF16)
+            attend(queries, group, dim, static_cast<const uint16_t*>(pool), slot_width, h * head,
+                   kv_heads * head, table, block_size, first, length, scale, softcap, result);
         else
-            attend(queries, group, dim, static_cast<const float*>(pool), slot_width, h * dim,
-                   kv_heads * dim, table, block_size, first, length, scale, softcap, result);
+            attend(queries, group, dim, static_cast<const float*>(pool), slot_width, h * head,
+                   kv_heads * head, table, block_size, first, length, scale, softcap, result);
     }
 }
 
@@ -442,7 +458,7 @@ struct NativeStep {
     const float* cos[3];                              // [rows, dim] each, NativeLayer.rope's
     const float* sin[3];
     void* const* pools;                               // one per layer
-    int32_t half_pools;                               // fp16 pools (else fp32)
+    int32_t pool_kind;                                // what the pools hold (PoolKind)
     const int64_t *slots, *blocks, *positions;
     int64_t blocks_per_row, block_size;
     int32_t threads;
@@ -506,7 +522,7 @@ extern "C" void mh_decode_layers(float* hidden, const NativeLayer* layers, int64
         linear(l.qkv, normed, rows, wide, step->threads);
         mh_paged_attention(wide, rows, l.heads, l.kv_heads, l.dim, l.qk_norm, l.qk_eps,
                            step->cos[l.rope], step->sin[l.rope], step->pools[i],
-                           step->half_pools, step->slots, step->blocks, step->blocks_per_row,
+                           step->pool_kind, step->slots, step->blocks, step->blocks_per_row,
                            step->block_size, step->positions, l.window, l.scale, l.softcap,
                            narrow, step->threads);
         linear(l.o, narrow, rows, normed, step->threads);

@@ -79,7 +79,7 @@ class NativeStep(ctypes.Structure):
         ("cos", _ptr * 3),  # the layers' rotary tables, by NativeLayer.rope
         ("sin", _ptr * 3),
         ("pools", _ptr),
-        ("half_pools", _i32),
+        ("pool_kind", _i32),  # native.pool_kind's
         ("slots", _ptr),
         ("blocks", _ptr),
         ("positions", _ptr),

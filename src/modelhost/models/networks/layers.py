@@ -266,10 +266,12 @@ class Attention(nn.Module):
             and native.cache_readable(pool)
             and not batch.bidirectional
         )
-        if native_cache and kernels is not None and self._tiles_prompt(kernels, batch, max_q):
+        tiles = native_cache and not q8 and kernels is not None
+        if tiles and kernels is not None and self._tiles_prompt(kernels, batch, max_q):
             # A prompt's tokens before its last: their queries tiled against each block of keys
             # (a sliding window's alone), any context; the step's other rows attend as
-            # paged_attention's.
+            # paged_attention's. Not over an 8-bit pool, which the tiled kernel does not read:
+            # its prompts attend natively up to NATIVE_PROMPT_CONTEXT, through SDPA beyond.
             assert batch.prompt_rows is not None
             # A long prompt's bf16 rows attend through PyTorch's bf16 flash attention (AMX
             # tiles) once the kernel has normed, rotated and stored them.
@@ -421,7 +423,7 @@ class Attention(nn.Module):
         return self.qk_norm_weight, self.q_norm.eps
 
     def native_ready(self) -> bool:
-        """Whether the native attention can run this layer (over an fp32 or fp16 CPU pool):
+        """Whether the native attention can run this layer (over a pool it reads):
         head dimensions in whole vectors, q/k norm weights prepared."""
         return self.head_dim % 16 == 0 and (self.q_norm is None or self.qk_norm_weight is not None)
 
