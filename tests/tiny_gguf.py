@@ -242,14 +242,17 @@ def _add(writer: gguf.GGUFWriter, name: str, value: np.ndarray, qtype: str) -> N
     writer.add_tensor(name, quantize(value.astype(np.float32), kind), raw_dtype=kind)
 
 
-def write_gguf_lora_from_peft(adapter: Path, base: Path, path: Path) -> Path:
+def write_gguf_lora_from_peft(
+    adapter: Path, base: Path, path: Path, architecture: str | None = None
+) -> Path:
     """A PEFT adapter folder of `base` written again as llama.cpp's convert_lora_to_gguf.py
     writes it: general.type adapter, adapter.type lora, adapter.lora.alpha, tensors
-    `blk.N.<part>.weight.lora_a` / `.lora_b`, B's q/k rows interleaved as the base's are."""
+    `blk.N.<part>.weight.lora_a` / `.lora_b`, B's q/k rows interleaved as the base's are;
+    general.architecture the base's, or `architecture` (an adapter claiming another model)."""
     raw = json.loads((base / "config.json").read_text())
     config = json.loads((adapter / "adapter_config.json").read_text())
     arch = GGUF_ARCHITECTURES[raw["model_type"]]
-    writer = gguf.GGUFWriter(path, arch)
+    writer = gguf.GGUFWriter(path, architecture or arch)
     writer.add_string(gguf.Keys.General.TYPE, gguf.GGUFType.ADAPTER)
     writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
     writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(config["lora_alpha"]))

@@ -143,6 +143,16 @@ def test_an_adapter_of_another_base_shape_is_refused_with_what_differs(world, tm
         AdapterSet(model).add("wide", str(tmp_path / "wide-adapter"))
 
 
+def test_a_gguf_adapter_made_for_another_architecture_is_refused_though_its_shapes_fit(
+    world, tmp_path
+):
+    root, base, *_ = world
+    path = write_gguf_lora_from_peft(root / "qv", base, tmp_path / "qwen.gguf", "qwen2")
+    model = load_model(str(Path(base)), quantize="none")
+    with pytest.raises(AdapterRefused, match="made for a qwen2 model; this base is llama"):
+        AdapterSet(model).add("qwen", str(path))
+
+
 def test_an_adapter_that_trains_the_lm_head_is_refused_by_name(world, tmp_path):
     root, base, *_ = world
     make_peft_adapter(base, tmp_path / "head", seed=5, targets=("q_proj", "lm_head"))

@@ -132,10 +132,27 @@ def _base_rows(network: DecoderLM, lora: LoraFile, name: str, b: torch.Tensor) -
     return b
 
 
+# Hugging Face model types GGUF files name otherwise (llama.cpp converts Mistral as llama).
+_GGUF_NAMES = {"mistral": "llama", "qwen25vl": "qwen2vl"}
+
+
+def _family(architecture: str) -> str:
+    """An architecture's GGUF name, from a GGUF's general.architecture or a config's
+    model_type alike (qwen3_moe and qwen3moe, mistral and llama)."""
+    name = architecture.lower().replace("_", "")
+    return _GGUF_NAMES.get(name, name)
+
+
 def fit_adapter(name: str, lora: LoraFile, network: DecoderLM, dtype: torch.dtype) -> LoraAdapter:
-    """`lora` as updates of `network`'s modules; AdapterRefused where its shapes are not the
-    base's (another base) or it targets what cannot be patched here."""
+    """`lora` as updates of `network`'s modules; AdapterRefused where it was made for another
+    architecture (a GGUF adapter says which), its shapes are not the base's (another base) or
+    it targets what cannot be patched here."""
     config = network.config
+    if lora.architecture is not None and _family(lora.architecture) != _family(config.model_type):
+        raise AdapterRefused(
+            f"adapter '{name}' was made for a {lora.architecture} model; this base is "
+            f"{config.model_type}"
+        )
     device = network.model.norm.weight.device
     grouped: dict[tuple[int, str], list[tuple[int, int, torch.Tensor, torch.Tensor]]] = {}
     for (layer, target), (a, b) in sorted(lora.targets.items()):
