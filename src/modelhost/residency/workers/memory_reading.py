@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 
-READING_MAX_AGE_S = 0.5
+READING_MAX_AGE_S = 1.0
 
 
 class LastReading:
