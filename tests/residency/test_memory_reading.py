@@ -69,6 +69,17 @@ def test_a_stale_reading_is_answered_at_once_and_read_again_in_the_background():
     until(lambda: reading.last() == 9)
 
 
+def test_a_background_reading_that_fails_leaves_the_last_one():
+    clock = Clock()
+    values = iter([7])
+    reading = LastReading(lambda: next(values), max_age_s=0.5, clock=clock)  # then StopIteration
+    reading.last()
+    clock.now += 0.6
+    assert reading.last() == 7
+    until(lambda: reading._reading is not None and not reading._reading.is_alive())
+    assert reading.last() == 7
+
+
 def test_now_takes_a_current_reading():
     read = Readings(7, 9)
     reading = LastReading(read)

@@ -14,9 +14,12 @@ a burst under-counts nothing the claims do not cover, and one taken during it ov
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
+
+log = logging.getLogger("modelhost.models")
 
 READING_MAX_AGE_S = 1.0
 
@@ -49,6 +52,14 @@ class LastReading:
             return self.now()
         stale = self._clock() - self._taken_at > self.max_age_s
         if stale and (self._reading is None or not self._reading.is_alive()):
-            self._reading = threading.Thread(target=self.now, name="memory-reading", daemon=True)
+            self._reading = threading.Thread(
+                target=self._read_in_background, name="memory-reading", daemon=True
+            )
             self._reading.start()
         return self._value
+
+    def _read_in_background(self) -> None:
+        try:
+            self.now()
+        except Exception:  # a process closed under the reading (a shutdown): the last one stands
+            log.debug("a memory reading failed", exc_info=True)
