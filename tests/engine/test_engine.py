@@ -264,6 +264,31 @@ async def test_engine_hands_out_a_steps_token_before_the_next_steps_layers_run(
     assert seen_in_time == [True] * 4
 
 
+async def test_engine_hands_out_a_rows_first_token_before_the_next_step_starts(
+    smollm2, monkeypatch
+):
+    network = smollm2.network
+    received = threading.Event()
+    seen_in_time: list[bool] = []
+
+    def gated_forward(batch, kv, before_layers):
+        if batch.query_index.shape[1] == 1 and not seen_in_time:  # the step after the prompt's
+            seen_in_time.append(received.wait(timeout=10))  # before it hands anything out
+        return type(network).forward(network, batch, kv, before_layers)
+
+    monkeypatch.setattr(network, "forward", gated_forward)
+    engine = Engine(smollm2, EngineConfig(batch=2))
+    try:
+        prompt = smollm2.tokenizer.encode("Count slowly:")
+        params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+        async for event in engine.submit(prompt, params):
+            if event.token_ids:
+                received.set()
+    finally:
+        engine.close()
+    assert seen_in_time == [True]
+
+
 def test_engine_default_pool_holds_one_full_context_and_an_explicit_budget_is_kept(smollm2):
     token_bytes = smollm2.config.kv_bytes_per_token(smollm2.cache_dtype.itemsize)
     block = EngineConfig().block_size

@@ -33,6 +33,7 @@ from modelhost.residency.registry import ModelEntry, ModelRegistry, with_draft
 from modelhost.residency.router import ModelRouter
 from modelhost.residency.unit import LoadProgress, ResidencyError
 from modelhost.residency.workers.forks import ForkServerHandle
+from modelhost.residency.workers.memory_reading import LastReading
 from modelhost.serve_config import (
     WORKER_MODULE,
     available_memory_bytes,
@@ -274,11 +275,12 @@ def _serve_routed(
     A spare worker's memory and the fork server's count against the budget beside the models'."""
     budget_gb = args.model_budget
     draft = registry.get(settings.draft_model_id) if settings.draft_model_id else None
+    beside = LastReading(functools.partial(held_beside_models, spares, forks))
     host: ResidencyHost[Any] = ResidencyHost(
         budget_bytes=int(budget_gb * BYTES_PER_GB) if budget_gb else default_budget_bytes(),
         source=registry.get if draft is None else functools.partial(paired, registry, draft),
         load=load,
-        external=functools.partial(held_beside_models, spares, forks),
+        external=lambda: beside.last() or 0,  # read in the background (memory_reading.py)
         hold_s=args.hold,
         available=available_memory_bytes,
     )

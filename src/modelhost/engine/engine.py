@@ -283,6 +283,7 @@ class Engine:
         self._live: dict[int, Sequence] = {}  # touched only by the engine thread
         # Events posted on the engine thread, by event loop, until `_deliver` (same thread).
         self._outbox: dict[asyncio.AbstractEventLoop, list[_Delivery]] = {}
+        self._first_tokens = False  # this step emitted a row's first token (engine thread)
         self._prompt_scores = PromptScores(model.tokenizer)  # engine thread only
         self._thread = threading.Thread(target=self._loop, name=f"engine-{model.id}", daemon=True)
         self._thread.start()
@@ -443,7 +444,11 @@ class Engine:
         # the event loops they wake then run while the kernels have let go of the GIL, instead
         # of taking turns with this thread's Python between the steps (SmolLM2, one stream
         # through HTTP: the loop's CPU 299 -> 251 us a token, ~0.35 ms later a token).
+        # A row's first token is the exception: it goes out at once, while this thread
+        # prepares the next step, rather than after it (a short cached prompt's first token is
+        # a person's wait, not a stream's cadence; issue 48).
         held, self._outbox = self._outbox, {}
+        self._first_tokens = False
         try:
             self._step_rows(before_layers=lambda: _deliver(held))
         finally:
@@ -451,6 +456,8 @@ class Engine:
             if not self.scheduler.has_work:
                 self._deliver()
                 self._give_back()
+            elif self._first_tokens:
+                self._deliver()
 
     def _give_back(self) -> None:
         """Return the pool's memory above what an idle engine keeps (IDLE_KV_BYTES of prefix
@@ -604,6 +611,7 @@ class Engine:
 
     def _emit(self, seq: Sequence, token: SampledToken) -> None:
         output = _output(seq)
+        self._first_tokens = self._first_tokens or seq.num_generated_tokens == 1
         event, matched = output.event_for(seq, token)
         if seq.params.prompt_logprobs and seq.num_generated_tokens == 1:
             event.prompt_logprobs = self._prompt_scores.pop(seq)

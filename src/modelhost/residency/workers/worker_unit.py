@@ -7,10 +7,12 @@ end its requests (`interrupt`).
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
 
+from modelhost.residency.workers.memory_reading import LastReading
 from modelhost.residency.workers.supervisor import WorkerProcess
 from modelhost.residency.workers.worker_transport import WorkerClient
 
@@ -28,6 +30,7 @@ class WorkerUnit:
         self.worker = worker
         self.load_ms = 0.0
         self._measured: int | None = None
+        self._reading = LastReading(lambda: self.worker.memory_bytes())
         self._closed = False
         # Set once the server's shutdown ends this unit's requests (interrupt, close): a stream
         # then cut by the worker's connection closing ends as the shutdown's `closed`, not as
@@ -52,16 +55,19 @@ class WorkerUnit:
 
     def measured_bytes(self) -> int | None:
         """The worker's memory (RSS, or PSS when forked) at the last reading, never below the
-        weights."""
+        weights (memory_reading.py: a lease never waits for a reading)."""
         if self._closed:
             return None
-        rss = self.worker.memory_bytes()
+        return self._measured_as(self._reading.last())
+
+    async def refresh(self) -> None:
+        if not self._closed:
+            self._measured_as(await asyncio.to_thread(self._reading.now))
+
+    def _measured_as(self, rss: int | None) -> int | None:
         if rss is not None:
             self._measured = max(rss, self.weights_bytes)
         return self._measured
-
-    async def refresh(self) -> None:
-        self.measured_bytes()
 
     def broken(self) -> bool:
         return self.worker.exhausted()
