@@ -49,6 +49,7 @@ HEADERS = [
         "native_repack.h",
         "native_moe.h",
         "native_prompt_attention.h",
+        "native_lora.h",
     )
 ]
 FLAGS = ["-O3", "-shared", "-fPIC", "-std=c++17", "-fopenmp"]
