@@ -43,10 +43,10 @@ inline __m512 load_bf16(const uint16_t* p, int64_t count) {
 }
 
 // low[r, k] = mask[r, k] * (x[r] . a[k]) for the rows whose mask there is nonzero, 0 for the
-// others; up to kTile rows share each read of a[k]. x [rows, in].
-void lora_down(const NativeLora& l, const float* x, int64_t rows, float* low, int threads) {
+// others; up to kTile rows share each read of a[k]. x [rows, in]. (In a parallel region.)
+void lora_down(const NativeLora& l, const float* x, int64_t rows, float* low) {
     const int64_t in = l.in, ranks = l.ranks;
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
+#pragma omp for schedule(dynamic, 1)
     for (int64_t k = 0; k < ranks; ++k) {
         const uint16_t* a = l.a + k * in;
         int64_t picked[kTile];
@@ -76,52 +76,64 @@ void lora_down(const NativeLora& l, const float* x, int64_t rows, float* low, in
     }
 }
 
-// y[r, start + c] += sum over k of low[r, first + k] * b[k, c], for each target, over its
-// nonzero rank columns; the columns split among threads. y [rows, width].
-void lora_up(const NativeLora& l, const float* low, int64_t rows, float* y, int64_t width,
-             int threads) {
-    for (int64_t t = 0; t < l.count; ++t) {
-        const NativeLoraTarget& target = l.targets[t];
-        const int64_t columns = target.stop - target.start;
-        const int64_t share = (columns + 8 * threads - 1) / (8 * threads);
-        const int64_t chunk = std::max<int64_t>(64, (share + 15) / 16 * 16);
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
-        for (int64_t begin = 0; begin < columns; begin += chunk) {
-            const int64_t end = std::min(begin + chunk, columns);
-            int64_t used[256];  // a row's nonzero rank columns of this target
-            for (int64_t r = 0; r < rows; ++r) {
-                const float* mine = low + r * l.ranks + target.first;
-                for (int64_t k0 = 0; k0 < target.ranks; k0 += 256) {
-                    int64_t n = 0;
-                    for (int64_t k = k0; k < std::min(k0 + 256, target.ranks); ++k)
-                        if (mine[k] != 0.0f) used[n++] = k;
-                    if (n == 0) continue;
-                    float* out = y + r * width + target.start;
-                    for (int64_t c = begin; c < end; c += 16) {
-                        const __mmask16 live = tail_mask(end - c);
-                        __m512 acc = _mm512_maskz_loadu_ps(live, out + c);
-                        for (int64_t j = 0; j < n; ++j)
-                            acc = _mm512_fmadd_ps(_mm512_set1_ps(mine[used[j]]),
-                                                  load_bf16(target.b + used[j] * columns + c,
-                                                            end - c),
-                                                  acc);
-                        _mm512_mask_storeu_ps(out + c, live, acc);
-                    }
-                }
+// y[r, start + c] += sum over k of low[r, first + k] * b[k, c] for columns begin .. end - 1 of
+// `target`, over each row's nonzero rank columns. y [rows, width].
+void lora_up(const NativeLoraTarget& target, const float* low, int64_t ranks, int64_t rows,
+             float* y, int64_t width, int64_t begin, int64_t end) {
+    const int64_t columns = target.stop - target.start;
+    int64_t used[256];  // a row's nonzero rank columns of this target, 256 at a time
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* mine = low + r * ranks + target.first;
+        float* out = y + r * width + target.start;
+        for (int64_t k0 = 0; k0 < target.ranks; k0 += 256) {
+            int64_t n = 0;
+            for (int64_t k = k0; k < std::min(k0 + 256, target.ranks); ++k)
+                if (mine[k] != 0.0f) used[n++] = k;
+            for (int64_t c = begin; n > 0 && c < end; c += 16) {
+                const __mmask16 live = tail_mask(end - c);
+                __m512 acc = _mm512_maskz_loadu_ps(live, out + c);
+                for (int64_t j = 0; j < n; ++j)
+                    acc = _mm512_fmadd_ps(_mm512_set1_ps(mine[used[j]]),
+                                          load_bf16(target.b + used[j] * columns + c, end - c), acc);
+                _mm512_mask_storeu_ps(out + c, live, acc);
             }
         }
     }
 }
 
+constexpr int64_t kLoraColumns = 128;  // a target's output columns a task
+
 // y [rows, width] += each row's update of host `l` for x [rows, l.in]; nothing for a host no
-// adapter of the step patches.
+// adapter of the step patches. One parallel region (a region's end waits for every thread,
+// and on a shared machine for a preempted one): rank columns split among the threads, then
+// every target's output columns.
 void add_lora(const NativeLora& l, const float* x, int64_t rows, float* y, int64_t width,
               int threads) {
     if (l.a == nullptr) return;
     if (static_cast<int64_t>(lora_buffer.size()) < rows * l.ranks)
         lora_buffer.resize(rows * l.ranks);
-    lora_down(l, x, rows, lora_buffer.data(), threads);
-    lora_up(l, lora_buffer.data(), rows, y, width, threads);
+    float* low = lora_buffer.data();
+    int64_t tasks = 0;
+    for (int64_t t = 0; t < l.count; ++t)
+        tasks += (l.targets[t].stop - l.targets[t].start + kLoraColumns - 1) / kLoraColumns;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        lora_down(l, x, rows, low);  // (its loop ends with every thread's part done)
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < tasks; ++task) {
+            int64_t t = 0, chunk = task;
+            for (;; ++t) {
+                const int64_t columns = l.targets[t].stop - l.targets[t].start;
+                const int64_t chunks = (columns + kLoraColumns - 1) / kLoraColumns;
+                if (chunk < chunks) break;
+                chunk -= chunks;
+            }
+            const int64_t columns = l.targets[t].stop - l.targets[t].start;
+            const int64_t begin = chunk * kLoraColumns;
+            lora_up(l.targets[t], low, l.ranks, rows, y, width, begin,
+                    std::min(begin + kLoraColumns, columns));
+        }
+    }
 }
 
 }  // namespace
