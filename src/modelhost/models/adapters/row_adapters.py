@@ -268,8 +268,8 @@ def _native_stacks(
 
 
 # The stacked matrices of this many sets of adapters are kept (a copy of their weights each,
-# and a bf16 one once a decode step ran natively; counted with the adapters' bytes): rows come and go, and a step with the same adapters as a
-# recent one reuses what was stacked for it.
+# and a bf16 one once a decode step ran natively; counted with the adapters' bytes): rows come
+# and go, and a step with the same adapters as a recent one reuses what was stacked for it.
 STACKED_SETS = 2
 
 
