@@ -11,7 +11,8 @@ all seven linear ones) and loaded beside it. The engine runs in process (no HTTP
 ignored, no speculation, `--rows` rows at once of `--tokens` tokens each, in four mixes:
 
 - `base`: every row the bare base (the one-call native decode path);
-- `base, module path`: the same with that path off (what a step with an adapted row runs);
+- `base, module path`: the same with that path off (what a step with an adapted row ran
+  before its updates moved into the native call);
 - `half adapted`: half the rows spread over the adapters, half the bare base;
 - `all adapted`: every row an adapter's, the adapters taking turns.
 

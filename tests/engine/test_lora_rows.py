@@ -20,6 +20,8 @@ from modelhost.engine.sequence import Sequence
 from modelhost.models.adapters.adapter_set import AdapterSet
 from modelhost.models.adapters.refusals import AdapterRefused, AdaptersBusy
 from modelhost.models.adapters.row_adapters import AdapterUse
+from modelhost.models.kernels import native
+from modelhost.models.kernels.structs import NativeStep
 from modelhost.models.loaded import LoadedModel
 from modelhost.models.loading.loader import load_model
 
@@ -132,6 +134,60 @@ def test_an_adapter_at_scale_zero_answers_as_the_bare_base(served):
     model, adapters, (_, _, _, _, bare, prompt_ids), tolerance = served
     (ours,) = run_rows(model, prompt_ids, [adapters.use("all", 0.0)])
     assert_same(ours, reference(bare, prompt_ids), tolerance)
+
+
+@pytest.fixture
+def native_decode(world, monkeypatch):
+    """The GGUF base on the native kernels with the three adapters, and a list that records,
+    for each one-call native decode step, whether it carried LoRA updates."""
+    if native.kernels() is None:
+        pytest.skip("no native kernels here")
+    root, _, gguf_path, merged, _, prompt_ids = world
+    model = load_model(str(gguf_path))
+    adapters = AdapterSet(model)
+    for name in merged:
+        adapters.add(name, str(root / name))
+    fused = model.network.fused_decode()
+    assert fused is not None  # every layer runs natively
+    calls: list[bool] = []
+    decode_layers = fused.kernels.decode_layers
+
+    def recorded(hidden: torch.Tensor, layers: object, step: NativeStep) -> None:
+        calls.append(step.lora is not None)
+        decode_layers(hidden, layers, step)
+
+    monkeypatch.setattr(fused.kernels, "decode_layers", recorded)
+    return model, adapters, prompt_ids, calls
+
+
+def test_decode_steps_with_adapted_rows_run_in_one_native_call_with_the_module_paths_answers(
+    native_decode,
+):
+    model, adapters, prompt_ids, calls = native_decode
+    uses = [adapters.use(name) for name in ("qv", "all", "mlp")] + [adapters.use("all", 0.5)]
+    native_answers = run_rows(model, prompt_ids, uses)
+    assert len(calls) >= NUM_TOKENS - 1 and all(calls)  # every decode step, with its updates
+    taken = len(calls)
+    model.network.fuse_decode = False
+    try:
+        module_answers = run_rows(model, prompt_ids, uses)
+    finally:
+        model.network.fuse_decode = True
+    assert len(calls) == taken  # the module path made no native call
+    for ours, theirs in zip(native_answers, module_answers, strict=True):
+        # The native call reads the adapters in bf16, the module path in fp32.
+        assert_same(ours, theirs, 1e-2)
+
+
+def test_a_bare_base_row_beside_adapted_rows_in_a_native_decode_step_gets_exactly_its_answer(
+    native_decode,
+):
+    model, adapters, prompt_ids, calls = native_decode
+    (alone,) = run_rows(model, prompt_ids, [None])
+    calls.clear()
+    beside = run_rows(model, prompt_ids, [adapters.use("all"), None, adapters.use("qv")])
+    assert calls and all(calls)
+    assert beside[1] == alone  # tokens and logprobs, bit for bit
 
 
 def test_an_adapter_of_another_base_shape_is_refused_with_what_differs(world, tmp_path, smollm2):

@@ -7,17 +7,19 @@ stacked into one A and one B a host module, and a mask of each token's scale on 
 adapter's rank columns picks its update, so a module costs two small matmuls whatever the mix.
 Rows of the bare base get nothing added.
 
-The updates are added by forward hooks on the projections the network runs (the fused q|k|v
-and gate|up linears a loaded network holds, o and down), so the layers' code and the native
-decode description (models/kernels/fused_decode.py, which reads the same modules) stay as
-they are; a step with an adapted row leaves the one-call native decode path for the
-module-by-module one, whose kernels are the same. The last layer projects only the tokens
-whose logits are wanted after its attention (decoder.py's `keep`): its o, gate|up and down
-hooks take the step's kept rows.
+On the module-by-module path (prompt steps, and networks without the one-call native decode)
+the updates are added by forward hooks on the projections the network runs (the fused q|k|v
+and gate|up linears a loaded network holds, o and down), so the layers' code stays as it is.
+The last layer projects only the tokens whose logits are wanted after its attention
+(decoder.py's `keep`): its o, gate|up and down hooks take the step's kept rows. A decode step
+on the one-call native path (models/kernels/fused_decode.py) adds them inside that call
+(native_lora.h), from a bf16 copy of the same stacks made once for the set of adapters: the
+step reads half the bytes of the fp32 stacks, and rows of the bare base are skipped there.
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import struct
 from collections.abc import Callable, Iterator, Sequence
@@ -29,6 +31,8 @@ from torch import nn
 
 from modelhost.models.adapters.lora_files import LoraFile
 from modelhost.models.adapters.refusals import AdapterRefused
+from modelhost.models.kernels.fused_decode import LORA_HOSTS
+from modelhost.models.kernels.structs import NativeLora, NativeLoraTarget
 from modelhost.models.loading.load_gguf import PERMUTED_ARCHITECTURES, unpermuted_rows
 from modelhost.models.networks.decoder import DecoderLM
 from modelhost.models.networks.layers import GatedMLP, partial_rotary_rows
@@ -236,12 +240,80 @@ def _stack(adapters: Sequence[LoraAdapter], key: tuple[int, str]) -> _Stacked | 
     return _Stacked(a, tuple(targets), owners.to(a.device), tuple(layout))
 
 
+@dataclass(frozen=True, slots=True)
+class _NativeStacks:
+    """A set's stacks as the native decode call reads them (native_lora.h): a NativeLora for
+    each layer's LORA_HOSTS, each patched one pointing into bf16 copies held here."""
+
+    hosts: ctypes.Array  # NativeLora [layers * len(LORA_HOSTS)]
+    patched: tuple[tuple[int, _Stacked], ...]  # its index in hosts, its stack (the mask's key)
+    held: tuple[object, ...]  # the bf16 tensors and target arrays `hosts` points into
+    nbytes: int
+
+
+def _native_stacks(
+    stacked: Callable[[tuple[int, str]], _Stacked | None], layers: int
+) -> _NativeStacks:
+    """Every host's stack (`stacked`) in bf16, described for the native decode call."""
+    hosts = (NativeLora * (layers * len(LORA_HOSTS)))()
+    patched: list[tuple[int, _Stacked]] = []
+    held: list[object] = []
+    for layer in range(layers):
+        for slot, host in enumerate(LORA_HOSTS):
+            found = stacked((layer, host))
+            if found is None:
+                continue
+            a = found.a.T.to(torch.bfloat16).contiguous()  # [R, in]: a row per rank column
+            targets = (NativeLoraTarget * len(found.targets))()
+            for i, (start, stop, c0, c1, b) in enumerate(found.targets):
+                b16 = b.to(torch.bfloat16).contiguous()  # [ranks, out columns]
+                targets[i] = NativeLoraTarget(start, stop, c0, c1 - c0, b16.data_ptr())
+                held.append(b16)
+            held += [a, targets]
+            index = layer * len(LORA_HOSTS) + slot
+            hosts[index] = NativeLora(
+                a=a.data_ptr(),
+                targets=ctypes.addressof(targets),
+                count=len(targets),
+                ranks=a.shape[0],
+                in_features=a.shape[1],
+            )
+            patched.append((index, found))
+    tensors = [t for t in held if isinstance(t, torch.Tensor)]
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    return _NativeStacks(hosts, tuple(patched), tuple(held), nbytes)
+
+
 # The stacked matrices of this many sets of adapters are kept (a copy of their weights each,
-# counted with the adapters' bytes): rows come and go, and a step with the same adapters as a
-# recent one reuses what was stacked for it.
+# and a bf16 one once a decode step ran natively; counted with the adapters' bytes): rows come
+# and go, and a step with the same adapters as a recent one reuses what was stacked for it.
 STACKED_SETS = 2
 
-Stacks = dict[tuple[int, str], _Stacked | None]
+
+class _StackSet:
+    """One set of adapters' stacked matrices, made as steps need them: a host module's fp32
+    stack for the hooks, and all of them in bf16 for the native decode call."""
+
+    def __init__(self, adapters: tuple[LoraAdapter, ...], layers: int) -> None:
+        self.adapters = adapters
+        self.layers = layers
+        self.hosts: dict[tuple[int, str], _Stacked | None] = {}
+        self._native: _NativeStacks | None = None
+
+    def stacked(self, key: tuple[int, str]) -> _Stacked | None:
+        if key not in self.hosts:
+            self.hosts[key] = _stack(self.adapters, key)
+        return self.hosts[key]
+
+    def native(self) -> _NativeStacks:
+        if self._native is None:
+            self._native = _native_stacks(self.stacked, self.layers)
+        return self._native
+
+    @property
+    def nbytes(self) -> int:
+        native = self._native.nbytes if self._native is not None else 0
+        return native + sum(s.nbytes for s in list(self.hosts.values()) if s is not None)
 
 
 class _Step:
@@ -249,16 +321,11 @@ class _Step:
     matrices of each host module (shared by the steps that run the same adapters)."""
 
     def __init__(
-        self,
-        uses: Sequence[AdapterUse | None],
-        kept: torch.Tensor,
-        adapters: tuple[LoraAdapter, ...],
-        stacks: Stacks,
+        self, uses: Sequence[AdapterUse | None], kept: torch.Tensor, stacks: _StackSet
     ) -> None:
-        index = {id(adapter): i for i, adapter in enumerate(adapters)}
+        index = {id(adapter): i for i, adapter in enumerate(stacks.adapters)}
         owner = [-1 if use is None else index[id(use.adapter)] for use in uses]
         scale = [0.0 if use is None else use.scale for use in uses]
-        self.adapters = adapters
         self.stacks = stacks
         self.owner = torch.tensor(owner, device=kept.device)
         self.scale = torch.tensor(scale, device=kept.device)
@@ -266,21 +333,26 @@ class _Step:
         self.kept_scale = self.scale.index_select(0, kept)
         self._masks: dict[tuple[object, ...], torch.Tensor] = {}
 
-    def stacked(self, key: tuple[int, str]) -> _Stacked | None:
-        if key not in self.stacks:
-            self.stacks[key] = _stack(self.adapters, key)
-        return self.stacks[key]
-
-    def mask(self, stacked: _Stacked, kept: bool) -> torch.Tensor:
+    def mask(self, stacked: _Stacked, kept: bool, dtype: torch.dtype | None = None) -> torch.Tensor:
         """[tokens, R]: each token's scale on its own adapter's rank columns, 0 elsewhere
-        (so the bare base's tokens and other adapters' columns add nothing)."""
-        key = (stacked.layout, kept, stacked.a.dtype)
+        (so the bare base's tokens and other adapters' columns add nothing); in `dtype`, the
+        stack's by default."""
+        dtype = dtype or stacked.a.dtype
+        key = (stacked.layout, kept, dtype)
         mask = self._masks.get(key)
         if mask is None:
             owner, scale = (self.kept_owner, self.kept_scale) if kept else (self.owner, self.scale)
             mine = owner[:, None] == stacked.owners[None, :]
-            mask = self._masks[key] = mine.to(stacked.a.dtype) * scale[:, None].to(stacked.a.dtype)
+            mask = self._masks[key] = mine.to(dtype) * scale[:, None].to(dtype)
         return mask
+
+    def native(self) -> ctypes.Array:
+        """The native decode call's NativeLora for every layer's hosts, with this step's masks
+        (every token: that call runs all of them through the last layer)."""
+        native = self.stacks.native()
+        for index, stacked in native.patched:
+            native.hosts[index].mask = self.mask(stacked, False, torch.float32).data_ptr()
+        return native.hosts
 
 
 class RowAdapters:
@@ -294,7 +366,7 @@ class RowAdapters:
     def __init__(self, network: DecoderLM) -> None:
         self.network = network
         self._step: _Step | None = None
-        self._stacked: dict[tuple[int, ...], tuple[tuple[LoraAdapter, ...], Stacks]] = {}
+        self._stacked: dict[tuple[int, ...], _StackSet] = {}
         last = network.config.num_layers - 1
         for layer in range(network.config.num_layers):
             hosts = {host for host, _ in host_segments(network, layer).values()}
@@ -316,28 +388,32 @@ class RowAdapters:
         # stacks a recent one made.
         distinct = {id(u.adapter): u.adapter for u in uses if u is not None}
         adapters = tuple(distinct[key] for key in sorted(distinct))
-        self._step = _Step(uses, kept, adapters, self._stacks_for(adapters))
-        fused, self.network.fuse_decode = self.network.fuse_decode, False
+        step = self._step = _Step(uses, kept, self._stacks_for(adapters))
+        # A decode step on the one-call native path adds the updates there (the hooks then
+        # never run); any other step runs the modules, and the hooks add them.
+        fused = self.network.fused_decode()
+        if fused is not None:
+            fused.lora = step.native
         try:
             yield
         finally:
             self._step = None
-            self.network.fuse_decode = fused
+            if fused is not None:
+                fused.lora = None
 
     def stacked_bytes(self) -> int:
         """The stacked copies kept of recent steps' adapters."""
-        kept = [stacks for _, stacks in list(self._stacked.values())]
-        return sum(s.nbytes for stacks in kept for s in list(stacks.values()) if s is not None)
+        return sum(stacks.nbytes for stacks in list(self._stacked.values()))
 
-    def _stacks_for(self, adapters: tuple[LoraAdapter, ...]) -> Stacks:
+    def _stacks_for(self, adapters: tuple[LoraAdapter, ...]) -> _StackSet:
         key = tuple(id(adapter) for adapter in adapters)
         found = self._stacked.pop(key, None)
-        if found is None or any(x is not y for x, y in zip(found[0], adapters, strict=True)):
-            found = (adapters, {})
+        if found is None or any(x is not y for x, y in zip(found.adapters, adapters, strict=True)):
+            found = _StackSet(adapters, self.network.config.num_layers)
         self._stacked[key] = found  # the most recent last
         while len(self._stacked) > STACKED_SETS:
             del self._stacked[next(iter(self._stacked))]
-        return found[1]
+        return found
 
     def _hook(
         self, layer: int, host: str, kept: bool
@@ -350,7 +426,7 @@ class RowAdapters:
             step = self._step
             if step is None:
                 return
-            stacked = step.stacked(key)
+            stacked = step.stacks.stacked(key)
             if stacked is None:
                 return
             x = args[0]

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from modelhost.models.networks.decoder import DecoderBlock, DecoderLM
 
 ROPE_KINDS = ("global", "local", "none")  # NativeLayer.rope's values, in order
+# The host modules of a layer whose LoRA updates NativeStep.lora describes, in its order.
+LORA_HOSTS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 
 
 class FusedDecode:
@@ -39,6 +41,9 @@ class FusedDecode:
         self.layers = layers
         self.width = width
         self._pools: tuple[KVCache, ctypes.Array] | None = None
+        # The step's LoRA updates of its rows: NativeLora [layers * 4] (LORA_HOSTS), made when
+        # a step runs here; set by models/adapters/row_adapters.py around its steps.
+        self.lora: Callable[[], ctypes.Array] | None = None
 
     @classmethod
     def for_network(cls, network: DecoderLM) -> FusedDecode | None:
@@ -97,6 +102,9 @@ class FusedDecode:
             block_size=kv.block_size,
             threads=self.kernels.threads,
         )
+        lora = self.lora() if self.lora is not None else None  # held until the call returns
+        if lora is not None:
+            step.lora = ctypes.addressof(lora)
         if before_layers is not None:
             before_layers()
         self.kernels.decode_layers(hidden, self.layers, step)

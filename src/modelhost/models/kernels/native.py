@@ -51,6 +51,7 @@ HEADERS = [
         "native_moe.h",
         "native_prompt_attention.h",
         "native_kv_q8.h",
+        "native_lora.h",
     )
 ]
 FLAGS = ["-O3", "-shared", "-fPIC", "-std=c++17", "-fopenmp"]

@@ -426,6 +426,7 @@ extern "C" void mh_gated_activation(const float* gate_up, int64_t rows, int64_t 
 }
 
 #include "native_moe.h"  // a mixture of experts' MLP (mh_moe), which decode steps run too
+#include "native_lora.h"  // rows' LoRA updates of a decode step's linears (add_lora)
 
 // A whole decode step through the decoder layers, one call instead of ~15 a layer: for rows of
 // one generated token each, hidden [rows, width] is updated in place. The structs mirror
@@ -462,6 +463,7 @@ struct NativeStep {
     const int64_t *slots, *blocks, *positions;
     int64_t blocks_per_row, block_size;
     int32_t threads;
+    const NativeLora* lora;  // [layers][4]: qkv's, o's, gate_up's, down's updates; or null
 };
 
 namespace {
@@ -518,14 +520,17 @@ extern "C" void mh_decode_layers(float* hidden, const NativeLayer* layers, int64
     float* narrow = wide + rows * widest;
     for (int64_t i = 0; i < num_layers; ++i) {
         const NativeLayer& l = layers[i];
+        const NativeLora* lora = step->lora != nullptr ? step->lora + 4 * i : nullptr;
         mh_rms_norm(hidden, l.input_norm, rows, width, l.eps, normed, step->threads);
         linear(l.qkv, normed, rows, wide, step->threads);
+        if (lora != nullptr) add_lora(lora[0], normed, rows, wide, l.qkv.out, step->threads);
         mh_paged_attention(wide, rows, l.heads, l.kv_heads, l.dim, l.qk_norm, l.qk_eps,
                            step->cos[l.rope], step->sin[l.rope], step->pools[i],
                            step->pool_kind, step->slots, step->blocks, step->blocks_per_row,
                            step->block_size, step->positions, l.window, l.scale, l.softcap,
                            narrow, step->threads);
         linear(l.o, narrow, rows, normed, step->threads);
+        if (lora != nullptr) add_lora(lora[1], narrow, rows, normed, l.o.out, step->threads);
         if (l.attention_out_norm != nullptr)
             mh_rms_norm(normed, l.attention_out_norm, rows, width, l.eps, normed, step->threads);
         add_into(hidden, normed, rows * width, l.residual_scale);
@@ -535,8 +540,11 @@ extern "C" void mh_decode_layers(float* hidden, const NativeLayer* layers, int64
             std::memcpy(normed, wide, sizeof(float) * rows * width);
         } else {
             linear(l.gate_up, normed, rows, wide, step->threads);
+            if (lora != nullptr)
+                add_lora(lora[2], normed, rows, wide, l.gate_up.out, step->threads);
             mh_gated_activation(wide, rows, l.gate_up.out / 2, l.act, narrow, step->threads);
             linear(l.down, narrow, rows, normed, step->threads);
+            if (lora != nullptr) add_lora(lora[3], narrow, rows, normed, l.down.out, step->threads);
         }
         if (l.mlp_out_norm != nullptr)
             mh_rms_norm(normed, l.mlp_out_norm, rows, width, l.eps, normed, step->threads);
@@ -556,6 +564,8 @@ extern "C" int64_t mh_struct_size(int32_t which) {
         case 2: return sizeof(NativeLinear);
         case 3: return sizeof(NativeLayer);
         case 4: return sizeof(NativeStep);
+        case 5: return sizeof(NativeLora);
+        case 6: return sizeof(NativeLoraTarget);
         default: return -1;
     }
 }

@@ -72,6 +72,33 @@ class NativeLayer(ctypes.Structure):
     ]
 
 
+class NativeLoraTarget(ctypes.Structure):
+    """native_lora.h's NativeLoraTarget: a target's output columns in its host, its rank
+    columns of the stack, and its B transposed (bf16 [ranks, stop - start])."""
+
+    _fields_ = [
+        ("start", _i64),
+        ("stop", _i64),
+        ("first", _i64),
+        ("ranks", _i64),
+        ("b", _ptr),
+    ]
+
+
+class NativeLora(ctypes.Structure):
+    """native_lora.h's NativeLora: a host module's stacked updates for a step (a null `a`:
+    none)."""
+
+    _fields_ = [
+        ("a", _ptr),  # bf16 [ranks, in]
+        ("mask", _ptr),  # fp32 [rows, ranks]
+        ("targets", _ptr),  # NativeLoraTarget [count]
+        ("count", _i64),
+        ("ranks", _i64),
+        ("in_features", _i64),
+    ]
+
+
 class NativeStep(ctypes.Structure):
     _fields_ = [
         ("rows", _i64),
@@ -86,6 +113,7 @@ class NativeStep(ctypes.Structure):
         ("blocks_per_row", _i64),
         ("block_size", _i64),
         ("threads", _i32),
+        ("lora", _ptr),  # NativeLora [layers][4] (qkv, o, gate_up, down), or null: none
     ]
 
 
@@ -96,4 +124,6 @@ STRUCTS: tuple[type[ctypes.Structure], ...] = (
     NativeLinear,
     NativeLayer,
     NativeStep,
+    NativeLora,
+    NativeLoraTarget,
 )
