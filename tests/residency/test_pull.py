@@ -253,10 +253,17 @@ class Terminal:
     def __init__(self, *args: str) -> None:
         self.master, child = pty.openpty()
         fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "modelhost", "pull", *args],
-            stdin=child, stdout=child, stderr=child, start_new_session=True,
-        )  # fmt: skip
+        # A child inherits an ignored SIGINT (and Python then installs no KeyboardInterrupt
+        # for it), which the test process may carry from earlier tests in a full run: the pull
+        # starts as a terminal's would, with SIGINT at its default.
+        inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "modelhost", "pull", *args],
+                stdin=child, stdout=child, stderr=child, start_new_session=True,
+            )  # fmt: skip
+        finally:
+            signal.signal(signal.SIGINT, inherited)
         os.close(child)
         self.shown = b""
 
