@@ -111,6 +111,22 @@ def test_every_surface_runs_the_adapter_the_model_names(base_url: str):
     )
 
 
+def test_an_answer_names_the_adapter_it_ran_with_as_its_model(base_url: str):
+    messages = [{"role": "user", "content": "Say something."}]
+    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="none", max_retries=0)
+    with client:
+        chat = client.chat.completions.create(
+            model="tone", messages=messages, max_tokens=2, temperature=0
+        )  # type: ignore[arg-type]
+        beside = client.chat.completions.create(
+            model=BASE, messages=messages, max_tokens=2, extra_body={"adapter": "terse"}
+        )  # type: ignore[arg-type]
+        bare = client.chat.completions.create(model=BASE, messages=messages, max_tokens=2)  # type: ignore[arg-type]
+    with anthropic.Anthropic(base_url=base_url, api_key="none", max_retries=0) as claude:
+        message = claude.messages.create(model="tone", messages=messages, max_tokens=2)  # type: ignore[arg-type]
+    assert (chat.model, beside.model, bare.model, message.model) == ("tone", "terse", BASE, "tone")
+
+
 def test_an_unknown_adapter_beside_the_base_is_model_not_found(base_url: str):
     client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="none", max_retries=0)
     with client, pytest.raises(openai.NotFoundError) as refused:

@@ -267,6 +267,7 @@ class InferenceStage:
             arrived_at=arrived_at,
             clock=self.clock,
             output=output,
+            model_id=adapter.adapter.name if adapter is not None else self.model_id,
         )
         self._live.add(admitted)
         return admitted
@@ -407,8 +408,11 @@ class AdmittedRequest:
         arrived_at: float,
         clock: Callable[[], float],
         output: OutputChannels | None = None,
+        model_id: str = "",
     ) -> None:
         self.request_id = request_id
+        # What the answer names as its model: the adapter the row ran with, else the model.
+        self.model_id = model_id
         self._output = output  # splits reasoning and tool calls out of the text
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens

@@ -64,7 +64,7 @@ def prepare_message(body: dict[str, Any], request_id: str) -> Prepared:
     not_offered = anthropic_tools.read_tools(body).not_offered
 
     def reply(stage: InferenceStage, admitted: AdmittedRequest) -> Reply:
-        meta = {"id": request_id, "model": stage.model_id}
+        meta = {"id": request_id, "model": admitted.model_id}
         return Reply(
             lambda result: message_json(meta, result),
             lambda: MessageStream(meta, admitted.prompt_tokens),

@@ -64,7 +64,7 @@ def prepare_chat(body: dict[str, Any], request_id: str) -> Prepared:
     inference, options = parse_chat_request(body, request_id)
 
     def reply(stage: InferenceStage, admitted: AdmittedRequest) -> Reply:
-        meta = {"id": request_id, "created": int(time.time()), "model": stage.model_id}
+        meta = {"id": request_id, "created": int(time.time()), "model": admitted.model_id}
         return Reply(
             lambda result: chat_completion_json(meta, result),
             lambda: ChatStream(meta, options.include_usage, admitted.want_logprobs),

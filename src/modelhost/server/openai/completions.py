@@ -67,7 +67,7 @@ def prepare_completion(body: dict[str, Any], request_id: str) -> Prepared:
     inference, options = parse_completion_request(body, request_id)
 
     def reply(stage: InferenceStage, admitted: AdmittedRequest) -> Reply:
-        meta = {"id": request_id, "created": int(time.time()), "model": stage.model_id}
+        meta = {"id": request_id, "created": int(time.time()), "model": admitted.model_id}
         echo = echo_text(inference.prompt, stage) if body.get("echo") is True else None
         return Reply(
             lambda result: text_completion_json(meta, result, echo),

@@ -107,7 +107,7 @@ def prepare_turn(
         return turn.complete(store, output, result.finish_reason, result.usage, result.reasoning)
 
     def reply(stage: InferenceStage, admitted: AdmittedRequest) -> Reply:
-        turn.base["model"] = stage.model_id
+        turn.base["model"] = admitted.model_id
         return Reply(render, lambda: ResponseStream(turn, store))
 
     return Prepared(turn.inference, reply, turn.tools.not_offered)
