@@ -48,70 +48,61 @@ inline __m256i bf16_lanes(__m512 v) {
 }
 
 // Block b's first `live` outputs (of 16) of a quantized weight, as bf16 rows of out [live, ld]:
-// each tile is unpacked as the matmul unpacks it, and output o's 32 levels (dword o of each of
-// the 8 registers) gathered, scaled and rounded.
+// the block is unpacked as byte_panels unpacks it (levels and parameters, into `panel`), and
+// output o's 32 levels of each group (dword o of each of its 8 registers) gathered, scaled and
+// rounded.
 template <int F>
-void bf16_block(const QLinear& w, int64_t b, int64_t live, uint16_t* out, int64_t ld) {
-    using T = Format<F>;
-    constexpr int64_t tile = tile_bytes(T::bits), pbytes = param_bytes<F>();
+void bf16_block(const QLinear& w, int64_t b, int64_t live, uint16_t* out, int64_t ld,
+                std::vector<uint8_t>& panel) {
+    constexpr int H = Format<F>::halves ? 2 : 1;
     const int64_t groups = w.padded / 32;
-    alignas(64) uint8_t levels[512];
-    alignas(64) float params[4][16];  // scale and minimum of each half group, by output
+    const size_t level_bytes = 512 * groups, param_bytes = 128 * H * groups;
+    if (panel.size() < level_bytes + param_bytes + 64) panel.resize(level_bytes + param_bytes + 64);
+    uint8_t* levels = panel.data() + (64 - reinterpret_cast<uintptr_t>(panel.data()) % 64) % 64;
+    float* params = reinterpret_cast<float*>(levels + level_bytes);
+    unpack_panel<F>(w, b, groups, levels, params);
     const __m256i quads = _mm256_setr_epi32(0, 64, 128, 192, 256, 320, 384, 448);
-    __m512 d = _mm512_setzero_ps(), dmin = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; ++g) {
-        const int64_t at = b * groups + g;
-        __m512i unpacked[kRegisters<T::bits>];
-        unpack<T::bits>(w.data + at * tile, unpacked);
-        for (int q = 0; q < 8; ++q) _mm512_store_si512(levels + 64 * q, unpacked[q]);
-        if constexpr (T::params == kSuper) {
-            if (g % 8 == 0) {
-                const uint16_t* s = w.supers + (b * (groups / 8) + g / 8) * 32;
-                d = fp16_to_ps(s);
-                dmin = fp16_to_ps(s + 16);
-            }
-        }
-        __m512 scale[2], min[2];
-        tile_params<F>(w.params + at * pbytes, d, dmin, scale, min);
-        _mm512_store_ps(params[0], scale[0]);
-        _mm512_store_ps(params[1], min[0]);
-        _mm512_store_ps(params[2], scale[1]);
-        _mm512_store_ps(params[3], min[1]);
+        const float* first = params + 32 * H * g;  // scales [16], minimums [16] a half group
+        const float* second = first + 32 * (H - 1);
         for (int64_t o = 0; o < live; ++o) {
-            const __m256i bytes =
-                _mm256_i32gather_epi32(reinterpret_cast<const int*>(levels + 4 * o), quads, 1);
+            const __m256i bytes = _mm256_i32gather_epi32(
+                reinterpret_cast<const int*>(levels + 512 * g + 4 * o), quads, 1);
             const __m512 low = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(bytes)));
             const __m512 high =
                 _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(bytes, 1)));
             uint16_t* row = out + o * ld + 32 * g;
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(row),
-                                bf16_lanes(_mm512_fmadd_ps(low, _mm512_set1_ps(params[0][o]),
-                                                           _mm512_set1_ps(params[1][o]))));
+                                bf16_lanes(_mm512_fmadd_ps(low, _mm512_set1_ps(first[o]),
+                                                           _mm512_set1_ps(first[16 + o]))));
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + 16),
-                                bf16_lanes(_mm512_fmadd_ps(high, _mm512_set1_ps(params[2][o]),
-                                                           _mm512_set1_ps(params[3][o]))));
+                                bf16_lanes(_mm512_fmadd_ps(high, _mm512_set1_ps(second[o]),
+                                                           _mm512_set1_ps(second[16 + o]))));
         }
     }
 }
 #endif
 
-// Block b's first `live` outputs as bf16 rows of out [live, ld]; scratch holds a fp32 row.
-void bf16_rows(const QLinear& w, int64_t b, int64_t live, float* scratch, uint16_t* out,
-               int64_t ld) {
+// Block b's first `live` outputs as bf16 rows of out [live, ld]; scratch holds a fp32 row,
+// panel a block's unpacked tiles.
+void bf16_rows(const QLinear& w, int64_t b, int64_t live, float* scratch,
+               std::vector<uint8_t>& panel, uint16_t* out, int64_t ld) {
 #ifndef MH_AVX2  // AMX comes with AVX-512: the AVX2 build only ever answers tests
     switch (w.format) {
-        case kQ4_0: return bf16_block<kQ4_0>(w, b, live, out, ld);
-        case kQ4_1: return bf16_block<kQ4_1>(w, b, live, out, ld);
-        case kQ5_0: return bf16_block<kQ5_0>(w, b, live, out, ld);
-        case kQ5_1: return bf16_block<kQ5_1>(w, b, live, out, ld);
-        case kQ8_0: return bf16_block<kQ8_0>(w, b, live, out, ld);
-        case kQ2_K: return bf16_block<kQ2_K>(w, b, live, out, ld);
-        case kQ3_K: return bf16_block<kQ3_K>(w, b, live, out, ld);
-        case kQ4_K: return bf16_block<kQ4_K>(w, b, live, out, ld);
-        case kQ5_K: return bf16_block<kQ5_K>(w, b, live, out, ld);
-        case kQ6_K: return bf16_block<kQ6_K>(w, b, live, out, ld);
+        case kQ4_0: return bf16_block<kQ4_0>(w, b, live, out, ld, panel);
+        case kQ4_1: return bf16_block<kQ4_1>(w, b, live, out, ld, panel);
+        case kQ5_0: return bf16_block<kQ5_0>(w, b, live, out, ld, panel);
+        case kQ5_1: return bf16_block<kQ5_1>(w, b, live, out, ld, panel);
+        case kQ8_0: return bf16_block<kQ8_0>(w, b, live, out, ld, panel);
+        case kQ2_K: return bf16_block<kQ2_K>(w, b, live, out, ld, panel);
+        case kQ3_K: return bf16_block<kQ3_K>(w, b, live, out, ld, panel);
+        case kQ4_K: return bf16_block<kQ4_K>(w, b, live, out, ld, panel);
+        case kQ5_K: return bf16_block<kQ5_K>(w, b, live, out, ld, panel);
+        case kQ6_K: return bf16_block<kQ6_K>(w, b, live, out, ld, panel);
         default: break;  // float tiles: row by row below
     }
+#else
+    (void)panel;
 #endif
     for (int64_t o = 0; o < live; ++o) bf16_row(w, 16 * b + o, scratch, out + o * ld);
 }
@@ -126,10 +117,11 @@ extern "C" void mh_dequantize_bf16(const QLinear* w, int64_t first, int64_t coun
 #pragma omp parallel num_threads(threads) if (threads > 1 && blocks > 1)
     {
         std::vector<float> scratch(w->padded);
+        std::vector<uint8_t> panel;
 #pragma omp for schedule(static)
         for (int64_t k = 0; k < blocks; ++k) {
             const int64_t live = std::min<int64_t>(16, count - 16 * k);
-            bf16_rows(*w, first / 16 + k, live, scratch.data(), out + 16 * k * ld, ld);
+            bf16_rows(*w, first / 16 + k, live, scratch.data(), panel, out + 16 * k * ld, ld);
         }
     }
 }
