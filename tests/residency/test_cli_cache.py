@@ -4,6 +4,7 @@ model's, one cache or both; a packed copy a live process maps is kept, and said 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from synthetic_files import write_tiny
 from modelhost.cli.main import main
 from modelhost.engine.kv.prefix_store import chain_key
 from modelhost.paths import file_cache_key, gguf_cache_root
+from modelhost.residency.disk_caches import packed_files
 from modelhost.residency.kv.kv_store import KVDiskStore
 
 PACKED_BYTES = 3 * 10**7  # 0.03 GB
@@ -166,3 +168,21 @@ def test_cache_clear_of_an_unknown_model_fails_and_says_so(
 ) -> None:
     assert main(["cache", "clear", "nope"]) == 2
     assert "'nope' is not a local model" in capsys.readouterr().err
+
+
+def test_a_folder_that_goes_while_the_cache_is_listed_is_passed_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A loading worker renames its `.partial-PID` folder into place while /stats lists.
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "packed-abc.bin").write_bytes(b"\0" * 10)
+    (tmp_path / "model.partial-15511").mkdir()
+    scandir = os.scandir
+
+    def going(path):  # type: ignore[no-untyped-def]
+        if str(path).endswith(".partial-15511"):
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", going)
+    assert [(f.path.name, f.bytes) for f in packed_files(tmp_path)] == [("packed-abc.bin", 10)]

@@ -70,11 +70,18 @@ class ModelCaches:
 
 
 def packed_files(root: Path | None = None) -> list[PackedFile]:
-    """Every packed weights file under the cache (`root`: gguf_cache_root())."""
+    """Every packed weights file under the cache (`root`: gguf_cache_root()). A folder can go
+    while it is listed (a loading worker renames its `.partial-PID` folder into place), so each
+    folder is read on its own and one that went is passed over."""
     found = []
-    for path in sorted((root or gguf_cache_root()).glob(PACKED_GLOB)):
+    try:
+        folders = sorted(entry for entry in (root or gguf_cache_root()).iterdir())
+    except OSError:  # no cache yet
+        return found
+    for folder in folders:
         with contextlib.suppress(OSError):  # removed while listed
-            found.append(PackedFile(path, path.stat().st_size))
+            for path in sorted(folder.glob(PACKED_GLOB.partition("/")[2])):
+                found.append(PackedFile(path, path.stat().st_size))
     return found
 
 
