@@ -13,7 +13,7 @@ The one exception is asked for (`--prompt-activations 8` or `bf16`): a step's `c
 prompt tokens whose logits nobody reads (engine/runner.py marks them: those before a long
 prompt's last block), run either with their activations rounded to 8 bits each 32 inputs, as
 llama.cpp's, which does half the integer products, or through PyTorch's bf16 GEMM over the
-weight dequantized to bf16 a slice of outputs at a time (native_bf16.h): on a CPU with AMX
+weight dequantized to bf16 a slice of outputs at a time (bf16_linear.py): on a CPU with AMX
 oneDNN multiplies bf16 on its tiles several times faster than the integer kernels. Their keys
 and values then differ a little from a 16-bit prompt's; sampled rows (decode, a prompt's last
 token, speculation's verification) stay at 16 bits, and a row's result still depends only on
