@@ -73,7 +73,7 @@ def packed_files(root: Path | None = None) -> list[PackedFile]:
     """Every packed weights file under the cache (`root`: gguf_cache_root()). A folder can go
     while it is listed (a loading worker renames its `.partial-PID` folder into place), so each
     folder is read on its own and one that went is passed over."""
-    found = []
+    found: list[PackedFile] = []
     try:
         folders = sorted(entry for entry in (root or gguf_cache_root()).iterdir())
     except OSError:  # no cache yet
