@@ -34,7 +34,7 @@ from modelhost.residency.kv.kv_usage import StoreUsage
 if TYPE_CHECKING:
     from modelhost.residency.registry import ModelEntry
 
-PACKED_GLOB = "*/packed-*.bin"
+PACKED_NAMES = "packed-*.bin"  # a packed copy, in its GGUF file's cache folder
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +80,7 @@ def packed_files(root: Path | None = None) -> list[PackedFile]:
         return found
     for folder in folders:
         with contextlib.suppress(OSError):  # removed while listed
-            for path in sorted(folder.glob(PACKED_GLOB.partition("/")[2])):
+            for path in sorted(folder.glob(PACKED_NAMES)):
                 found.append(PackedFile(path, path.stat().st_size))
     return found
 

@@ -76,25 +76,26 @@ class Bf16Linear(nn.Module):
 
 
 @functools.cache
+def _cpu_flags() -> str:
+    """/proc/cpuinfo's text ("" where it cannot be read)."""
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
 def bf16_gemm_in_hardware() -> bool:
     """Whether this CPU multiplies bf16 in hardware (AVX-512 BF16 or AMX: Zen 4, Sapphire
     Rapids and later), where Bf16Linear pays; elsewhere oneDNN emulates it slower than the
     native kernels run."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
+    flags = _cpu_flags()
     return " avx512_bf16" in flags or " amx_bf16" in flags
 
 
-@functools.cache
 def amx_in_hardware() -> bool:
     """Whether this CPU has AMX's bf16 tiles (Sapphire Rapids and later), where oneDNN's bf16
     GEMM outruns the native integer kernels several times over for a long prompt's rows."""
-    try:
-        return " amx_bf16" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
+    return " amx_bf16" in _cpu_flags()
 
 
 def quantize_blocks(weight: torch.Tensor, format: int) -> torch.Tensor:
