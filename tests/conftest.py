@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,12 +21,38 @@ import torch  # noqa: E402
 
 from modelhost.engine.engine import share_the_gil_with_the_engine  # noqa: E402
 from modelhost.models.loaded import LoadedModel  # noqa: E402
+from modelhost.models.loading.embedded import EMBEDDED  # noqa: E402
 from modelhost.models.loading.loader import load_model  # noqa: E402
+from modelhost.paths import file_cache_key, modelhost_home  # noqa: E402
 
 # The engine, the event loop and test clients share two cores here; a second intra-op thread
 # spinning against them makes every matmul many times slower, and tests measure no speed.
 torch.set_num_threads(1)
 share_the_gil_with_the_engine()  # as `modelhost serve` does where its engines run
+
+
+# Folders that session-scoped fixtures make once for every module (`models_dir`, pull_world.py).
+_SESSION_FOLDERS = ("models", "hub-files")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _module_leaves_no_disk_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A module's temporary folders, and the packed copies of the GGUF files it wrote there,
+    go when its last fixture has: a whole run otherwise leaves ~12 GB behind, more than a CI
+    machine's disk may have free (tests' own folders go as each passes: pyproject's
+    tmp_path_retention_policy). The embedded models' packed copies stay for the next module."""
+    base = tmp_path_factory.getbasetemp()
+    packed = modelhost_home() / "cache" / "gguf"
+    folders_before = set(base.iterdir())
+    packed_before = set(packed.iterdir()) if packed.is_dir() else set()
+    yield
+    for folder in set(base.iterdir()) - folders_before:
+        if not folder.name.startswith(_SESSION_FOLDERS):
+            shutil.rmtree(folder, ignore_errors=True)
+    embedded = {file_cache_key(locate()) for locate in EMBEDDED.values()}
+    for folder in (set(packed.iterdir()) if packed.is_dir() else set()) - packed_before:
+        if folder.name not in embedded:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
