@@ -2,7 +2,7 @@
 then turns that each append tool output and user text, against llama-server on the same GGUF.
 
     python benchmarks/agent_turns.py FILE.gguf [--turns 5] [--answer-tokens 64] [--rounds 1]
-        [--tool-kb 76] [--servers modelhost,llama-server] [--llama-server PATH]
+        [--tool-kb 76] [--gap S] [--servers modelhost,llama-server] [--llama-server PATH]
         [--modelhost-args "..."] [--llama-args "..."] [--out FILE]
 
 The session is generated deterministically: an instructions text (~5,600 characters) and 24
@@ -159,7 +159,7 @@ def complete(url: str, model: str, prompt: str, tokens: int) -> dict[str, Any]:
 def start(name: str, file: Path, port: int, home: Path, log: Path, args: argparse.Namespace):
     if name == "modelhost":
         argv = [sys.executable, "-m", "modelhost", "serve", str(file), "--port", str(port)]
-        argv += ["--hold", "0", *shlex.split(args.modelhost_args)]
+        argv += shlex.split(args.modelhost_args)  # serve's --hold: 5 s, as users have it
     else:
         cores = os.cpu_count() or 1
         argv = [str(args.llama_server), "-m", str(file), "--port", str(port), "-np", "1"]
@@ -195,6 +195,8 @@ def run_session(
         model = model_name(url)
         turns = []
         for index, prompt in enumerate(prompts):
+            if index:
+                time.sleep(args.gap)
             row = complete(url, model, prompt, args.answer_tokens)
             turns.append(row)
             print(
@@ -273,6 +275,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--answer-tokens", type=int, default=64)
     parser.add_argument("--tool-kb", type=float, default=104.0)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument(
+        "--gap", type=float, default=0.0,
+        help="seconds between an answer and the next turn (a slow tool, a person): past "
+        "serve's --hold (5 s), modelhost reads the session back from its KV store",
+    )  # fmt: skip
     parser.add_argument("--servers", default=",".join(SERVERS))
     parser.add_argument("--llama-server", type=Path, default=LLAMA_SERVER)
     parser.add_argument("--modelhost-args", default="")
@@ -304,6 +311,7 @@ def main(argv: list[str] | None = None) -> None:
         "servers": servers,
         "turns": args.turns,
         "answer_tokens": args.answer_tokens,
+        "gap_s": args.gap,
         "tool_kb": args.tool_kb,
         "llama_context": args.context,
         "prompt_chars": [len(p) for p in prompts],

@@ -170,6 +170,7 @@ def build_stage(
         prompt_threads=settings.prompt_threads,
         prompt_activations=settings.prompt_activations,
         speculate=speculate_mode(settings.speculate),
+        idle_hold_s=settings.kv_hold_s,
     )
     adapters = AdapterSet(model)
     for name, base, path in settings.adapters:  # AdapterRefused: this base cannot serve it

@@ -163,6 +163,40 @@ async def test_an_idle_engine_gives_its_pool_back_beyond_what_it_keeps(smollm2) 
         engine.close()
 
 
+async def test_an_idle_engine_keeps_its_whole_pool_through_its_hold(smollm2) -> None:
+    token_bytes = smollm2.config.kv_bytes_per_token(smollm2.cache_dtype.itemsize)
+    keep = 4 * 8 * token_bytes
+    engine = Engine(smollm2, EngineConfig(batch=2, idle_kv_bytes=keep, idle_hold_s=60.0))
+    try:
+        prompt = smollm2.tokenizer.encode("The history of the Roman Empire begins " * 30)
+        params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+        [e async for e in engine.submit(prompt, params)]
+        await asyncio.sleep(0.3)  # long past an engine without a hold giving back
+        assert engine.stats().kv_committed_bytes >= len(prompt) * token_bytes
+        again = [e async for e in engine.submit(prompt, params)]
+        full_blocks = (len(prompt) - 1) // 8 * 8
+        assert again[-1].usage.cached_tokens == full_blocks  # not just the kept blocks
+    finally:
+        engine.close()
+
+
+async def test_an_idle_engine_gives_its_pool_back_once_its_hold_has_passed(smollm2) -> None:
+    token_bytes = smollm2.config.kv_bytes_per_token(smollm2.cache_dtype.itemsize)
+    keep = 4 * 8 * token_bytes
+    engine = Engine(smollm2, EngineConfig(batch=2, idle_kv_bytes=keep, idle_hold_s=0.2))
+    try:
+        prompt = smollm2.tokenizer.encode("The history of the Roman Empire begins " * 30)
+        params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+        [e async for e in engine.submit(prompt, params)]
+        for _ in range(1000):  # no request wakes the engine: the hold's end alone does
+            if engine.stats().kv_committed_bytes <= keep:
+                break
+            await asyncio.sleep(0.01)
+        assert engine.stats().kv_committed_bytes <= keep
+    finally:
+        engine.close()
+
+
 def rss_bytes_now() -> int:
     import os
 

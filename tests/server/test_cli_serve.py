@@ -94,3 +94,16 @@ def test_serve_in_process_refuses_a_memory_budget_below_the_weights_before_it_li
     monkeypatch.setattr(assembly, "serve", lambda *a, **k: pytest.fail("must not serve"))
     assert cli_serve.run_serve(parse("--in-process", "--memory-budget", "0.001")) == 2
     assert "cannot hold the weights" in capsys.readouterr().err
+
+
+def test_serve_holds_an_idle_models_whole_kv_cache_for_its_hold(smollm2) -> None:
+    # --hold keeps a model from eviction after a response, and its engine keeps its whole KV
+    # pool as long: an agent's next turn finds its prompt in memory (engine.py's idle_hold_s).
+    assert serve_config.settings_from_args(parse()).kv_hold_s == 5.0
+    settings = serve_config.settings_from_args(parse("--hold", "12.5"))
+    told = serve_config.WorkerConfig.from_json(serve_config.WorkerConfig(settings).to_json())
+    stage = assembly.build_stage(smollm2, told.settings, batch=1)
+    try:
+        assert stage.engine.config.idle_hold_s == 12.5
+    finally:
+        stage.engine.close()

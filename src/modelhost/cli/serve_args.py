@@ -37,7 +37,8 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     )  # fmt: skip
     parser.add_argument(
         "--hold", type=float, default=5.0, metavar="S",
-        help="seconds a model stays un-evictable after a response ends (agent loops)",
+        help="seconds a model stays un-evictable, with its whole KV cache in memory, after a "
+        "response ends (an agent's next turn finds its prompt there)",
     )  # fmt: skip
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument(

@@ -97,6 +97,11 @@ class EngineConfig:
     max_queue: int = 64  # waiting rows beyond the free running slots
     kv_cache_bytes: int | None = None  # the KV pool's ceiling; None: 1 GiB, at least a context
     idle_kv_bytes: int = IDLE_KV_BYTES  # what a growing pool keeps once idle
+    # How long an idle engine keeps its whole pool before giving back to `idle_kv_bytes`:
+    # serve's --hold, while the residency host keeps the model from eviction anyway. An
+    # agent's next turn, sent as its tool returns, then finds its prefix in memory instead of
+    # reading it back from the disk store (issue 49).
+    idle_hold_s: float = 0.0
     block_size: int = BLOCK_TOKENS
     max_num_batched_tokens: int = 512  # tokens per step: the prefill chunk size
     context_length: int | None = None  # None: the model's own window
@@ -273,6 +278,7 @@ class Engine:
             store = prefix_store(layout)
             self.persistence = PrefixPersistence(store, self.runner.kv, self.block_manager)
         self._idle_keep_blocks = config.idle_kv_bytes // self._block_bytes
+        self._give_back_at: float | None = None  # monotonic; set while idle within the hold
         self._ids = itertools.count(1)
         self._cond = threading.Condition()
         self._inbox: deque[Callable[[], None]] = deque()
@@ -423,12 +429,14 @@ class Engine:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and not self._inbox and not self.scheduler.has_work:
-                    self._cond.wait()
+                held_out = self._wait_for_work()
                 if self._closed:
                     break
                 commands = list(self._inbox)
                 self._inbox.clear()
+            if held_out:
+                self._give_back()
+                continue
             for command in commands:
                 command()
             try:
@@ -438,6 +446,20 @@ class Engine:
                 log.exception("engine step failed")
                 self._fail_all(EngineFailure(f"engine step failed: {exc}"))
         self._fail_all(EngineClosed())
+
+    def _wait_for_work(self) -> bool:
+        """Wait (holding `_cond`) for a command, a row or the end; True when the idle hold ran
+        out first, so the pool's memory should go back now."""
+        while not self._closed and not self._inbox and not self.scheduler.has_work:
+            if self._give_back_at is None:
+                self._cond.wait()
+                continue
+            left = self._give_back_at - time.monotonic()
+            if left <= 0:
+                self._give_back_at = None
+                return True
+            self._cond.wait(left)
+        return False
 
     def _step(self) -> None:
         # While more steps follow, a step's events wait for the next step's layers to start:
@@ -449,22 +471,28 @@ class Engine:
         # a person's wait, not a stream's cadence; issue 48).
         held, self._outbox = self._outbox, {}
         self._first_tokens = False
+        steps = self._num_steps
         try:
             self._step_rows(before_layers=lambda: _deliver(held))
         finally:
             _deliver(held)  # this step computed nothing, or failed
             if not self.scheduler.has_work:
                 self._deliver()
-                self._give_back()
+                if self.config.idle_hold_s <= 0:
+                    self._give_back()
+                elif self._num_steps != steps or self._give_back_at is None:
+                    # Rows ran (or left unrun, cancelled): the hold starts from here.
+                    self._give_back_at = time.monotonic() + self.config.idle_hold_s
             elif self._first_tokens:
                 self._deliver()
 
     def _give_back(self) -> None:
         """Return the pool's memory above what an idle engine keeps (IDLE_KV_BYTES of prefix
-        cache). Only when idle: mid-burst the next rows would fault the same pages in again
-        on the request path, and the residency host plans around idle models (it evicts only
-        those, and counts a busy model's admitted rows as a claim on top of what it holds), so
-        idle is when what a model holds must come back down."""
+        cache), once idle for `idle_hold_s`. Only when idle: mid-burst the next rows would
+        fault the same pages in again on the request path, and the residency host plans
+        around idle models (it evicts only those, and counts a busy model's admitted rows as a
+        claim on top of what it holds), so idle is when what a model holds must come back
+        down. Within the hold the host keeps the model anyway, and counts what it measures."""
         first = self.block_manager.release_tail(self._idle_keep_blocks)
         if first is not None:
             self.runner.release_blocks_from(first)
