@@ -40,7 +40,7 @@ def reference(queries, positions, pool, table, window: int) -> torch.Tensor:
     return torch.stack(out)
 
 
-def attend(queries, positions, pool, table, window: int) -> torch.Tensor:
+def attend(queries, positions, pool, table, window: int, masks=None) -> torch.Tensor:
     tokens = queries.shape[0]
     qkv = torch.zeros(tokens, (HEADS + 2 * KV_HEADS) * DIM)
     qkv[:, : HEADS * DIM] = queries.reshape(tokens, -1)
@@ -58,6 +58,7 @@ def attend(queries, positions, pool, table, window: int) -> torch.Tensor:
         BLOCK,
         window,
         1 / math.sqrt(DIM),
+        masks,
     )
     return out
 
@@ -91,6 +92,16 @@ def test_a_bf16_rows_attention_does_not_depend_on_how_its_prompt_was_cut_into_st
     for start, stop in ((0, 37), (37, 600), (600, 1100), (513, 514)):
         piece = attend(queries[start:stop], positions[start:stop], pool, table, 0)
         assert torch.equal(piece, whole[start:stop])
+
+
+def test_a_steps_layers_sharing_their_masks_attend_as_each_would_alone():
+    pool, table = paged(1300)
+    positions = torch.arange(700, 1300)
+    shared: dict[object, object] = {}
+    for window in (0, 256, 0, 256):  # global and sliding layers, as Gemma 3 interleaves them
+        queries = torch.randn(positions.numel(), HEADS, DIM)
+        alone = attend(queries, positions, pool, table, window)
+        assert torch.equal(attend(queries, positions, pool, table, window, shared), alone)
 
 
 def test_runs_split_the_marked_tokens_by_sequence_and_by_gaps_in_position():

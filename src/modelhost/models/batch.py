@@ -10,7 +10,8 @@ mix of rows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -51,6 +52,10 @@ class ForwardBatch:
     # last block nor a short prompt's tokens (engine/runner.py `_coarse_rows`); None: none.
     coarse_rows: torch.Tensor | None = None
     coarse_bf16: bool = False
+    # What the step's layers compute alike and share, made by the first that needs it (the
+    # bf16 rows' runs and attention masks, models/kernels/bf16_attention.py); gone with the
+    # step.
+    shared: dict[object, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

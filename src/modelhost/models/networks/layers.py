@@ -310,6 +310,7 @@ class Attention(nn.Module):
                     kv.block_size,
                     self.window or 0,
                     self.scale,
+                    batch.shared,
                 )
             return out
         if native_cache and (max_q == 1 or context <= NATIVE_PROMPT_CONTEXT):
