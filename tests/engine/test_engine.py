@@ -313,6 +313,8 @@ def test_a_decode_steps_batch_is_the_one_the_general_path_builds(smollm2, window
         runner = engine.runner
         fast, general = runner._decode_batch(rows), runner._mixed_batch(rows)
         for name in ForwardBatch.__slots__:
+            if name == "shared":  # what the layers will share: empty until they run
+                continue
             a, b = getattr(fast, name), getattr(general, name)
             assert (a is None and b is None) or (
                 isinstance(a, bool) and a == b or torch.equal(a, b)

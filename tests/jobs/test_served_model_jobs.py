@@ -22,9 +22,16 @@ PROMPT = "The capital of France is Paris. The capital of Italy is"
 
 
 @pytest.fixture(scope="module")
-def smollm2_server(smollm2: LoadedModel) -> Iterator[LiveServer]:
-    engine = Engine(smollm2, EngineConfig(batch=4))
-    server = LiveServer(build_app(engine, smollm2, ServeSettings())).start()
+def smollm2_server(
+    smollm2: LoadedModel, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveServer]:
+    # Its job store (opened by the first job route) lives in a home of the module's: the first
+    # test's own home (conftest.py) goes when that test passes.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MODELHOST_HOME", str(tmp_path_factory.mktemp("served-jobs-home")))
+        engine = Engine(smollm2, EngineConfig(batch=4))
+        server = LiveServer(build_app(engine, smollm2, ServeSettings())).start()
+        assert httpx.get(f"{server.base_url}/api/jobs", timeout=60).status_code == 200
     yield server
     server.stop()
 
