@@ -163,17 +163,26 @@ async def test_an_idle_engine_gives_its_pool_back_beyond_what_it_keeps(smollm2) 
         engine.close()
 
 
+GREEDY_FOUR = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+
+
+async def served_once(model, hold_s: float) -> tuple[Engine, list[int], int]:
+    """An engine that keeps four blocks once idle, after `hold_s` of holding its whole pool,
+    having served one prompt of ~300 tokens: the engine, the prompt and the bytes it keeps."""
+    keep = 4 * 8 * model.config.kv_bytes_per_token(model.cache_dtype.itemsize)
+    engine = Engine(model, EngineConfig(batch=2, idle_kv_bytes=keep, idle_hold_s=hold_s))
+    prompt = model.tokenizer.encode("The history of the Roman Empire begins " * 30)
+    [e async for e in engine.submit(prompt, GREEDY_FOUR)]
+    return engine, prompt, keep
+
+
 async def test_an_idle_engine_keeps_its_whole_pool_through_its_hold(smollm2) -> None:
-    token_bytes = smollm2.config.kv_bytes_per_token(smollm2.cache_dtype.itemsize)
-    keep = 4 * 8 * token_bytes
-    engine = Engine(smollm2, EngineConfig(batch=2, idle_kv_bytes=keep, idle_hold_s=60.0))
+    engine, prompt, _ = await served_once(smollm2, 60.0)
     try:
-        prompt = smollm2.tokenizer.encode("The history of the Roman Empire begins " * 30)
-        params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-        [e async for e in engine.submit(prompt, params)]
         await asyncio.sleep(0.3)  # long past an engine without a hold giving back
+        token_bytes = smollm2.config.kv_bytes_per_token(smollm2.cache_dtype.itemsize)
         assert engine.stats().kv_committed_bytes >= len(prompt) * token_bytes
-        again = [e async for e in engine.submit(prompt, params)]
+        again = [e async for e in engine.submit(prompt, GREEDY_FOUR)]
         full_blocks = (len(prompt) - 1) // 8 * 8
         assert again[-1].usage.cached_tokens == full_blocks  # not just the kept blocks
     finally:
@@ -181,13 +190,8 @@ async def test_an_idle_engine_keeps_its_whole_pool_through_its_hold(smollm2) -> 
 
 
 async def test_an_idle_engine_gives_its_pool_back_once_its_hold_has_passed(smollm2) -> None:
-    token_bytes = smollm2.config.kv_bytes_per_token(smollm2.cache_dtype.itemsize)
-    keep = 4 * 8 * token_bytes
-    engine = Engine(smollm2, EngineConfig(batch=2, idle_kv_bytes=keep, idle_hold_s=0.2))
+    engine, _, keep = await served_once(smollm2, 0.2)
     try:
-        prompt = smollm2.tokenizer.encode("The history of the Roman Empire begins " * 30)
-        params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-        [e async for e in engine.submit(prompt, params)]
         for _ in range(1000):  # no request wakes the engine: the hold's end alone does
             if engine.stats().kv_committed_bytes <= keep:
                 break
