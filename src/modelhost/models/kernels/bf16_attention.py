@@ -75,7 +75,8 @@ def attend_runs(
             padded = -(-rows // QUERY_ROWS) * QUERY_ROWS
             panel = torch.zeros((heads, padded, head_dim), dtype=torch.bfloat16)
             panel[:, :rows] = queries[at : at + rows].transpose(0, 1)
-            seen = (int(positions[run[at]]), rows, padded, first, start, keys.shape[1], window)
+            at_first = int(positions[run[at]])
+            seen = (at_first, rows, padded, first, start, keys.shape[1], window, group)
             mask = shared.get(seen) if shared is not None else None
             if mask is None:  # a run's positions are consecutive: `seen` says them all
                 query_positions = torch.full((padded,), first, dtype=torch.long)
