@@ -82,6 +82,7 @@ class World:
     now: float = 0.0
     num_loads: int = 0
     progress_steps: dict[str, list[float]] = field(default_factory=dict)  # reported before a gate
+    unreachable: bool = False  # every load fails as a dead cluster node's does
 
     def entry(self, model_id: str) -> FakeEntry | None:
         if model_id not in self.sizes_gb:
@@ -106,6 +107,8 @@ class World:
         gate = self.gates.get(entry.id)
         if gate is not None:
             await gate.wait()
+        if self.unreachable:
+            raise ConnectionError("node is not alive")
         if entry.id in self.failures:
             self.log.append(f"load-failed {entry.id}")
             raise RuntimeError(self.failures.pop(entry.id))

@@ -64,6 +64,24 @@ async def test_a_model_only_one_node_has_loads_there_whatever_the_others_have_fr
     assert small.loaded() == []
 
 
+async def test_a_load_on_a_node_that_died_unnoticed_is_placed_again_on_another(two_nodes):
+    cluster, _, large = two_nodes
+    large.unreachable = True  # Ray says it is not alive; membership has not seen it go yet
+    await lease(cluster, "a")  # large has the most free budget, and cannot start the worker
+    assert placed(cluster) == {"a": ["small"]}
+    await lease(cluster, "b")  # placed on last while not heard from, whatever its free budget
+    assert placed(cluster) == {"a": ["small"], "b": ["small"]}
+
+
+async def test_a_load_no_node_can_reach_fails_once_every_node_was_tried(two_nodes):
+    cluster, small, large = two_nodes
+    small.unreachable = large.unreachable = True
+    with pytest.raises(ResidencyError) as failed:
+        await cluster.acquire("a")
+    assert failed.value.code == "load-failed"
+    assert "not alive" in failed.value.message
+
+
 async def test_a_model_on_no_node_is_refused_as_not_local(two_nodes):
     cluster, _, _ = two_nodes
     with pytest.raises(ResidencyError) as refused:

@@ -30,6 +30,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -49,6 +50,7 @@ AFFINITY_SLACK = 1  # requests more in flight on the prefix's replica before ano
 SCALE_UP_QUEUE = 4  # requests in flight per replica that count as a long queue
 SCALE_UP_TICKS = 3  # consecutive maintain() ticks with a long queue before a replica is added
 SCALE_DOWN_IDLE_S = 60.0  # an added replica idle this long is dropped again
+UNREACHABLE_S = 30.0  # a node a load could not reach is placed on last this long
 
 
 def affinity_key(body: bytes) -> str | None:
@@ -142,6 +144,9 @@ class ClusterHost(Generic[U]):
         self.hold_s = 0.0
         self._rng = rng or random.Random()
         self._placing: dict[str, Node[U]] = {}
+        # Nodes a load could not reach (their worker's start said the node is not alive)
+        # before membership saw them leave, when: placed on last for UNREACHABLE_S.
+        self._unreachable: dict[str, float] = {}
         self._long_queue_ticks: dict[str, int] = {}
         self._listeners: list[Callable[[str, dict[str, Any]], None]] = []
         self._changed = asyncio.Event()
@@ -195,12 +200,22 @@ class ClusterHost(Generic[U]):
     ) -> Lease[U]:
         """A lease from the node that holds (or will hold) `model_id`; among several replicas,
         the one `body`'s conversation went to before, unless it is much busier."""
+        tries = 0
         while True:
             self._refuse_if_closed()
             node = self._node_for(model_id, body)
             try:
                 return await node.host.acquire(model_id, need=need)
             except ResidencyError as error:
+                unreached = error.code == "load-failed" and isinstance(
+                    error.__cause__, ConnectionError
+                )
+                if unreached and not self._closed and tries < len(self.nodes):
+                    # A node that died before membership saw it go: place the model again,
+                    # on another node while this one is not heard from.
+                    self._unreachable[node.id] = time.monotonic()
+                    tries += 1
+                    continue
                 if error.code != "closed" or self._closed or not node.gone:
                     raise
                 # The node left while this request waited for it: place it again.
@@ -234,13 +249,22 @@ class ClusterHost(Generic[U]):
         return queues
 
     def _place(self, model_id: str, candidates: Sequence[Node[U]]) -> Node[U]:
-        """A node that has the model's file: the one with the most free budget."""
+        """A node that has the model's file: the one with the most free budget, one a load
+        could not reach lately last."""
         having = [node for node in candidates if model_id in node.models]
         if not having:
             raise ResidencyError(
                 "does-not-fit", f"model '{model_id}' is not on any node of the cluster"
             )
-        return max(having, key=lambda node: (self._free_bytes(node), node.name))
+        lately = time.monotonic() - UNREACHABLE_S
+        return max(
+            having,
+            key=lambda node: (
+                self._unreachable.get(node.id, -math.inf) < lately,
+                self._free_bytes(node),
+                node.name,
+            ),
+        )
 
     @staticmethod
     def _free_bytes(node: Node[U]) -> int:

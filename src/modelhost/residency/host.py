@@ -232,7 +232,9 @@ class ResidencyHost(Generic[U]):
             self._slots.pop(entry.id, None)
             self._publish("model.load", {"id": entry.id, "phase": "failed", "error": str(exc)})
             message = f"model '{entry.id}' failed to load: {exc}"
-            slot.loaded.set_exception(ResidencyError("load-failed", message))
+            error = ResidencyError("load-failed", message)
+            error.__cause__ = exc  # a cluster places again when the node could not be reached
+            slot.loaded.set_exception(error)
             self._wake()
             return
         if self._closed:  # the host closed during the load: the unit never serves
