@@ -407,8 +407,8 @@ class AdmittedRequest:
         want_logprobs: bool,
         arrived_at: float,
         clock: Callable[[], float],
+        model_id: str,
         output: OutputChannels | None = None,
-        model_id: str = "",
     ) -> None:
         self.request_id = request_id
         # What the answer names as its model: the adapter the row ran with, else the model.
