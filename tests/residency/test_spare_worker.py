@@ -143,10 +143,14 @@ def test_a_killed_spare_is_not_used_and_is_replaced_and_answers_do_not_change(se
     served["pids"] += [killed, row["pid"], replacement]
 
 
-def start_serve(model: Path, *flags: str) -> tuple[subprocess.Popen[bytes], httpx.Client]:
+def start_serve(
+    model: Path, *flags: str, log: Path | None = None
+) -> tuple[subprocess.Popen[bytes], httpx.Client]:
+    """`serve` on a free port, its log written to `log` (read by a failing assertion)."""
     port = free_port()
     argv = [str(model), "--port", str(port), "--batch", "1", *flags]
-    process = subprocess.Popen([sys.executable, "-c", SERVE, *argv], stderr=subprocess.DEVNULL)
+    with open(log or os.devnull, "wb") as stderr:
+        process = subprocess.Popen([sys.executable, "-c", SERVE, *argv], stderr=stderr)
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=WAIT_S)
 
     def healthy() -> bool:
@@ -160,20 +164,22 @@ def start_serve(model: Path, *flags: str) -> tuple[subprocess.Popen[bytes], http
     return process, client
 
 
-def serving_pids(client: httpx.Client) -> list[int]:
+def serving_pids(client: httpx.Client, log: Path) -> list[int]:
     """The spare's, the fork server's and the workers' pids, once a forked spare is ready."""
     until(lambda: engine(client)["spare"]["state"] == "ready")
     view = engine(client)
-    assert view["spare"]["forked"] is True and view["fork_server"]["state"] == "ready"
-    assert all(row["forked"] for row in view["workers"])
+    forked = view["spare"]["forked"] and view["fork_server"]["state"] == "ready"
+    assert forked and all(row["forked"] for row in view["workers"]), log.read_text()
     return [view["spare"]["pid"], view["fork_server"]["pid"], *(w["pid"] for w in view["workers"])]
 
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_serve_leaves_no_spare_worker_fork_server_or_forked_worker_behind(models_dir, stop):
-    process, client = start_serve(models_dir / "tiny-a")
+def test_serve_leaves_no_spare_worker_fork_server_or_forked_worker_behind(
+    models_dir, tmp_path, stop
+):
+    process, client = start_serve(models_dir / "tiny-a", log=tmp_path / "serve.log")
     try:
-        pids = serving_pids(client)
+        pids = serving_pids(client, tmp_path / "serve.log")
         process.send_signal(stop)
         assert process.wait(timeout=60) == 0
         for pid in pids:
@@ -185,10 +191,10 @@ def test_serve_leaves_no_spare_worker_fork_server_or_forked_worker_behind(models
             process.wait()
 
 
-def test_a_killed_serve_leaves_no_fork_server_spare_or_forked_worker_running(models_dir):
-    process, client = start_serve(models_dir / "tiny-a")
+def test_a_killed_serve_leaves_no_fork_server_spare_or_forked_worker_running(models_dir, tmp_path):
+    process, client = start_serve(models_dir / "tiny-a", log=tmp_path / "serve.log")
     try:
-        pids = serving_pids(client)
+        pids = serving_pids(client, tmp_path / "serve.log")
     finally:
         client.close()
         process.kill()  # no shutdown: each notices the server is gone

@@ -19,14 +19,28 @@ def private_directory(prefix: str = DIRECTORY_PREFIX) -> Path:
 
 
 def bind_private_socket(path: str) -> socket.socket:
-    """A listening Unix socket at `path` that only this user can connect to (0600)."""
+    """A listening Unix socket at `path` that only this user can connect to (0600).
+
+    `path` appears only once the socket listens: it is bound under another name, then linked
+    to `path` (which fails where `path` exists, as binding it would). Callers wait for the path
+    to exist and then connect; a socket bound but not yet listening would refuse them (a window
+    a busy machine widens)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    previous = os.umask(0o177)
+    binding = f"{path}~"
     try:
-        sock.bind(path)
-    finally:
-        os.umask(previous)
-    os.chmod(path, 0o600)
-    sock.listen(128)
-    sock.set_inheritable(False)
+        previous = os.umask(0o177)
+        try:
+            sock.bind(binding)
+        finally:
+            os.umask(previous)
+        try:
+            os.chmod(binding, 0o600)
+            sock.listen(128)
+            sock.set_inheritable(False)
+            os.link(binding, path)
+        finally:
+            os.unlink(binding)
+    except BaseException:
+        sock.close()
+        raise
     return sock
