@@ -271,7 +271,7 @@ def worker_loader(
     async def load(entry: ModelEntry, progress: LoadProgress) -> WorkerUnit:
         started, asked = time.perf_counter(), time.time()
         worker = WorkerProcess(
-            [*WORKER_COMMAND, *arguments(entry)],
+            lambda: [*WORKER_COMMAND, *arguments(entry)],  # as it is at each (re)start
             start_timeout_s=start_timeout_s,
             max_restarts=max_restarts,
             env=env,

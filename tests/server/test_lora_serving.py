@@ -4,6 +4,8 @@ default) and in-process: listed as models of their own, named by any surface as 
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -149,6 +151,24 @@ def test_an_adapter_loads_and_unloads_at_run_time(base_url: str, files: dict[str
         f"{base_url}/v1/completions", json={"model": BASE, "prompt": PROMPT, "adapter": "late"}
     )
     assert gone.status_code == 404 and gone.json()["error"]["code"] == "model_not_found"
+
+
+def test_a_worker_restarted_after_a_crash_still_serves_the_adapters_loaded_at_run_time(
+    base_url: str, files: dict[str, Path]
+):
+    if "worker_state" not in httpx.get(f"{base_url}/engine").json()["workers"][0]:
+        pytest.skip("in-process: no worker to kill")
+    body = {"name": "late", "path": str(files["late"])}
+    assert httpx.post(f"{base_url}/api/adapters", json=body, timeout=120).status_code == 200
+    try:
+        before = complete(base_url, model="late")
+        pid = next(row["pid"] for row in httpx.get(f"{base_url}/engine").json()["workers"])
+        os.kill(pid, signal.SIGKILL)
+        assert complete(base_url, model="late") == before
+        restarted = next(row for row in httpx.get(f"{base_url}/engine").json()["workers"])
+        assert restarted["pid"] != pid and restarted["restarts"] == 1
+    finally:
+        httpx.delete(f"{base_url}/api/adapters/late")
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ import signal
 import subprocess
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -125,7 +125,7 @@ class RestartWindow:
 class WorkerProcess:
     def __init__(
         self,
-        command: Sequence[str],
+        command: Sequence[str] | Callable[[], Sequence[str]],
         *,
         start_timeout_s: float = START_TIMEOUT_S,
         max_restarts: int = MAX_RESTARTS,
@@ -136,7 +136,9 @@ class WorkerProcess:
         spares: SpareWorkers | None = None,
         forks: ForkServerHandle | None = None,
     ) -> None:
-        self.command = list(command)  # `--socket PATH` follows
+        # The command, or what gives it at each start: a restart runs the command as it is
+        # then (the LoRA adapters loaded since the first start among its arguments).
+        self._command = command if callable(command) else lambda: command
         self.env = dict(env or {})  # added to this process's environment
         self.progress = progress  # told how far the first load has got
         self.start_timeout_s = start_timeout_s
@@ -150,6 +152,11 @@ class WorkerProcess:
         self.forks = forks  # where a new process is forked from (None or gone: spawned)
         self.spawned_at = 0.0
         self._lock = asyncio.Lock()
+
+    @property
+    def command(self) -> list[str]:
+        """What this worker runs now (`--socket PATH` follows)."""
+        return list(self._command())
 
     @property
     def socket_path(self) -> str:
@@ -197,14 +204,15 @@ class WorkerProcess:
 
     async def _start(self, spare: bool = False) -> None:
         self.state = "starting"
-        handed = await self.spares.hand_over(self.command) if spare and self.spares else None
+        now = self.command
+        handed = await self.spares.hand_over(now) if spare and self.spares else None
         self.from_spare = handed is not None
         self.spawned_at = time.time()  # wall clock: the worker's startup marks are too
         if handed is not None:
             self.process, self.directory = handed
         else:
             self.directory = private_directory()
-            command = [*self.command, "--socket", self.socket_path]
+            command = [*now, "--socket", self.socket_path]
             forked = await self.forks.fork(command, self.env) if self.forks else None
             if forked is not None:
                 self.process = forked
