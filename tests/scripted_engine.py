@@ -261,6 +261,9 @@ class ScriptedEngine:
             self._slots = asyncio.Semaphore(self.batch)
         return self._slots
 
+    def give_back_idle_memory(self, timeout_s: float = 5.0) -> bool:
+        return not self.rows  # it holds no pool: nothing to give back
+
     def submit(self, prompt_ids: list[int], params: SamplingParams) -> ScriptedStream:
         if self.closed:
             raise EngineClosed()

@@ -56,7 +56,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         prompt_threads=args.prompt_threads,
         prompt_activations=parse_prompt_activations(getattr(args, "prompt_activations", "auto")),
         kv_disk_bytes=kv_disk_bytes(args),
-        kv_hold_s=max(0.0, getattr(args, "hold", 0.0)),
+        kv_hold_s=max(0.0, getattr(args, "hold", 0.0), getattr(args, "kv_hold", 0.0)),
         speculate=getattr(args, "speculate", "auto"),
         console=not getattr(args, "no_console", False),
         image_urls=bool(getattr(args, "image_urls", False)),

@@ -201,6 +201,18 @@ async def test_an_idle_engine_gives_its_pool_back_once_its_hold_has_passed(smoll
         engine.close()
 
 
+async def test_an_idle_engine_gives_its_pool_back_within_its_hold_when_asked(smollm2) -> None:
+    engine, prompt, keep = await served_once(smollm2, 60.0)
+    try:
+        assert engine.stats().kv_committed_bytes > keep
+        assert await asyncio.to_thread(engine.give_back_idle_memory) is True
+        assert engine.stats().kv_committed_bytes <= keep
+        again = [e async for e in engine.submit(prompt, GREEDY_FOUR)]
+        assert again[-1].usage.cached_tokens == 4 * 8  # the blocks it keeps idle still serve
+    finally:
+        engine.close()
+
+
 def rss_bytes_now() -> int:
     import os
 

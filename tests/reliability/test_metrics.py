@@ -215,6 +215,9 @@ class FakeWorkerUnit:
     async def refresh(self) -> None:
         return None
 
+    async def give_back_idle_memory(self) -> None:
+        return None
+
     def broken(self) -> bool:
         return False
 

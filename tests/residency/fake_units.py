@@ -35,6 +35,8 @@ class FakeUnit:
     is_broken: bool = False
     paused: bool = False
     drain_gate: asyncio.Event | None = None
+    kept_bytes: int = 0  # held only for the next request (a KV pool): given back when asked
+    given_back: int = 0  # how many times it was asked
 
     def measured_bytes(self) -> int | None:
         return self.measured
@@ -42,6 +44,13 @@ class FakeUnit:
     async def refresh(self) -> None:
         if self.reading is not None:
             self.measured = self.reading
+
+    async def give_back_idle_memory(self) -> None:
+        self.given_back += 1
+        for reading in ("measured", "reading"):
+            if getattr(self, reading) is not None:
+                setattr(self, reading, getattr(self, reading) - self.kept_bytes)
+        self.kept_bytes = 0
 
     def broken(self) -> bool:
         return self.is_broken

@@ -299,6 +299,8 @@ def test_the_workers_private_routes_exist_on_its_socket_and_not_on_the_port(serv
         with private.stream("GET", "/admin/events") as events:
             first = json.loads(next(events.iter_lines()))
         assert first["type"] == "worker.memory" and first["resident_bytes"] > 0
+        given = private.post("/admin/give-back").json()  # idle: its KV pool goes back
+        assert given["given_back"] is True and given["resident_bytes"] > 0
         drained = private.post("/admin/drain", json={"timeout_ms": 1000}).json()
         assert drained == {"drained": True, "in_flight": 0, "pid": unit_of(served, "tiny-a").pid}
         refused = private.post(

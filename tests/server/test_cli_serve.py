@@ -96,11 +96,15 @@ def test_serve_in_process_refuses_a_memory_budget_below_the_weights_before_it_li
     assert "cannot hold the weights" in capsys.readouterr().err
 
 
-def test_serve_holds_an_idle_models_whole_kv_cache_for_its_hold(smollm2) -> None:
-    # --hold keeps a model from eviction after a response, and its engine keeps its whole KV
-    # pool as long: an agent's next turn finds its prompt in memory (engine.py's idle_hold_s).
-    assert serve_config.settings_from_args(parse()).kv_hold_s == 5.0
-    settings = serve_config.settings_from_args(parse("--hold", "12.5"))
+def test_serve_holds_an_idle_models_whole_kv_cache_for_its_kv_hold_and_at_least_its_hold(
+    smollm2,
+) -> None:
+    # An idle engine keeps its whole KV pool for --kv-hold (five minutes unless the budget
+    # needs the room), and at least as long as --hold keeps the model from eviction: an
+    # agent's next turn finds its prompt in memory (engine.py's idle_hold_s).
+    assert serve_config.settings_from_args(parse()).kv_hold_s == 300.0
+    assert serve_config.settings_from_args(parse("--kv-hold", "0")).kv_hold_s == 5.0
+    settings = serve_config.settings_from_args(parse("--kv-hold", "1", "--hold", "12.5"))
     told = serve_config.WorkerConfig.from_json(serve_config.WorkerConfig(settings).to_json())
     stage = assembly.build_stage(smollm2, told.settings, batch=1)
     try:

@@ -18,6 +18,9 @@ PROMPT_ACTIVATIONS = (
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
+# As long as Ollama keeps a model by default: an agent waiting on a person or a slow tool finds
+# its prompt in memory; the budget takes it back sooner when it needs the room.
+DEFAULT_KV_HOLD_S = 300.0
 
 
 def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -37,8 +40,13 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     )  # fmt: skip
     parser.add_argument(
         "--hold", type=float, default=5.0, metavar="S",
-        help="seconds a model stays un-evictable, with its whole KV cache in memory, after a "
-        "response ends (an agent's next turn finds its prompt there)",
+        help="seconds a model stays un-evictable after a response ends",
+    )  # fmt: skip
+    parser.add_argument(
+        "--kv-hold", type=float, default=DEFAULT_KV_HOLD_S, metavar="S",
+        help="seconds an idle model keeps its whole KV cache in memory after a response (at "
+        "least --hold), so an agent's next turn finds its prompt there; given back sooner when "
+        "another model or request needs the room (default: %(default)s)",
     )  # fmt: skip
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument(

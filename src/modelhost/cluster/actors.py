@@ -19,6 +19,7 @@ when simulated nodes share one machine.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -174,6 +175,18 @@ class ModelWorker:
                 (await client.post("/admin/drain", json=body, timeout=2.0)).raise_for_status()
         except httpx.HTTPError:
             self.worker.kill_now()
+
+    async def give_back_idle_memory(self) -> None:
+        """Have the idle worker's engine give back its KV pool now (the front's host asks
+        before it evicts a model for room)."""
+        import httpx
+
+        if self.worker is None or not self.worker.alive():
+            return
+        with contextlib.suppress(httpx.HTTPError):
+            transport = httpx.AsyncHTTPTransport(uds=self.worker.socket_path)
+            async with httpx.AsyncClient(transport=transport, base_url="http://w") as client:
+                await client.post("/admin/give-back", timeout=10.0)
 
     async def stop(self) -> None:
         if self.worker is not None:

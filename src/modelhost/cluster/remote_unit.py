@@ -185,6 +185,12 @@ class RemoteWorkerUnit(WorkerUnit):
     def measured_bytes(self) -> int | None:
         return None if self._closed else self._measured
 
+    async def give_back_idle_memory(self) -> None:
+        if self.remote.gone or self.remote.actor_died:
+            return
+        with contextlib.suppress(ActorDied, ConnectionError):
+            await call(self.remote.actor.give_back_idle_memory.remote(), 15.0)
+
     async def refresh(self) -> None:
         if self.remote.gone:
             return

@@ -358,6 +358,27 @@ class Engine:
             self._inbox.append(lambda: self.scheduler.abort(seq_id))
             self._cond.notify()
 
+    def give_back_idle_memory(self, timeout_s: float = 5.0) -> bool:
+        """Give back the KV pool's memory now, as the idle hold's end would, if no row runs or
+        waits (any thread): the residency host asks before evicting a model for room. True
+        once done (or nothing was held); False when rows run or the engine did not answer."""
+        done = threading.Event()
+        idle = [False]
+
+        def give_back() -> None:
+            if not self.scheduler.has_work:
+                idle[0] = True
+                self._give_back_at = None
+                self._give_back()
+            done.set()
+
+        with self._cond:
+            if self._closed:
+                return False
+            self._inbox.append(give_back)
+            self._cond.notify()
+        return done.wait(timeout_s) and idle[0]
+
     def stats(self) -> EngineStats:
         manager = self.block_manager
         return EngineStats(

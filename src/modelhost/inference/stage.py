@@ -143,6 +143,11 @@ class InferenceStage:
         held = self.model.weights_bytes + adapters
         return held + batch.kv_committed_bytes + batch.kv_store_queued_bytes
 
+    def give_back_idle_memory(self) -> bool:
+        """The engine's KV pool given back now when no row runs (blocking): the residency
+        host's ask before it evicts a model for room."""
+        return self.engine.give_back_idle_memory()
+
     def stop_admission(self) -> None:
         """Refuse new requests (503) and let the admitted ones finish (a worker's drain)."""
         self._closing = True

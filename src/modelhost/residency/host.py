@@ -11,7 +11,10 @@ weights; the entry's estimate before that and while loading) plus what its lease
 (`unit.claim_bytes`: one step's working memory and a full context of KV a lease, capped at the KV
 pool's ceiling, and the bound of the disk KV store's writer queue, which only running rows fill;
 what that queue still holds once they end is in the unit's measurement). A model's KV pool grows
-with use and shrinks when idle, so an idle model costs about its weights; a lease is one admitted
+with use and shrinks once idle for its `--kv-hold`, so an idle model soon costs about its weights;
+before any model is evicted for room, the idle ones are asked to shrink theirs at once, least
+recently used first (`_give_back_idle`: an agent's prompt stays in memory while the budget has
+room, and never costs another model its residency); a lease is one admitted
 request, and the claim is reserved when the lease is taken: a new lease on a resident model whose
 claim does not fit drains idle models, or waits for busy ones, exactly as a load does; a load needs
 the estimate plus one lease's claim. Each engine caps its own rows at its pool's ceiling, and no row
@@ -66,6 +69,7 @@ class _Slot(Generic[U]):
     progress: LoadProgress = field(default_factory=LoadProgress)
     hold_s: float | None = None  # a client's keep-alive for this model (None: the host's hold)
     release_when_idle: bool = False  # a client asked for it to go once its last response ends
+    given_back_at_use: int = -1  # `uses` when it last gave back its idle memory (its KV pool)
 
     def __post_init__(self) -> None:
         self.progress.model_id = self.entry.id
@@ -73,6 +77,11 @@ class _Slot(Generic[U]):
 
 def _no_event(name: str, payload: dict[str, Any]) -> None:
     return None
+
+
+def _plain_fit(decision: Decision) -> bool:
+    """Fits as things are: nothing evicted, nobody waited for."""
+    return decision.fits and not decision.victims
 
 
 def _load_need(entry: Servable) -> int:
@@ -142,6 +151,10 @@ class ResidencyHost(Generic[U]):
                 # node's would cost a round trip); a claim is counted in full either way.
                 waited_s = self._clock() - waiting_since
                 decision = self._decide(self._counted(slot) + more, model_id, waited_s=waited_s)
+                if not _plain_fit(decision) and await self._give_back_idle(
+                    self._counted(slot) + more, model_id, waited_s
+                ):
+                    continue
                 if decision.wait:
                     await self._wait_change(timeout_s=self._hold_left(waited_s))
                     continue
@@ -156,6 +169,10 @@ class ResidencyHost(Generic[U]):
             self._refuse_beyond_the_machine(entry)
             waited_s = self._clock() - waiting_since
             decision = self._decide(_load_need(entry), model_id, waited_s=waited_s)
+            if not _plain_fit(decision) and await self._give_back_idle(
+                _load_need(entry), model_id, waited_s
+            ):
+                continue
             if decision.wait:
                 await self._wait_change(timeout_s=self._hold_left(waited_s))
                 continue
@@ -329,6 +346,10 @@ class ResidencyHost(Generic[U]):
                 continue
             await self._refresh()
             decision = self._decide(num_bytes, None, waited_s=float("inf"))
+            if not _plain_fit(decision) and await self._give_back_idle(
+                num_bytes, None, float("inf")
+            ):
+                continue
             if decision.wait:
                 await self._wait_change()
             elif decision.victims:
@@ -389,6 +410,33 @@ class ResidencyHost(Generic[U]):
         candidates = [(s.entry.id, self._held(s)) for s in idle]
         used = self.used_bytes(except_id)
         return choose_victims(self.budget_bytes, used, need_bytes, candidates, others_busy=busy)
+
+    async def _give_back_idle(
+        self, need_bytes: int, except_id: str | None, waited_s: float
+    ) -> bool:
+        """Before any model is evicted for room: ask the idle models, least recently used
+        first, to give back the memory they keep only for their next request (an engine's KV
+        pool, held for `--kv-hold` after its last row), until `need_bytes` fits with no
+        eviction. True when any was asked (decide again); False when none is left to ask.
+        A model gives back once a use: asking again before its next request frees nothing."""
+        idle = [
+            s for model_id, s in self._slots.items()
+            if model_id != except_id and s.state == "ready" and s.leases == 0
+            and s.unit is not None and s.given_back_at_use != s.uses
+        ]  # fmt: skip
+        idle.sort(key=lambda s: s.last_used_at)
+        asked = False
+        for slot in idle:
+            if asked and _plain_fit(self._decide(need_bytes, except_id, waited_s=waited_s)):
+                break
+            if slot.state != "ready" or slot.leases or slot.unit is None:
+                continue  # leased or drained meanwhile
+            slot.given_back_at_use = slot.uses
+            asked = True
+            with contextlib.suppress(Exception):  # a unit that cannot is evicted as before
+                await slot.unit.give_back_idle_memory()
+                await slot.unit.refresh()
+        return asked
 
     def _refuse_beyond_the_machine(self, entry: Servable) -> None:
         """A model the machine cannot hold even once every other unpinned model is gone is

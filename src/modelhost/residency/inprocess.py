@@ -54,6 +54,11 @@ class InProcessUnit:
     async def refresh(self) -> None:
         return None  # the reading above is always current
 
+    async def give_back_idle_memory(self) -> None:
+        give_back = getattr(self.stage, "give_back_idle_memory", None)  # a KV pool's
+        if give_back is not None and not self._closed:
+            await asyncio.to_thread(give_back)
+
     def broken(self) -> bool:
         return False
 

@@ -39,7 +39,8 @@ class ServeSettings:
     # --prompt-activations: 8 rounds unread prompt rows to 8 bits, auto where it pays
     prompt_activations: int | str = "auto"
     kv_disk_bytes: int = 0  # --kv-disk: the prefix KV store's budget (0: off)
-    # --hold: an idle engine keeps its whole KV pool this long (engine.py's idle_hold_s)
+    # --kv-hold (at least --hold): an idle engine keeps its whole KV pool this long, unless the
+    # residency host asks for the room first (engine.py's idle_hold_s)
     kv_hold_s: float = 0.0
     speculate: str = "auto"  # --speculate: the engine's guessing ahead (engine/speculation.py)
     # --draft-model, resolved: the draft's id and its path (a .gguf file or a model folder).

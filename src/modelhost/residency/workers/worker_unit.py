@@ -8,6 +8,7 @@ end its requests (`interrupt`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import httpx
@@ -17,6 +18,7 @@ from modelhost.residency.workers.supervisor import WorkerProcess
 from modelhost.residency.workers.worker_transport import WorkerClient
 
 DRAIN_ANSWER_S = 2.0  # a forced drain answers at once; a worker that does not is killed
+GIVE_BACK_ANSWER_S = 10.0  # an idle engine gives back its pool between two steps
 
 
 class WorkerUnit:
@@ -63,6 +65,13 @@ class WorkerUnit:
     async def refresh(self) -> None:
         if not self._closed:
             self._measured_as(await asyncio.to_thread(self._reading.now))
+
+    async def give_back_idle_memory(self) -> None:
+        """Have the idle worker's engine give back its KV pool now (`/admin/give-back`)."""
+        if self._closed or not self.worker.alive():
+            return
+        with contextlib.suppress(httpx.HTTPError):
+            await self.client().post("/admin/give-back", timeout=GIVE_BACK_ANSWER_S)
 
     def _measured_as(self, rss: int | None) -> int | None:
         if rss is not None:

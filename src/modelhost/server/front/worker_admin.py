@@ -5,6 +5,8 @@
   with `force`, end whatever still runs (each gets its protocol's `closed` error). The parent
   calls it with `{timeout_ms: 0, force: true}` when its own shutdown deadline comes, so clients of
   a worker see the same clean end as clients of an in-process model.
+- `POST /admin/give-back`: an idle engine gives back its KV pool now (the residency host asks
+  before it evicts a model for room) → `{given_back, resident_bytes}`; rows running keep it.
 - `GET /admin/events`: NDJSON, one `worker.memory` line at connect and one each second the
   figures change (resident bytes, rows running and waiting).
 - `POST /admin/memory/complete {call, snapshot?, requests: [{stage?, input: {system?, user},
@@ -148,6 +150,13 @@ def _memory(stage: Any) -> dict[str, Any]:
     return figures
 
 
+async def give_back(request: Request) -> Response:
+    stage = request.app.state.stage
+    give_back_now = getattr(stage, "give_back_idle_memory", None)  # a companion has no pool
+    given_back = bool(await asyncio.to_thread(give_back_now)) if give_back_now else False
+    return JSONResponse({"given_back": given_back, "resident_bytes": stage.resident_bytes()})
+
+
 async def adapters(request: Request) -> Response:
     held = getattr(request.app.state.stage, "adapters", None)
     if request.method == "GET":
@@ -169,6 +178,7 @@ WORKER_ROUTES = (
     ("GET", "/admin/adapters", adapters),
     ("POST", "/admin/adapters", adapters),
     ("POST", "/admin/drain", drain),
+    ("POST", "/admin/give-back", give_back),
     ("GET", "/admin/events", events),
     ("POST", "/admin/memory/complete", memory_complete),
     ("POST", "/admin/responses/take", take_response),
