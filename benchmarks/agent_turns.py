@@ -3,7 +3,7 @@ then turns that each append tool output and user text, against llama-server on t
 
     python benchmarks/agent_turns.py FILE.gguf [--turns 5] [--answer-tokens 64] [--rounds 1]
         [--tool-kb 76] [--gap S] [--servers modelhost,llama-server] [--llama-server PATH]
-        [--modelhost-args "..."] [--llama-args "..."] [--out FILE]
+        [--switch-to MODEL] [--modelhost-args "..."] [--llama-args "..."] [--out FILE]
 
 The session is generated deterministically: an instructions text (~5,600 characters) and 24
 JSON tool schemas (--tool-kb KB of JSON in all: with the instructions ~20,000 of Gemma 3's
@@ -18,10 +18,15 @@ tests/server/test_agent_session_cache.py).
 For each server: the first turn's time to first token (client clock, streamed), each later
 turn's, the tokens each server says came from its cache (modelhost: usage's cached_tokens;
 llama-server: timings.cache_n), then the server restarted (modelhost on the same home, its
-prefix KV store kept; llama-server as it is) and the last turn asked again. With --rounds N the
-servers run alternately (the order swapped each round) and the table shows medians. llama-server
-runs with one slot (`-np 1`), `-c` the session's length rounded up, the machine's cores as
-threads. Writes JSON (default benchmarks/results/agent-turns-<time>.json) and prints a table.
+prefix KV store kept; llama-server as it is) and the last turn asked again. With --switch-to
+MODEL (a model modelhost serves, e.g. smollm2-135m-instruct; modelhost only: llama-server here
+serves one file), a short request goes to that model after the turns, then the last turn is
+asked again ("after a switch and back"); --modelhost-args "--model-budget GB" decides whether
+the session's model keeps its KV cache, gives it back or is evicted for the other. With
+--rounds N the servers run alternately (the order swapped each round) and the table shows
+medians. llama-server runs with one slot (`-np 1`), `-c` the session's length rounded up, the
+machine's cores as threads. Writes JSON (default benchmarks/results/agent-turns-<time>.json)
+and prints a table.
 """
 
 from __future__ import annotations
@@ -159,7 +164,7 @@ def complete(url: str, model: str, prompt: str, tokens: int) -> dict[str, Any]:
 def start(name: str, file: Path, port: int, home: Path, log: Path, args: argparse.Namespace):
     if name == "modelhost":
         argv = [sys.executable, "-m", "modelhost", "serve", str(file), "--port", str(port)]
-        argv += shlex.split(args.modelhost_args)  # serve's --hold: 5 s, as users have it
+        argv += shlex.split(args.modelhost_args)  # serve's --kv-hold: 300 s, as users have it
     else:
         cores = os.cpu_count() or 1
         argv = [str(args.llama_server), "-m", str(file), "--port", str(port), "-np", "1"]
@@ -204,6 +209,16 @@ def run_session(
                 f"prompt {row['prompt_tokens']}, cached {row['cached_tokens']}",
                 flush=True,
             )
+        switched = None
+        if args.switch_to and name == "modelhost":
+            other = complete(url, args.switch_to, "Say hello.", 8)
+            back = complete(url, model, prompts[-1], args.answer_tokens)
+            switched = {"other": other, "back": back}
+            print(
+                f"  {name} {args.switch_to}: TTFT {other['ttft_s']:.2f} s; back: TTFT "
+                f"{back['ttft_s']:.2f} s, cached {back['cached_tokens']}",
+                flush=True,
+            )
     finally:
         tree.stop()
     tree, url = start(name, file, port, home, logs / f"{name}-2.log", args)
@@ -216,7 +231,7 @@ def run_session(
         )
     finally:
         tree.stop()
-    return {"turns": turns, "after_restart": restart}
+    return {"turns": turns, "after_restart": restart, "after_switch": switched}
 
 
 def summarize(rounds: list[dict[str, dict[str, Any]]], servers: list[str]) -> dict[str, Any]:
@@ -239,6 +254,12 @@ def summarize(rounds: list[dict[str, dict[str, Any]]], servers: list[str]) -> di
         restart = statistics.median(s["after_restart"]["ttft_s"] for s in sessions)
         cached = sessions[0]["after_restart"]["cached_tokens"]
         summary[name] = {"turns": rows, "after_restart": {"ttft_s": restart, "cached": cached}}
+        backs = [s["after_switch"]["back"] for s in sessions if s.get("after_switch")]
+        if backs:
+            summary[name]["after_switch"] = {
+                "ttft_s": statistics.median(b["ttft_s"] for b in backs),
+                "cached": backs[0]["cached_tokens"],
+            }
     return summary
 
 
@@ -265,6 +286,11 @@ def format_table(summary: dict[str, Any], servers: list[str]) -> str:
         a, b = (summary[name]["after_restart"]["ttft_s"] for name in servers)
         line += f" | {a / b:.2f}x"
     lines.append(line + " |")
+    if any("after_switch" in summary[name] for name in servers):
+        back = [summary[name].get("after_switch") for name in servers]
+        cells = [f"{row['ttft_s']:.2f} s ({row['cached']})" if row else "-" for row in back]
+        line = f"| last again after a switch and back | {turns[-1]['prompt_tokens']} | "
+        lines.append(line + " | ".join(cells) + (" | - |" if ratio else " |"))
     return "\n".join(lines)
 
 
@@ -278,9 +304,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--gap", type=float, default=0.0,
         help="seconds between an answer and the next turn (a slow tool, a person): past "
-        "serve's --hold (5 s), modelhost reads the session back from its KV store",
+        "serve's --kv-hold (300 s), modelhost reads the session back from its KV store",
     )  # fmt: skip
     parser.add_argument("--servers", default=",".join(SERVERS))
+    parser.add_argument("--switch-to", default=None, metavar="MODEL")
     parser.add_argument("--llama-server", type=Path, default=LLAMA_SERVER)
     parser.add_argument("--modelhost-args", default="")
     parser.add_argument("--llama-args", default="")
@@ -312,6 +339,8 @@ def main(argv: list[str] | None = None) -> None:
         "turns": args.turns,
         "answer_tokens": args.answer_tokens,
         "gap_s": args.gap,
+        "switch_to": args.switch_to,
+        "modelhost_args": args.modelhost_args,
         "tool_kb": args.tool_kb,
         "llama_context": args.context,
         "prompt_chars": [len(p) for p in prompts],

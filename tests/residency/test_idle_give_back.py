@@ -60,3 +60,23 @@ async def test_a_model_that_gave_back_keeps_its_kv_again_after_its_next_request(
     async with await host.acquire("d"):
         assert sorted(m.id for m in host.resident()) == ["a", "c", "d"]
     assert world.units["a"].given_back == 2 and world.num_loads == 3
+
+
+async def test_a_models_next_request_that_would_evict_another_has_it_give_back_its_own_kv():
+    world = World({"a": 1, "b": 1}, claims_gb={"a": (1.0, 1.0)})
+    host = world.host(3.2)
+    await used_then_keeping(world, host, "a", 0.8)
+    async with await host.acquire("b"):
+        pass
+    async with await host.acquire("a"):
+        assert sorted(m.id for m in host.resident()) == ["a", "b"]
+    assert world.units["a"].given_back == 1 and "drain b" not in world.log
+
+
+async def test_a_model_alone_above_its_budget_keeps_its_kv_for_its_next_request():
+    world = World({"a": 1}, claims_gb={"a": (1.0, 1.0)})
+    host = world.host(1.5)
+    await used_then_keeping(world, host, "a", 0.8)
+    async with await host.acquire("a"):
+        pass
+    assert world.units["a"].given_back == 0

@@ -152,7 +152,7 @@ class ResidencyHost(Generic[U]):
                 waited_s = self._clock() - waiting_since
                 decision = self._decide(self._counted(slot) + more, model_id, waited_s=waited_s)
                 if not _plain_fit(decision) and await self._give_back_idle(
-                    self._counted(slot) + more, model_id, waited_s
+                    self._counted(slot) + more, model_id, waited_s, decision
                 ):
                     continue
                 if decision.wait:
@@ -170,7 +170,7 @@ class ResidencyHost(Generic[U]):
             waited_s = self._clock() - waiting_since
             decision = self._decide(_load_need(entry), model_id, waited_s=waited_s)
             if not _plain_fit(decision) and await self._give_back_idle(
-                _load_need(entry), model_id, waited_s
+                _load_need(entry), model_id, waited_s, decision
             ):
                 continue
             if decision.wait:
@@ -347,7 +347,7 @@ class ResidencyHost(Generic[U]):
             await self._refresh()
             decision = self._decide(num_bytes, None, waited_s=float("inf"))
             if not _plain_fit(decision) and await self._give_back_idle(
-                num_bytes, None, float("inf")
+                num_bytes, None, float("inf"), decision
             ):
                 continue
             if decision.wait:
@@ -412,19 +412,23 @@ class ResidencyHost(Generic[U]):
         return choose_victims(self.budget_bytes, used, need_bytes, candidates, others_busy=busy)
 
     async def _give_back_idle(
-        self, need_bytes: int, except_id: str | None, waited_s: float
+        self, need_bytes: int, except_id: str | None, waited_s: float, decision: Decision
     ) -> bool:
-        """Before any model is evicted for room: ask the idle models, least recently used
-        first, to give back the memory they keep only for their next request (an engine's KV
-        pool, held for `--kv-hold` after its last row), until `need_bytes` fits with no
-        eviction. True when any was asked (decide again); False when none is left to ask.
-        A model gives back once a use: asking again before its next request frees nothing."""
+        """Before any model is evicted for room (`decision`, which does not fit as things
+        are): ask the idle models, least recently used first, to give back the memory they
+        keep only for their next request (an engine's KV pool, held for `--kv-hold` after its
+        last row), until `need_bytes` fits with no eviction; last, when the alternative is to
+        evict or wait, `except_id` itself if resident and idle (a lease counts its own kept KV
+        beside a full context's claim: its prompt is read back from the disk store instead).
+        True when any was asked (decide again); False when none is left to ask. A model gives
+        back once a use: asking again before its next request frees nothing."""
+        evicts = bool(decision.victims) or decision.wait
         idle = [
-            s for model_id, s in self._slots.items()
-            if model_id != except_id and s.state == "ready" and s.leases == 0
-            and s.unit is not None and s.given_back_at_use != s.uses
+            s for s in self._slots.values()
+            if s.state == "ready" and s.leases == 0 and s.unit is not None
+            and s.given_back_at_use != s.uses and (evicts or s.entry.id != except_id)
         ]  # fmt: skip
-        idle.sort(key=lambda s: s.last_used_at)
+        idle.sort(key=lambda s: (s.entry.id == except_id, s.last_used_at))
         asked = False
         for slot in idle:
             if asked and _plain_fit(self._decide(need_bytes, except_id, waited_s=waited_s)):

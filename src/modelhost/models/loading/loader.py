@@ -160,8 +160,9 @@ def _load_gguf(
         _forget_fp32_conversion(source.path)
     config = ModelConfig.from_json(meta["config"])
     # The tokenizer is read (or converted) on a thread while the weights are repacked: the
-    # repack runs in native code without the GIL, so the two overlap (a 1B file's tokenizer
-    # takes ~0.3 s to read, a switch's weights ~1 s on two cores).
+    # repack runs in native code without the GIL, so a conversion's Python overlaps it. A
+    # cached tokenizer.json does not: `tokenizers` parses it holding the GIL throughout (a 1B
+    # Llama file's ~0.3 s; Gemma 3's 262k tokens and 515k merges ~1.7 s of a switch to it).
     with ThreadPoolExecutor(1, thread_name_prefix="tokenizer") as pool:
         if cached:
             reading = pool.submit(TokenizerBackend.from_file, str(cache / "tokenizer.json"))
