@@ -48,12 +48,16 @@ def measure_modelhost(name: str, args: argparse.Namespace) -> dict[str, Any]:
         prompt_threads=cores,
         prompt_activations=parse_prompt_activations(args.prompt_activations),
         context_length=max(args.lengths) + 64,
+        budgeted_window=True,  # the pool holds the whole window, as serve's budget sizes it
     )
     engine = Engine(model, config)
     result: dict[str, Any] = {"load_before": os.getloadavg()[0]}
     vocab = model.config.vocab_size
     try:
-        asyncio.run(modelhost_first_token(engine, prompt_ids(32, 0, vocab)))  # warm-up
+        # Warm-up at the shortest length: a worker's first long prompt pays its kernels'
+        # first calls (bf16's oneDNN shapes), which the first measured length would carry.
+        warm_up = prompt_ids(min(args.lengths), 0, vocab)
+        asyncio.run(modelhost_first_token(engine, warm_up))
         for variant, length in enumerate(args.lengths, start=1):
             before = os.times()
             seconds = asyncio.run(modelhost_first_token(engine, prompt_ids(length, variant, vocab)))

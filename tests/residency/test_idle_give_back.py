@@ -16,25 +16,27 @@ async def used_then_keeping(world: World, host, model_id: str, kept_gb: float) -
     unit.kept_bytes = int(kept_gb * GB)
 
 
-async def test_a_load_that_fits_once_idle_models_give_back_their_kv_evicts_nobody():
+async def c_loaded_beside_a_and_b_keeping_kv():  # type: ignore[no-untyped-def]
+    """a and b (1 GB each) served, each keeping 0.8 GB of KV; then c (1 GB) under 4 GB: the
+    world, the host and who was resident (and the bytes used) while c was leased."""
     world = World({"a": 1, "b": 1, "c": 1})
     host = world.host(4)
     await used_then_keeping(world, host, "a", 0.8)
     await used_then_keeping(world, host, "b", 0.8)
     async with await host.acquire("c"):
-        assert sorted(m.id for m in host.resident()) == ["a", "b", "c"]
-        assert host.used_bytes() <= 4 * GB
+        during = (sorted(m.id for m in host.resident()), host.used_bytes())
+    return world, host, during
+
+
+async def test_a_load_that_fits_once_idle_models_give_back_their_kv_evicts_nobody():
+    world, host, (resident, used) = await c_loaded_beside_a_and_b_keeping_kv()
+    assert resident == ["a", "b", "c"] and used <= 4 * GB
     assert "drain a" not in world.log and "drain b" not in world.log
     host.check_invariants()
 
 
 async def test_the_least_recently_used_model_gives_back_first_and_the_latest_keeps_its_kv():
-    world = World({"a": 1, "b": 1, "c": 1})
-    host = world.host(4)
-    await used_then_keeping(world, host, "a", 0.8)
-    await used_then_keeping(world, host, "b", 0.8)
-    async with await host.acquire("c"):
-        pass
+    world, _, _ = await c_loaded_beside_a_and_b_keeping_kv()
     assert world.units["a"].given_back == 1 and world.units["b"].given_back == 0
     assert world.units["b"].kept_bytes == int(0.8 * GB)
 
