@@ -2,7 +2,8 @@
 tokens, modelhost's engine beside llama-server on the same GGUF file, one run.
 
     python benchmarks/long_prefill.py [MODEL] [--lengths 1200 4096 16384 32000] [--chunk 512]
-        [--prompt-activations 16] [--llama-server PATH] [--no-llama] [--json PATH]
+        [--prompt-activations 16] [--llama-server PATH] [--no-llama | --no-modelhost]
+        [--json PATH]
 
 MODEL: a GGUF path or an embedded model's name (default gemma-3-270m, whose sliding-window
 layers should cost their 512-token window, not the context). modelhost's engine runs in this
@@ -81,13 +82,14 @@ def main() -> None:
     parser.add_argument("--prompt-activations", choices=("auto", "8", "16", "bf16"), default="16")
     parser.add_argument("--llama-server", type=Path, default=LLAMA_SERVER)
     parser.add_argument("--no-llama", action="store_true", help="modelhost alone")
+    parser.add_argument("--no-modelhost", action="store_true", help="llama-server alone")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     share_the_gil_with_the_engine()  # as `modelhost serve` does where engines run
     torch.set_num_threads(max(1, (os.cpu_count() or 1) - 1))
     report: dict[str, Any] = {
         "meta": {"cores": os.cpu_count(), "args": {k: str(v) for k, v in vars(args).items()}},
-        "modelhost": measure_modelhost(args.model, args),
+        "modelhost": {} if args.no_modelhost else measure_modelhost(args.model, args),
     }
     if not args.no_llama:
         vocab = load_model(args.model).config.vocab_size
@@ -98,7 +100,7 @@ def main() -> None:
         try:
             path = Path(resolve(args.model).path)
             llama = measure_llama(path, vocab, llama_args, LLAMA_CONTEXT)
-        except httpx.HTTPError as error:  # a prompt past the client's 600 s: keep ours
+        except httpx.HTTPError as error:  # a prompt past the client's hour: keep ours
             llama = {"error": repr(error)}
         llama.update(load_before=load_before, load_after=os.getloadavg()[0])
         report["llama-server"] = llama
@@ -109,20 +111,21 @@ def main() -> None:
     print(" ".join(f"{name:>12}" for name in header), f"{'vs own short':>12}")
     for length in args.lengths:
         rate, cpu = f"prefill_{length}_tok_s", f"prefill_{length}_cpu_s"
-        ratio = ours[rate] / theirs[rate] if rate in theirs else None
+        both = rate in ours and rate in theirs
+        ratio = ours[rate] / theirs[rate] if both else None
         # The same prompt's CPU seconds, theirs over ours: >1 where modelhost spends less.
-        cpu_ratio = theirs[cpu] / ours[cpu] if cpu in theirs else None
-        own = ours[rate] / ours[f"prefill_{shortest}_tok_s"]
+        cpu_ratio = theirs[cpu] / ours[cpu] if both and cpu in theirs else None
+        own = ours[rate] / ours[f"prefill_{shortest}_tok_s"] if rate in ours else None
         report.setdefault("ratios", {})[str(length)] = {
             "to_llama": ratio,
             "to_llama_cpu": cpu_ratio,
             "to_own_short": own,
         }
-        cells = (ours[rate], ours[cpu], theirs.get(rate), theirs.get(cpu), ratio, cpu_ratio)
+        cells = (ours.get(rate), ours.get(cpu), theirs.get(rate), theirs.get(cpu), ratio,
+                 cpu_ratio, own)  # fmt: skip
         print(
             f"{length:>12}",
             " ".join(f"{cell:>12.2f}" if cell is not None else f"{'-':>12}" for cell in cells),
-            f"{own:>12.2f}",
         )
     report["meta"]["loadavg_end"] = os.getloadavg()
     out = args.json or Path(__file__).parent / "results" / f"long-prefill-{int(time.time())}.json"

@@ -127,7 +127,7 @@ def measure_llama(
     result: dict[str, Any] = {}
     try:
         url = f"http://127.0.0.1:{port}"
-        with httpx.Client(timeout=600) as client:
+        with httpx.Client(timeout=3600) as client:  # a 3B's 16k prompt: ~20 min on 2 cores
             deadline = time.monotonic() + 300
             while True:
                 try:
