@@ -153,11 +153,10 @@ def test_an_adapter_loads_and_unloads_at_run_time(base_url: str, files: dict[str
     assert gone.status_code == 404 and gone.json()["error"]["code"] == "model_not_found"
 
 
+@pytest.mark.parametrize("base_url", ["workers"], indirect=True)  # a worker to kill
 def test_a_worker_restarted_after_a_crash_still_serves_the_adapters_loaded_at_run_time(
     base_url: str, files: dict[str, Path]
 ):
-    if "worker_state" not in httpx.get(f"{base_url}/engine").json()["workers"][0]:
-        pytest.skip("in-process: no worker to kill")
     body = {"name": "late", "path": str(files["late"])}
     assert httpx.post(f"{base_url}/api/adapters", json=body, timeout=120).status_code == 200
     try:
