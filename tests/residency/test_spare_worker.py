@@ -191,16 +191,23 @@ def test_serve_leaves_no_spare_worker_fork_server_or_forked_worker_behind(
             process.wait()
 
 
-def test_a_killed_serve_leaves_no_fork_server_spare_or_forked_worker_running(models_dir, tmp_path):
+def test_a_killed_serve_leaves_no_fork_server_spare_or_forked_worker_or_their_folders(
+    models_dir, tmp_path
+):
     process, client = start_serve(models_dir / "tiny-a", log=tmp_path / "serve.log")
     try:
         pids = serving_pids(client, tmp_path / "serve.log")
+        view = engine(client)
+        folders = [Path(view["spare"]["directory"]), Path(view["fork_server"]["socket"]).parent]
+        folders += [Path(row["socket"]).parent for row in view["workers"]]
     finally:
         client.close()
         process.kill()  # no shutdown: each notices the server is gone
         process.wait()
     for pid in pids:
         until(lambda pid=pid: not process_alive(pid), timeout_s=30)
+    for folder in folders:  # nobody else is left to remove them
+        until(lambda folder=folder: not folder.exists(), timeout_s=30)
 
 
 def test_the_fork_server_runs_no_thread_of_its_own_after_forking(models_dir):

@@ -36,6 +36,7 @@ import json
 import os
 import random
 import select
+import shutil
 import signal
 import socket
 import sys
@@ -204,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.ready:
         Path(args.ready).touch()
     ForkServer(module, listener).run()
+    # The serving process is gone (a clean one stops this process first): nobody else removes
+    # the directory it made for this socket.
+    shutil.rmtree(Path(args.socket).parent, ignore_errors=True)
     return 0
 
 

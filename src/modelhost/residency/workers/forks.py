@@ -231,8 +231,9 @@ class ForkServerHandle:
         warm = self.directory is not None and (self.directory / READY_FILE).exists()
         state = "gone" if not self.alive() else "ready" if warm else "starting"
         pid = self.process.pid if self.process is not None else None
+        socket = self.socket_path if self.directory is not None else None
         return {"state": state, "pid": pid, "pss_bytes": self.held_bytes() or None,
-                "forked": self.forked}  # fmt: skip
+                "forked": self.forked, "socket": socket}  # fmt: skip
 
     def close(self) -> None:
         """Stop the fork server and remove its directory (blocking). Its workers are the

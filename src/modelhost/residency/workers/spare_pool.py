@@ -197,6 +197,7 @@ class SpareWorkers:
         spare = self._spare
         row: dict[str, Any] = {"state": spare.state if spare is not None else "none"}
         row["pid"] = spare.process.pid if spare is not None else None
+        row["directory"] = str(spare.directory) if spare is not None else None
         row["rss_bytes"] = self.held_bytes() if spare is not None else None
         row["warm_s"] = spare.warm_s if spare is not None else None
         row["forked"] = spare is not None and spare.forked

@@ -25,6 +25,7 @@ import contextlib
 import importlib
 import json
 import os
+import shutil
 import sys
 import threading
 from collections.abc import Callable
@@ -95,7 +96,10 @@ def become_worker(
     once they have come); a spare forked warm (fork_server.py) comes here at once."""
     arguments = read_command()
     if arguments is None:
-        os._exit(0)  # not even waiting for the warm-up: nobody will use this process
+        # Nobody will use this process (not even its warm-up): and where the serving process
+        # was killed, nobody else removes its directory.
+        shutil.rmtree(ready.parent, ignore_errors=True)
+        os._exit(0)
     ready.with_name(TAKEN_FILE).touch()  # from here on, failing is the worker's
     settle()
     with open(os.devnull, "rb") as nothing:  # as a worker started afresh has it
