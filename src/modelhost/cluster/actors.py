@@ -169,10 +169,7 @@ class ModelWorker:
         if self.worker is None or not self.worker.alive():
             return
         try:
-            transport = httpx.AsyncHTTPTransport(uds=self.worker.socket_path)
-            async with httpx.AsyncClient(transport=transport, base_url="http://w") as client:
-                body = {"timeout_ms": 0, "force": True}
-                (await client.post("/admin/drain", json=body, timeout=2.0)).raise_for_status()
+            await self._post_to_worker("/admin/drain", {"timeout_ms": 0, "force": True}, 2.0)
         except httpx.HTTPError:
             self.worker.kill_now()
 
@@ -184,9 +181,16 @@ class ModelWorker:
         if self.worker is None or not self.worker.alive():
             return
         with contextlib.suppress(httpx.HTTPError):
-            transport = httpx.AsyncHTTPTransport(uds=self.worker.socket_path)
-            async with httpx.AsyncClient(transport=transport, base_url="http://w") as client:
-                await client.post("/admin/give-back", timeout=10.0)
+            await self._post_to_worker("/admin/give-back", None, 10.0)
+
+    async def _post_to_worker(self, path: str, body: Any, timeout_s: float) -> None:
+        """A POST on the worker's private socket; httpx.HTTPError unless it answers 2xx."""
+        import httpx
+
+        assert self.worker is not None
+        transport = httpx.AsyncHTTPTransport(uds=self.worker.socket_path)
+        async with httpx.AsyncClient(transport=transport, base_url="http://w") as client:
+            (await client.post(path, json=body, timeout=timeout_s)).raise_for_status()
 
     async def stop(self) -> None:
         if self.worker is not None:

@@ -150,10 +150,9 @@ class ResidencyHost(Generic[U]):
                 # On the request path: the residents' last readings, not fresh ones (a cluster
                 # node's would cost a round trip); a claim is counted in full either way.
                 waited_s = self._clock() - waiting_since
-                decision = self._decide(self._counted(slot) + more, model_id, waited_s=waited_s)
-                if not _plain_fit(decision) and await self._give_back_idle(
-                    self._counted(slot) + more, model_id, waited_s, decision
-                ):
+                need_bytes = self._counted(slot) + more
+                decision = self._decide(need_bytes, model_id, waited_s=waited_s)
+                if await self._give_back_idle(need_bytes, model_id, waited_s, decision):
                     continue
                 if decision.wait:
                     await self._wait_change(timeout_s=self._hold_left(waited_s))
@@ -169,9 +168,7 @@ class ResidencyHost(Generic[U]):
             self._refuse_beyond_the_machine(entry)
             waited_s = self._clock() - waiting_since
             decision = self._decide(_load_need(entry), model_id, waited_s=waited_s)
-            if not _plain_fit(decision) and await self._give_back_idle(
-                _load_need(entry), model_id, waited_s, decision
-            ):
+            if await self._give_back_idle(_load_need(entry), model_id, waited_s, decision):
                 continue
             if decision.wait:
                 await self._wait_change(timeout_s=self._hold_left(waited_s))
@@ -346,9 +343,7 @@ class ResidencyHost(Generic[U]):
                 continue
             await self._refresh()
             decision = self._decide(num_bytes, None, waited_s=float("inf"))
-            if not _plain_fit(decision) and await self._give_back_idle(
-                num_bytes, None, float("inf"), decision
-            ):
+            if await self._give_back_idle(num_bytes, None, float("inf"), decision):
                 continue
             if decision.wait:
                 await self._wait_change()
@@ -414,7 +409,7 @@ class ResidencyHost(Generic[U]):
     async def _give_back_idle(
         self, need_bytes: int, except_id: str | None, waited_s: float, decision: Decision
     ) -> bool:
-        """Before any model is evicted for room (`decision`, which does not fit as things
+        """Before any model is evicted for room (`decision`, when it does not fit as things
         are): ask the idle models, least recently used first, to give back the memory they
         keep only for their next request (an engine's KV pool, held for `--kv-hold` after its
         last row), until `need_bytes` fits with no eviction; last, when the alternative is to
@@ -422,6 +417,8 @@ class ResidencyHost(Generic[U]):
         beside a full context's claim: its prompt is read back from the disk store instead).
         True when any was asked (decide again); False when none is left to ask. A model gives
         back once a use: asking again before its next request frees nothing."""
+        if _plain_fit(decision):
+            return False
         evicts = bool(decision.victims) or decision.wait
         idle = [
             s for s in self._slots.values()
