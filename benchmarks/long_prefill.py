@@ -2,7 +2,7 @@
 tokens, modelhost's engine beside llama-server on the same GGUF file, one run.
 
     python benchmarks/long_prefill.py [MODEL] [--lengths 1200 4096 16384 32000] [--chunk 512]
-        [--prompt-activations 16] [--llama-server PATH] [--no-llama | --no-modelhost]
+        [--prompt-activations auto] [--llama-server PATH] [--no-llama | --no-modelhost]
         [--json PATH]
 
 MODEL: a GGUF path or an embedded model's name (default gemma-3-270m, whose sliding-window
@@ -79,7 +79,7 @@ def main() -> None:
     parser.add_argument("model", nargs="?", default="gemma-3-270m")
     parser.add_argument("--lengths", nargs="+", type=int, default=[1200, 4096, 16384, 32000])
     parser.add_argument("--chunk", type=int, default=512, help="prompt tokens a step")
-    parser.add_argument("--prompt-activations", choices=("auto", "8", "16", "bf16"), default="16")
+    parser.add_argument("--prompt-activations", choices=("auto", "8", "16", "bf16"), default="auto")
     parser.add_argument("--llama-server", type=Path, default=LLAMA_SERVER)
     parser.add_argument("--no-llama", action="store_true", help="modelhost alone")
     parser.add_argument("--no-modelhost", action="store_true", help="llama-server alone")

@@ -64,8 +64,10 @@ def attend(queries, positions, pool, table, window: int, masks=None) -> torch.Te
 
 
 def test_bf16_rows_attend_as_fp32_attention_does_within_bf16s_precision():
-    pool, table = paged(700)
-    positions = torch.arange(60, 700)  # two panels of queries, keys past one panel
+    pool, table = paged(1700)
+    # queries in four stretches of PANEL positions: the later ones attend the keys before
+    # theirs unmasked, in more than one of flash's splits, and merge them with their own
+    positions = torch.arange(60, 1700)
     queries = torch.randn(positions.numel(), HEADS, DIM)
     got, expected = (
         attend(queries, positions, pool, table, 0),

@@ -5,14 +5,17 @@ attention's rate (native_prompt_attention.h) on the same keys.
 The native kernel norms and rotates the step's queries and keys and stores the keys first
 (mh_prompt_attention with these tokens marked ATTENDED_BY_CALLER); here each run of a
 sequence's consecutive bf16 tokens gathers its keys and values from the paged pool and attends
-them: up to PANEL queries a call, against keys that start at a multiple of PANEL positions (0,
-or the sliding window's first block) and are padded to a multiple of PANEL. The flash kernel
-splits the keys by their count alone, so a token's result depends on its own query and keys,
-not on its neighbours in the step nor on how its prompt was chunked (a prefix-cache hit agrees
-with a cold prefill). Its result does not depend on how many queries share the call either
-(measured bit for bit from 2 to 2,048), except for a query alone, which takes another path: a
-call's queries are padded to a multiple of QUERY_ROWS, not to PANEL, so a turn's few hundred
-new tokens do not pay for 512, and the query heads that share a KV head go in one call.
+them, a panel of queries a call: the queries of one stretch of PANEL positions (a multiple of
+PANEL to the next). A global layer's panel attends the keys before its stretch without a mask
+and its stretch's own keys with a causal one, and merges the two by their log-sum-exps; a
+sliding window's attends its window's keys, from a multiple of PANEL, under one mask. The
+flash kernel splits the keys by their count alone, so a token's result depends on its own
+position, query and keys, not on its neighbours in the step nor on how its prompt was chunked
+(a prefix-cache hit agrees with a cold prefill). Its result does not depend on how many
+queries share the call either (measured bit for bit from 2 to 2,048), except for a query
+alone, which takes another path: a call's queries are padded to a multiple of QUERY_ROWS, not
+to PANEL, so a turn's few hundred new tokens do not pay for 512, and the query heads that
+share a KV head go in one call.
 """
 
 from __future__ import annotations
@@ -64,50 +67,94 @@ def attend_runs(
         found = runs(marked, positions, tables)
         if shared is not None:
             shared[("runs", id(marked))] = found
+    masks = shared if shared is not None else {}
     for run in found:
         first, last = int(positions[run[0]]), int(positions[run[-1]])
         start = max(0, first - window + 1) // PANEL * PANEL if window > 0 else 0
         keys, values = _gathered(pool, tables[run[0]], block_size, start, last + 1)
         queries = qkv[run, : heads * head_dim].view(-1, heads, head_dim)
-        key_positions = torch.arange(start, start + keys.shape[1])
-        for at in range(0, run.numel(), PANEL):
-            rows = min(PANEL, run.numel() - at)
+        for at, rows in _panels(first, run.numel()):
             padded = -(-rows // QUERY_ROWS) * QUERY_ROWS
             panel = torch.zeros((heads, padded, head_dim), dtype=torch.bfloat16)
             panel[:, :rows] = queries[at : at + rows].transpose(0, 1)
-            at_first = int(positions[run[at]])
-            seen = (at_first, rows, padded, first, start, keys.shape[1], window, group)
-            mask = shared.get(seen) if shared is not None else None
-            if mask is None:  # a run's positions are consecutive: `seen` says them all
-                query_positions = torch.full((padded,), first, dtype=torch.long)
-                query_positions[:rows] = positions[run[at : at + rows]]
+            at_first = first + at
+            if window > 0:  # the window's keys, under one mask
+                bulk, tail = 0, (0, keys.shape[1])
+            else:
+                # The keys before the panel's own stretch of PANEL positions are seen by all of
+                # its queries: no mask over them (a mask over a 32k context is 1.7x slower to
+                # read through than the keys), merged with the stretch's own masked keys.
+                bulk = at_first // PANEL * PANEL
+                tail = (bulk, bulk + PANEL)
+            seen = (at_first, rows, padded, start + tail[0], tail[1] - tail[0], window, group)
+            mask = masks.get(seen)
+            if mask is None:
+                query_positions = torch.full((padded,), at_first, dtype=torch.long)
+                query_positions[:rows] = torch.arange(at_first, at_first + rows)
+                key_positions = torch.arange(start + tail[0], start + tail[1])
                 # One mask a query head of a group (the group's queries go in one call)
                 mask = _mask(query_positions, key_positions, window).repeat(group, 1)
-                if shared is not None:
-                    shared[seen] = mask
-            result = torch.empty((heads, rows, head_dim), dtype=torch.bfloat16)
+                masks[seen] = mask
+            result = torch.empty((heads, rows, head_dim), dtype=torch.float32)
             for h in range(kv_heads):
                 # The query heads that share a KV head as one head of `group` times the
                 # queries: each key is read once for them all (Gemma 3's 4 heads over a 20k
                 # context: ~1.6x faster), and a query's result is the same (flash's sums
                 # follow the keys' split alone).
                 folded = panel[h * group : (h + 1) * group].reshape(1, 1, -1, head_dim)
-                attended = _flash(folded, keys[h][None, None], values[h][None, None], mask, scale)
-                result[h * group : (h + 1) * group] = attended.view(group, padded, -1)[:, :rows]
-            out[run[at : at + rows]] = result.transpose(0, 1).reshape(rows, -1).float()
+                head_keys, head_values = keys[h][None, None], values[h][None, None]
+                attended, spread = _flash(
+                    folded,
+                    head_keys[:, :, tail[0] : tail[1]],
+                    head_values[:, :, tail[0] : tail[1]],
+                    mask,
+                    scale,
+                )
+                merged = attended.float()
+                if bulk > 0:
+                    earlier, earlier_spread = _flash(
+                        folded, head_keys[:, :, :bulk], head_values[:, :, :bulk], None, scale
+                    )
+                    merged = _merged(earlier, earlier_spread, attended, spread)
+                result[h * group : (h + 1) * group] = merged.view(group, padded, -1)[:, :rows]
+            out[run[at : at + rows]] = result.transpose(0, 1).reshape(rows, -1)
+
+
+def _panels(first: int, count: int) -> list[tuple[int, int]]:
+    """A run's queries (at, rows) in panels of at most PANEL that never cross a multiple of
+    PANEL positions, so that a query's keys split the same way whichever step it came in."""
+    panels, at = [], 0
+    while at < count:
+        rows = min(count - at, PANEL - (first + at) % PANEL)
+        panels.append((at, rows))
+        at += rows
+    return panels
+
+
+def _merged(
+    earlier: torch.Tensor, earlier_spread: torch.Tensor, later: torch.Tensor, spread: torch.Tensor
+) -> torch.Tensor:
+    """Two flash attentions of the same queries over disjoint keys as one (fp32), by their
+    softmaxes' log-sum-exps."""
+    top = torch.maximum(earlier_spread, spread)
+    weight, later_weight = (earlier_spread - top).exp_(), (spread - top).exp_()
+    total = weight + later_weight
+    merged = earlier.float().mul_((weight / total)[..., None])
+    return merged.add_(later.float().mul_((later_weight / total)[..., None]))
 
 
 def _flash(
     queries: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,
-    mask: torch.Tensor,
+    mask: torch.Tensor | None,
     scale: float,
-) -> torch.Tensor:
-    """PyTorch's CPU flash attention [1, heads, queries, dim] (its output alone)."""
-    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PyTorch's CPU flash attention [1, heads, queries, dim] and its rows' log-sum-exps."""
+    out, spread = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         queries, keys, values, 0.0, False, attn_mask=mask, scale=scale
-    )[0]
+    )
+    return out, spread
 
 
 def marks(prompt_rows: torch.Tensor, bf16_rows: torch.Tensor) -> torch.Tensor:
