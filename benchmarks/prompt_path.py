@@ -109,6 +109,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def repeats_of(length: int, args: argparse.Namespace) -> int:
+    """How many times a prompt of `length` is timed (the median kept): `args.repeats`, or
+    `args.short_repeats` for prompts up to `args.short_limit` tokens where those are given."""
+    if length <= getattr(args, "short_limit", 0):
+        return int(args.short_repeats)
+    return int(args.repeats)
+
+
 def measure_llama(
     path: Path, vocab: int, args: argparse.Namespace, context: int = 4096
 ) -> dict[str, Any]:
@@ -157,12 +165,13 @@ def measure_llama(
 
             complete(32)  # warm-up
             for length in args.prefill:
+                repeats = repeats_of(length, args)
                 before = process_cpu_seconds(process.pid)
-                own = [complete(length)[1] for _ in range(args.repeats)]
+                own = [complete(length)[1] for _ in range(repeats)]
                 after = process_cpu_seconds(process.pid)
                 result[f"prefill_{length}_tok_s"] = length / statistics.median(own)
                 if before is not None and after is not None:
-                    result[f"prefill_{length}_cpu_s"] = (after - before) / args.repeats
+                    result[f"prefill_{length}_cpu_s"] = (after - before) / repeats
             complete(args.short)
             times = [complete(args.short)[0] for _ in range(2 * args.repeats + 1)]
             result[f"ttft_{args.short}_ms"] = 1000 * statistics.median(times)

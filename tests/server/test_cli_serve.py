@@ -85,6 +85,20 @@ print(sorted(m for m in ("torch", "starlette", "modelhost.cli.serve") if m in sy
     assert out.stdout.strip() == "[]"
 
 
+def test_the_command_line_imports_no_other_commands_machinery_before_serve_forks() -> None:
+    # `modelhost serve` starts its fork server (which imports PyTorch, a second on a small
+    # machine) right after parsing: the clients' and caches' modules must not come first.
+    code = """
+import sys
+import modelhost.cli.main
+heavy = ("httpx", "modelhost.bench", "modelhost.residency.kv.kv_store")
+heavy += ("modelhost.inference.admission",)
+print(sorted(m for m in heavy if m in sys.modules))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 def test_serve_in_process_refuses_a_memory_budget_below_the_weights_before_it_listens(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

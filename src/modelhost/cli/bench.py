@@ -8,16 +8,10 @@ import json
 import sys
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from modelhost.bench import (
-    BenchConfig,
-    BenchError,
-    BenchReport,
-    LevelResult,
-    format_table,
-    run_bench,
-)
+if TYPE_CHECKING:  # imported by the command alone: `serve` parses with this parser too
+    from modelhost.bench import BenchReport, LevelResult
 
 
 def _run_client(work: Coroutine[Any, Any, BenchReport]) -> BenchReport:
@@ -66,6 +60,8 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
+    from modelhost.bench import BenchConfig, BenchError, format_table, run_bench
+
     config = BenchConfig(
         url=args.url,
         concurrency=args.concurrency,

@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
-from modelhost.inference.admission import BYTES_PER_GB
 from modelhost.paths import gguf_cache_root
-from modelhost.residency.disk_caches import (
-    ModelCaches,
-    clear_packed,
-    model_caches,
-    packed_files,
-)
-from modelhost.residency.kv.kv_store import KVDiskStore, default_budget_bytes
+
+if TYPE_CHECKING:
+    from modelhost.residency.disk_caches import ModelCaches
+
+# The caches' modules are imported where they are used: `modelhost serve` parses its
+# arguments with this parser beside the others, and starts its fork server only after.
 
 
 def add_cache_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -44,8 +43,8 @@ def run_cache(args: argparse.Namespace) -> int:
     table = [("MODEL", "PACKED", "KV-STORE")]
     for row in rows:
         name = row.id if row.listed else f"{row.id} (no listed model's file)"
-        kv = f"{_gb(row.kv_bytes)} ({row.kv_blocks} blocks)" if row.kv_blocks else "-"
-        table.append((name, _gb(row.packed_bytes) if row.packed_bytes else "-", kv))
+        kv = f"{gigabytes(row.kv_bytes)} ({row.kv_blocks} blocks)" if row.kv_blocks else "-"
+        table.append((name, gigabytes(row.packed_bytes) if row.packed_bytes else "-", kv))
     widths = [max(len(line[i]) for line in table) for i in range(3)]
     for line in table:
         cells = (cell.ljust(width) for cell, width in zip(line, widths, strict=True))
@@ -56,15 +55,19 @@ def run_cache(args: argparse.Namespace) -> int:
 
 def totals_line() -> str:
     """For `modelhost ls` and `cache ls`: what the two caches hold, and where."""
+    from modelhost.residency.disk_caches import packed_files
+    from modelhost.residency.kv.kv_store import KVDiskStore
+
     packed = sum(file.bytes for file in packed_files())
     kv = KVDiskStore().usage()
     return (
-        f"packed weights {_gb(packed)} in {gguf_cache_root()}; "
-        f"KV store {_gb(kv.bytes)} ({kv.files} blocks) in {kv.path}"
+        f"packed weights {gigabytes(packed)} in {gguf_cache_root()}; "
+        f"KV store {gigabytes(kv.bytes)} ({kv.files} blocks) in {kv.path}"
     )
 
 
 def _rows(paths: list[str], model_id: str | None = None) -> list[ModelCaches]:
+    from modelhost.residency.disk_caches import model_caches
     from modelhost.residency.registry import ModelRegistry
 
     registry = ModelRegistry(paths)
@@ -77,6 +80,9 @@ def _rows(paths: list[str], model_id: str | None = None) -> list[ModelCaches]:
 
 
 def _clear(model_id: str | None, *, packed: bool, kv: bool) -> int:
+    from modelhost.residency.disk_caches import clear_packed, packed_files
+    from modelhost.residency.kv.kv_store import KVDiskStore, default_budget_bytes
+
     store = KVDiskStore(budget_bytes=default_budget_bytes())
     files = packed_files()
     kv_id = None
@@ -89,7 +95,7 @@ def _clear(model_id: str | None, *, packed: bool, kv: bool) -> int:
         files, kv_id = row.packed_files, row.id
     if packed:
         cleared = clear_packed(files)
-        print(f"removed {_gb(cleared.removed_bytes)} of packed weights")
+        print(f"removed {gigabytes(cleared.removed_bytes)} of packed weights")
         for path, pids in cleared.kept.items():
             print(
                 f"kept {path}: mapped by process {', '.join(map(str, pids))} (a resident "
@@ -98,9 +104,12 @@ def _clear(model_id: str | None, *, packed: bool, kv: bool) -> int:
             )
     if kv:
         removed = store.clear(kv_id)
-        print(f"removed {_gb(removed.bytes)} ({removed.files} blocks) from {removed.path}")
+        print(f"removed {gigabytes(removed.bytes)} ({removed.files} blocks) from {removed.path}")
     return 0
 
 
-def _gb(num_bytes: int) -> str:
+def gigabytes(num_bytes: int) -> str:
+    """A byte count as `modelhost ls` and `cache ls` print it."""
+    from modelhost.inference.admission import BYTES_PER_GB
+
     return f"{num_bytes / BYTES_PER_GB:.2f} GB"

@@ -6,9 +6,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
+if TYPE_CHECKING:  # imported by the command alone: `serve` parses with this parser too
+    import httpx
 
 BAR_WIDTH = 20
 
@@ -75,6 +76,8 @@ def event_line(event: dict[str, Any]) -> str:
 
 
 def run_jobs(args: argparse.Namespace) -> int:
+    import httpx
+
     base = args.url.rstrip("/")
     headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     timeout = httpx.Timeout(30.0, read=None)  # a followed job may be quiet for long

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from modelhost.inference.admission import BYTES_PER_GB
+from modelhost.cli.cache import gigabytes
 from modelhost.models.modes import HELP as QUANTIZE_HELP
 from modelhost.models.modes import MODES
 
@@ -43,6 +43,7 @@ def add_ls_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
 
 def run_ls(args: argparse.Namespace) -> int:
     from modelhost.cli.cache import totals_line
+    from modelhost.inference.admission import BYTES_PER_GB
     from modelhost.residency.disk_caches import model_caches
     from modelhost.residency.model_facts import model_facts
     from modelhost.residency.registry import ModelRegistry, ServingShape
@@ -76,9 +77,9 @@ def run_ls(args: argparse.Namespace) -> int:
                 entry.architecture or "?",
                 "no" if entry.refusal is not None else "yes",
                 "yes" if model_facts(entry).vision else "no",
-                _gb(entry.size_bytes),
-                _gb(entry.weights_bytes),
-                _gb(entry.estimate_bytes),
+                gigabytes(entry.size_bytes),
+                gigabytes(entry.weights_bytes),
+                gigabytes(entry.estimate_bytes),
                 _cached(caches[entry.id].packed_bytes),
                 _cached(caches[entry.id].kv_bytes),
                 str(entry.context_length or "-"),
@@ -96,9 +97,9 @@ def run_ls(args: argparse.Namespace) -> int:
                     str(remote.get("architecture") or "?"),
                     "no" if remote.get("refusal") else "yes",
                     "?",
-                    _gb(int(remote.get("size_bytes", 0))),
+                    gigabytes(int(remote.get("size_bytes", 0))),
                     "?",
-                    _gb(int(remote.get("estimate_bytes", 0))),
+                    gigabytes(int(remote.get("estimate_bytes", 0))),
                     "?",
                     "?",
                     str(remote.get("context_length") or "?"),
@@ -114,17 +115,13 @@ def run_ls(args: argparse.Namespace) -> int:
     for entry in entries:
         if entry.refusal is not None:
             print(f"\n{entry.id} cannot be served: {entry.refusal}", end="")
-    print(f"\nmodel budget {_gb(budget)}; {totals_line()}", end="")
+    print(f"\nmodel budget {gigabytes(budget)}; {totals_line()}", end="")
     print("" if resident is not None else f"; no server answered at {args.url}")
     return 0
 
 
-def _gb(num_bytes: int) -> str:
-    return f"{num_bytes / BYTES_PER_GB:.2f} GB"
-
-
 def _cached(num_bytes: int) -> str:
-    return _gb(num_bytes) if num_bytes else "-"
+    return gigabytes(num_bytes) if num_bytes else "-"
 
 
 def _served_rows(url: str) -> list[dict[str, Any]] | None:
