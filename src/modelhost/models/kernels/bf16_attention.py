@@ -60,7 +60,7 @@ def attend_runs(
     """out[t] = token t's attention for every token marked (fp32 [T, heads * head_dim]), from
     qkv's normed and rotated queries and the pool's stored keys and values. `shared`: the
     step's, where its layers keep the runs and the masks they all use (finding the runs of 600
-    tokens over a 20k context's tables takes ~3 ms, a 512-query mask over it ~15-30 ms)."""
+    tokens over a 20k context's tables takes ~3 ms)."""
     group = heads // kv_heads
     found = shared.get(("runs", id(marked))) if shared is not None else None
     if found is None:
