@@ -110,12 +110,13 @@ def attend_runs(
                     mask,
                     scale,
                 )
-                merged = attended.float()
                 if bulk > 0:
                     earlier, earlier_spread = _flash(
                         folded, head_keys[:, :, :bulk], head_values[:, :, :bulk], None, scale
                     )
                     merged = _merged(earlier, earlier_spread, attended, spread)
+                else:
+                    merged = attended.float()
                 result[h * group : (h + 1) * group] = merged.view(group, padded, -1)[:, :rows]
             out[run[at : at + rows]] = result.transpose(0, 1).reshape(rows, -1)
 
