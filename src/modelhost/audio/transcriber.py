@@ -14,7 +14,7 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -120,10 +120,11 @@ class TranscriptionStage:
         self,
         audio: Audio,
         **fields: Unpack[TranscriptionFields],
-    ) -> AsyncIterator[str]:
+    ) -> TranscriptDeltas:
         """Awaited, the transcript as an iterator of text deltas, one per segment as Whisper
         decodes it; together they are the transcript's text. A bad field or undecodable audio
-        raises here, before any delta; closing the iterator early stops the decoding."""
+        raises here, before any delta; stopping or closing the iterator early stops the
+        decoding."""
         options = self.options(**fields)
         samples = await _samples(audio)
         loop = asyncio.get_running_loop()
@@ -135,14 +136,14 @@ class TranscriptionStage:
 
         job = asyncio.wrap_future(self._submit(samples, options, stop, emit))
         job.add_done_callback(lambda _: segments.put_nowait(None))
-        return self._deltas(job, segments, stop)
+        return TranscriptDeltas(self._deltas(job, segments, stop), stop)
 
     async def _deltas(
         self,
         job: asyncio.Future[Transcript],
         segments: asyncio.Queue[Segment | None],
         stop: threading.Event,
-    ) -> AsyncIterator[str]:
+    ) -> AsyncGenerator[str]:
         written = ""
         try:
             while (segment := await segments.get()) is not None:
@@ -277,6 +278,28 @@ class TranscriptionStage:
                 with self._guard:
                     self._decoding -= 1
             self._forget(stop)
+
+
+class TranscriptDeltas:
+    """A streamed transcript's text deltas. `stop` ends the decoding at its next segment from
+    any code, synchronous too: a server that sees its client leave stops it at once, before
+    it gets round to closing the iterator."""
+
+    def __init__(self, deltas: AsyncGenerator[str], stop: threading.Event) -> None:
+        self._deltas = deltas
+        self._stop = stop
+
+    def __aiter__(self) -> TranscriptDeltas:
+        return self
+
+    async def __anext__(self) -> str:
+        return await anext(self._deltas)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def aclose(self) -> None:
+        await self._deltas.aclose()
 
 
 def load_transcriber(

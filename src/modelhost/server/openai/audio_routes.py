@@ -31,7 +31,12 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from modelhost.audio.decode import decode_audio
 from modelhost.audio.formats import GRANULARITIES, RESPONSE_FORMATS, render
-from modelhost.audio.transcriber import DEFAULT_BEAM_SIZE, TranscriptionFields, TranscriptionStage
+from modelhost.audio.transcriber import (
+    DEFAULT_BEAM_SIZE,
+    TranscriptDeltas,
+    TranscriptionFields,
+    TranscriptionStage,
+)
 from modelhost.inference.contracts import InvalidRequest, RequestCancelled, RequestError
 from modelhost.server.http import (
     SSE_HEADERS,
@@ -362,7 +367,7 @@ async def _unless_client_leaves(request: Request, work: Any) -> Any:
 
 
 def _event_stream(
-    request: Request, deltas: AsyncIterator[str], log: RequestLog
+    request: Request, deltas: TranscriptDeltas, log: RequestLog
 ) -> EventStreamResponse:
     """SSE as OpenAI streams a transcript: `transcript.text.delta` events, then one
     `transcript.text.done`; a failure after the stream opened is one `{error}` event."""
@@ -380,9 +385,10 @@ def _event_stream(
             log.status_hint = status
             yield openai_stream_error(status, body)
         finally:
-            await deltas.aclose()  # type: ignore[attr-defined]
+            await deltas.aclose()
 
     def done(status: int | None) -> None:
+        deltas.stop()  # now: the frames are closed only after the writer's task unwinds
         log.finish(log.status_hint if status is None else status)
 
     heartbeat_s: float = request.app.state.settings.heartbeat_s
