@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from modelhost.residency.workers.forks import ForkServerHandle, fork_server_supported
@@ -140,6 +141,35 @@ async def test_a_forked_worker_keeps_serving_when_the_fork_server_dies_and_the_n
     assert await process.ensure_alive()
     assert process.pid != first and not process.forked  # spawned: the fork server is gone
     await process.stop()
+
+
+def kept_in(process: WorkerProcess) -> str:
+    transport = httpx.HTTPTransport(uds=process.socket_path)
+    with httpx.Client(transport=transport, base_url="http://worker") as client:
+        return client.get("/health").headers["x-kept"]
+
+
+async def test_what_the_fork_server_keeps_is_in_the_workers_it_forks_after(forks):
+    assert forks.view()["tokenizers_kept"] == []
+    assert await forks.keep("model-a")
+    assert forks.view()["tokenizers_kept"] == ["model-a"]
+    process = worker(forks)
+    await process.start()
+    try:
+        assert await asyncio.to_thread(kept_in, process) == "model-a"
+    finally:
+        await process.stop()
+
+
+async def test_a_keep_that_fails_answers_false_and_the_fork_server_forks_on(forks):
+    assert not await forks.keep("fail")
+    assert forks.view()["tokenizers_kept"] == []
+    process = worker(forks)
+    await process.start()
+    try:
+        assert process.forked and await asyncio.to_thread(kept_in, process) == ""
+    finally:
+        await process.stop()
 
 
 async def test_a_command_of_another_program_or_environment_is_spawned(forks):

@@ -241,6 +241,26 @@ def test_a_forked_workers_answers_are_a_spawned_ones(models_dir):
         process.wait(timeout=60)
 
 
+def test_a_model_loaded_again_reads_the_tokenizer_the_fork_server_parsed_ahead(
+    models_dir, tmp_path
+):
+    log = tmp_path / "serve.log"
+    process, client = start_serve(models_dir / "tiny-a", "--no-spare-worker", log=log)
+    tokenizer = str((models_dir / "tiny-a" / "tokenizer.json").resolve())
+    try:
+        first = complete(client, "tiny-a")
+        until(lambda: engine(client)["fork_server"]["tokenizers_kept"] == [tokenizer])
+        assert "tokenizer parsed ahead" not in log.read_text()  # the first load parsed its own
+        assert client.post("/api/models/tiny-a/unload").status_code == 200
+        assert complete(client, "tiny-a") == first
+        assert worker_row(client, "tiny-a")["forked"] is True
+        assert "tokenizer parsed ahead" in log.read_text()
+    finally:
+        client.close()
+        process.terminate()
+        process.wait(timeout=60)
+
+
 @pytest.mark.parametrize("flag", ["--in-process", "--no-spare-worker"])
 def test_serve_keeps_no_spare_worker_in_process_or_when_told_not_to(models_dir, flag):
     process, client = start_serve(models_dir / "tiny-a", flag)

@@ -286,6 +286,8 @@ def _serve_routed(
     )
     if spares is not None:  # the next spare waits for the model just loaded to answer
         spares.follow(host)
+    if forks is not None:  # a model loaded again parses its tokenizer no more
+        forks.follow(host, lambda model_id: getattr(registry.get(model_id), "path", None))
     router = ModelRouter(host, registry, current=startup.id, adapters=catalog)
     return serve_router(args, settings, router, start, mode, worker_samples, spares, forks)
 

@@ -60,6 +60,19 @@ def warm_up() -> None:
     kernels()
 
 
+def keep(model: str) -> list[str] | None:
+    """Run by the fork server (never by a worker) once `model` has loaded: parse what its next
+    load would parse again, for the workers forked after (models/loading/tokenizer_files.py).
+    The tokenizer files kept now; None when there was nothing to keep for `model`."""
+    from modelhost.models.loading.loader import tokenizer_file
+    from modelhost.models.loading.tokenizer_files import keep_tokenizer_file, kept_tokenizer_files
+
+    found = tokenizer_file(Path(model))
+    if found is None or not keep_tokenizer_file(found):
+        return None
+    return kept_tokenizer_files()
+
+
 def bind_tcp(host: str, port_file: Path) -> socket.socket:
     """A listening TCP socket on `host` at a free port, the port written to `port_file`."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -36,6 +36,7 @@ from modelhost.models.loading.load_gguf import FileReader, gguf_tensors
 from modelhost.models.loading.load_safetensors import safetensors_tensors
 from modelhost.models.loading.packed_cache import PackedCache
 from modelhost.models.loading.quant import describe
+from modelhost.models.loading.tokenizer_files import parsed_ahead, read_tokenizer_file
 from modelhost.models.loading.weights import (
     Progress,
     TensorSource,
@@ -124,11 +125,26 @@ def load_model(
         # reference maths, so it keeps fp32.
         model.kv_dtype = torch.float16
     model.load_seconds = time.perf_counter() - started
+    ahead = "; its tokenizer parsed ahead" if parsed_ahead(model.tokenizer.backend) else ""
     log.info(
-        "loaded %s in %.2f s: %.0f MB of weights (%s)",
+        "loaded %s in %.2f s: %.0f MB of weights (%s)%s",
         source.id, model.load_seconds, model.weights_bytes / 1e6, describe(model.network) or mode,
+        ahead,
     )  # fmt: skip
     return model
+
+
+def tokenizer_file(path: Path) -> Path | None:
+    """The tokenizer file a load of the model at `path` parses, where it has one: a Hugging
+    Face directory's, or the one converted from a GGUF file's vocabulary by an earlier load."""
+    if path.suffix == ".gguf":
+        cache = _cache_dir(path)
+        if read_json(cache / "meta.json").get("version") != _CACHE_VERSION:
+            return None
+        found = cache / "tokenizer.json"
+    else:
+        found = path / "tokenizer.json"
+    return found if found.is_file() else None
 
 
 def _cache_dir(path: Path) -> Path:
@@ -162,10 +178,11 @@ def _load_gguf(
     # The tokenizer is read (or converted) on a thread while the weights are repacked: the
     # repack runs in native code without the GIL, so a conversion's Python overlaps it. A
     # cached tokenizer.json does not: `tokenizers` parses it holding the GIL throughout (a 1B
-    # Llama file's ~0.3 s; Gemma 3's 262k tokens and 515k merges ~1.7 s of a switch to it).
+    # Llama file's ~0.3 s; Gemma 3's 262k tokens and 515k merges ~1 s of a switch to it),
+    # unless the fork server parsed it ahead for this process (tokenizer_files.py).
     with ThreadPoolExecutor(1, thread_name_prefix="tokenizer") as pool:
         if cached:
-            reading = pool.submit(TokenizerBackend.from_file, str(cache / "tokenizer.json"))
+            reading = pool.submit(read_tokenizer_file, cache / "tokenizer.json")
         else:
             reading = pool.submit(_gguf_tokenizer, source.path)
         reader = FileReader(source.path)
@@ -338,7 +355,7 @@ def _load_hf_dir(
 
 def _hf_tokenizer_backend(directory: Path) -> TokenizerBackend:
     if (directory / "tokenizer.json").is_file():
-        return TokenizerBackend.from_file(str(directory / "tokenizer.json"))
+        return read_tokenizer_file(directory / "tokenizer.json")
     from transformers import AutoTokenizer  # sentencepiece-only checkpoints: convert
 
     return AutoTokenizer.from_pretrained(str(directory)).backend_tokenizer

@@ -10,7 +10,10 @@ request, one connection a child. A request is one JSON line:
 
 - `{"argv": [...]}`: a worker, `MODULE.main(argv)` in the child;
 - `{"spare": READY}`: a spare, with the read end of a pipe passed beside the line: it creates
-  READY at once and waits on that pipe for its worker's arguments (spare_process.become_worker).
+  READY at once and waits on that pipe for its worker's arguments (spare_process.become_worker);
+- `{"keep": MODEL}`: `MODULE.keep(MODEL)` here, for the children forked after it (the worker's
+  module parses the model's tokenizer: models/loading/tokenizer_files.py), answered
+  `{"kept": FILES}`, what it keeps now (null: nothing for MODEL).
 
 The answer is `{"pid": N}` with a pidfd of the child passed beside it (SCM_RIGHTS): the front
 learns of the child's end from the kernel, never through a pid that could be reused. When the
@@ -113,6 +116,9 @@ class ForkServer:
         descriptors: list[int] = []
         try:
             request, descriptors = read_message(conn)
+            if "keep" in request:
+                self.keep(conn, request["keep"])
+                return
             pid = os.fork()
             if pid == 0:
                 self.child(conn, request, descriptors)  # never returns
@@ -129,6 +135,20 @@ class ForkServer:
             for fd in descriptors:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+
+    def keep(self, conn: socket.socket, model: object) -> None:
+        """`MODULE.keep(model)`, answered and the connection closed. Whatever it raises is
+        printed, never fatal: the children then only parse what was not kept."""
+        kept = None
+        keeper = getattr(self.module, "keep", None)
+        if isinstance(model, str) and keeper is not None:
+            try:
+                kept = keeper(model)
+            except Exception:  # noqa: BLE001
+                traceback.print_exc()
+        with contextlib.suppress(OSError):
+            conn.sendall(json.dumps({"kept": kept}).encode() + b"\n")
+        conn.close()
 
     def reap(self) -> None:
         """Reap every child that ended and tell its connection how."""

@@ -28,12 +28,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from modelhost.residency.workers.private_socket import private_directory
 from modelhost.residency.workers.supervisor import end_group, pss_bytes
+
+if TYPE_CHECKING:
+    from modelhost.residency.host import ResidencyHost
 
 log = logging.getLogger("modelhost.models")
 
@@ -44,6 +47,8 @@ WARM_TIMEOUT_S = 120.0  # how long a request waits for a fork server still warmi
 EXIT_REPORT_S = 1.0  # how long an ended process's status is waited for from the fork server
 UNKNOWN_STATUS = 255  # the status of a process whose fork server did not report it
 REPLY_BYTES = 4096
+
+_Reply = TypeVar("_Reply")
 
 
 def fork_server_supported() -> bool:
@@ -110,6 +115,8 @@ class ForkServerHandle:
         self.process: subprocess.Popen[bytes] | None = None
         self.directory: Path | None = None
         self.forked = 0  # processes it forked for this server
+        self.kept: list[str] = []  # the tokenizer files it keeps (its last answer to keep())
+        self._keeping: set[asyncio.Task[bool]] = set()  # keep() requests under way
         self.started_at = 0.0
 
     @property
@@ -184,19 +191,79 @@ class ForkServerHandle:
                 await asyncio.to_thread(end_group, forked)
             raise
 
+    def follow(self, host: ResidencyHost[Any], path_of: Callable[[str], Path | None]) -> None:
+        """After each load `host` ends, have the fork server keep what the model's next load
+        would parse again (`keep`): a model evicted and then asked for again is back sooner,
+        in a worker forked after. `path_of`: a model id's file or directory (None: unknown)."""
+
+        def on_event(name: str, payload: dict[str, Any]) -> None:
+            if name != "model.load" or payload.get("phase") != "finished" or not self.alive():
+                return
+            path = path_of(str(payload.get("id")))
+            if path is not None:
+                keeping = asyncio.get_running_loop().create_task(self.keep(str(path)))
+                self._keeping.add(keeping)
+                keeping.add_done_callback(self._keeping.discard)
+
+        host.subscribe(on_event)
+
+    async def keep(self, model: str) -> bool:
+        """Have the fork server parse `model`'s tokenizer for the processes it forks from now
+        on (the worker module's `keep`); False when it did not."""
+        kept = await asyncio.to_thread(self._exchange, {"keep": model}, None, self._kept_reply)
+        if kept is not None:
+            self.kept = kept
+        return kept is not None
+
+    @staticmethod
+    def _kept_reply(connection: socket.socket) -> list[str] | None:
+        """The files the fork server keeps now, or None where it kept nothing for the model."""
+        data = b""
+        while b"\n" not in data:
+            chunk = connection.recv(REPLY_BYTES)
+            if not chunk:
+                raise ConnectionError("the fork server closed the connection")
+            data += chunk
+        connection.close()
+        kept = json.loads(data.split(b"\n", 1)[0]).get("kept")
+        return [str(path) for path in kept] if isinstance(kept, list) else None
+
     def _ask(self, request: dict[str, Any], stdin: int | None) -> ForkedProcess | None:
+        return self._exchange(request, stdin, self._forked_reply)
+
+    def _exchange(
+        self,
+        request: dict[str, Any],
+        stdin: int | None,
+        reply: Callable[[socket.socket], _Reply],
+    ) -> _Reply | None:
+        """`request` sent to the fork server (with `stdin` passed beside it), and its reply
+        read by `reply` (which owns the connection from then on); None where the fork server
+        is gone, or did not answer in its warm-up time."""
         deadline = time.monotonic() + self.warm_s
         while not os.path.exists(self.socket_path):  # it binds first thing
             if not self.alive() or time.monotonic() > deadline:
                 return None
             time.sleep(0.005)
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        pidfds: list[int] = []
         try:
             connection.settimeout(max(0.1, deadline - time.monotonic()))  # its warm-up, at most
             connection.connect(self.socket_path)
             line = json.dumps(request).encode() + b"\n"
             socket.send_fds(connection, [line], [stdin] if stdin is not None else [])
+            return reply(connection)
+        except (OSError, ValueError) as exc:
+            if "keep" in request:
+                log.warning("[models] the fork server did not keep a tokenizer (%s)", exc)
+            else:
+                log.warning("[models] the fork server did not fork (%s): starting a new process",
+                            exc)  # fmt: skip
+            connection.close()
+            return None
+
+    def _forked_reply(self, connection: socket.socket) -> ForkedProcess:
+        pidfds: list[int] = []
+        try:
             data = b""
             while b"\n" not in data:
                 chunk, fds, _flags, _address = socket.recv_fds(connection, REPLY_BYTES, 1)
@@ -208,12 +275,10 @@ class ForkServerHandle:
             pid = json.loads(first).get("pid")
             if not isinstance(pid, int) or len(pidfds) != 1:
                 raise ValueError(f"the fork server answered {first!r}")
-        except (OSError, ValueError) as exc:
-            log.warning("[models] the fork server did not fork (%s): starting a new process", exc)
-            connection.close()
+        except (OSError, ValueError):
             for fd in pidfds:
                 os.close(fd)
-            return None
+            raise
         connection.settimeout(None)
         self.forked += 1
         return ForkedProcess(pid, pidfds[0], connection, rest)
@@ -233,7 +298,8 @@ class ForkServerHandle:
         pid = self.process.pid if self.process is not None else None
         socket = self.socket_path if self.directory is not None else None
         return {"state": state, "pid": pid, "pss_bytes": self.held_bytes() or None,
-                "forked": self.forked, "socket": socket}  # fmt: skip
+                "forked": self.forked, "socket": socket,
+                "tokenizers_kept": self.kept}  # fmt: skip
 
     def close(self) -> None:
         """Stop the fork server and remove its directory (blocking). Its workers are the
