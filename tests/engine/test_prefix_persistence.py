@@ -6,16 +6,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from modelhost.engine.engine import Engine, EngineConfig
 from modelhost.engine.events import EngineEvent
+from modelhost.engine.kv.prefix_persistence import block_bytes, fill_block, pool_bytes
+from modelhost.engine.kv.prefix_store import chain_key
 from modelhost.engine.sampling.sampling_params import SamplingParams
+from modelhost.models.batch import KVCache
 from modelhost.models.loaded import LoadedModel
 from modelhost.residency.kv.kv_model_identity import prefix_store_opener
 from modelhost.residency.kv.kv_store import KVDiskStore
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 KV_BYTES = 64 << 20  # a small pool: these tests need a few hundred blocks
+BLOCK = 8  # the engine's block size: tokens a store file holds
 
 
 def long_prompt(model: LoadedModel, words: int = 90) -> list[int]:
@@ -90,6 +95,31 @@ async def test_a_prompt_sharing_only_a_prefix_reads_that_prefix_from_the_store(
     assert last.usage is not None and last.usage.cached_tokens == 200
 
 
+async def test_a_block_missing_midway_ends_the_restore_there_and_the_answer_is_unchanged(
+    smollm2: LoadedModel, store: KVDiskStore
+) -> None:
+    prompt = long_prompt(smollm2)
+    first = engine_over(smollm2, store)
+    try:
+        cold_tokens, _ = await run(first, prompt)
+    finally:
+        first.close()
+    keys, parent = [], None
+    for start in range(0, 40 * BLOCK, BLOCK):
+        parent = chain_key(parent, prompt[start : start + BLOCK])
+        keys.append(parent)
+    files = {path.stem: path for path in Path(store.root).rglob("*.kvb")}
+    files[keys[30].hex()].unlink()  # the reads ahead of the restore pass the gap
+    second = engine_over(smollm2, store)
+    try:
+        tokens, last = await run(second, prompt)
+    finally:
+        second.close()
+    assert tokens == cold_tokens
+    assert last.usage is not None and last.usage.cached_tokens == 30 * BLOCK
+    assert all(files[key.hex()].exists() for key in keys[31:])  # sound: read, and kept
+
+
 async def test_a_corrupted_block_file_is_ignored_and_removed_and_the_answer_is_unchanged(
     smollm2: LoadedModel, store: KVDiskStore
 ) -> None:
@@ -132,3 +162,22 @@ async def test_another_model_never_reads_this_models_blocks(
         other.close()
     assert last.usage is not None and last.usage.cached_tokens == 0
     assert {m.id for m in store.usage().models} == {smollm2.id, gemma3.id}
+
+
+def test_a_block_lands_the_same_copied_as_bytes_or_as_tensors() -> None:
+    def pools() -> KVCache:
+        return KVCache.allocate(num_layers=3, num_slots=4 * BLOCK, num_kv_heads=2, head_dim=4,
+                                dtype=torch.bfloat16, device=torch.device("cpu"),
+                                block_size=BLOCK)  # fmt: skip
+
+    source = pools()
+    for pool in source.pools:
+        pool.copy_(torch.randn(pool.shape))
+    payload = memoryview(bytearray(block_bytes(source, 1)))
+    as_bytes, as_tensors = pools(), pools()
+    fill_block(as_bytes, 2, payload, pool_bytes(as_bytes))
+    fill_block(as_tensors, 2, payload, None)  # as into a CUDA pool
+    for copied, other, original in zip(as_bytes.pools, as_tensors.pools, source.pools, strict=True):
+        assert torch.equal(copied, other)
+        assert torch.equal(copied[2 * BLOCK : 3 * BLOCK], original[BLOCK : 2 * BLOCK])
+        assert not copied[: 2 * BLOCK].any() and not copied[3 * BLOCK :].any()
