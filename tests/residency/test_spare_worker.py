@@ -251,6 +251,8 @@ def test_a_model_loaded_again_reads_the_tokenizer_the_fork_server_parsed_ahead(
         first = complete(client, "tiny-a")
         until(lambda: engine(client)["fork_server"]["tokenizers_kept"] == [tokenizer])
         assert "tokenizer parsed ahead" not in log.read_text()  # the first load parsed its own
+        fork_server = engine(client)["fork_server"]["pid"]
+        assert len(os.listdir(f"/proc/{fork_server}/task")) == 1  # parsing started no thread
         assert client.post("/api/models/tiny-a/unload").status_code == 200
         assert complete(client, "tiny-a") == first
         assert worker_row(client, "tiny-a")["forked"] is True
