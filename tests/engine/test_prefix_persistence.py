@@ -38,6 +38,18 @@ async def run(engine: Engine, prompt: list[int]) -> tuple[list[int], EngineEvent
     return [token for event in events for token in event.token_ids], events[-1]
 
 
+async def answer(
+    model: LoadedModel, store: KVDiskStore | None, prompt: list[int]
+) -> tuple[list[int], EngineEvent]:
+    """`prompt`'s greedy tokens and last event from a new engine, closed after (which writes
+    to `store` what its writer had not yet)."""
+    engine = engine_over(model, store)
+    try:
+        return await run(engine, prompt)
+    finally:
+        engine.close()
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> KVDiskStore:
     return KVDiskStore(tmp_path / "kv", budget_bytes=1 << 30)
@@ -47,25 +59,13 @@ async def test_a_new_engine_serves_a_seen_prompt_from_the_store_with_the_same_to
     smollm2: LoadedModel, store: KVDiskStore
 ) -> None:
     prompt = long_prompt(smollm2)
-    cold = engine_over(smollm2, None)
-    try:
-        cold_tokens, _ = await run(cold, prompt)
-    finally:
-        cold.close()
-    first = engine_over(smollm2, store)
-    try:
-        first_tokens, first_last = await run(first, prompt)
-    finally:
-        first.close()  # writes what the writer had not yet
+    cold_tokens, _ = await answer(smollm2, None, prompt)
+    first_tokens, first_last = await answer(smollm2, store, prompt)
     assert first_tokens == cold_tokens
     assert first_last.usage is not None and first_last.usage.cached_tokens == 0
     assert store.usage().files >= len(prompt) // 8 - 1
 
-    second = engine_over(smollm2, store)
-    try:
-        tokens, last = await run(second, prompt)
-    finally:
-        second.close()
+    tokens, last = await answer(smollm2, store, prompt)
     assert tokens == cold_tokens
     assert last.usage is not None
     assert last.usage.cached_tokens >= 0.95 * len(prompt)
@@ -75,22 +75,10 @@ async def test_a_prompt_sharing_only_a_prefix_reads_that_prefix_from_the_store(
     smollm2: LoadedModel, store: KVDiskStore
 ) -> None:
     prompt = long_prompt(smollm2)
-    first = engine_over(smollm2, store)
-    try:
-        await run(first, prompt)
-    finally:
-        first.close()
+    await answer(smollm2, store, prompt)
     other = prompt[:200] + smollm2.tokenizer.encode(" Which item came last?")
-    cold = engine_over(smollm2, None)
-    try:
-        cold_tokens, _ = await run(cold, other)
-    finally:
-        cold.close()
-    second = engine_over(smollm2, store)
-    try:
-        tokens, last = await run(second, other)
-    finally:
-        second.close()
+    cold_tokens, _ = await answer(smollm2, None, other)
+    tokens, last = await answer(smollm2, store, other)
     assert tokens == cold_tokens
     assert last.usage is not None and last.usage.cached_tokens == 200
 
@@ -99,47 +87,31 @@ async def test_a_block_missing_midway_ends_the_restore_there_and_the_answer_is_u
     smollm2: LoadedModel, store: KVDiskStore
 ) -> None:
     prompt = long_prompt(smollm2)
-    first = engine_over(smollm2, store)
-    try:
-        cold_tokens, _ = await run(first, prompt)
-    finally:
-        first.close()
+    cold_tokens, _ = await answer(smollm2, store, prompt)
     keys, parent = [], None
     for start in range(0, 40 * BLOCK, BLOCK):
         parent = chain_key(parent, prompt[start : start + BLOCK])
         keys.append(parent)
     files = {path.stem: path for path in Path(store.root).rglob("*.kvb")}
-    files[keys[30].hex()].unlink()  # the reads ahead of the restore pass the gap
-    second = engine_over(smollm2, store)
-    try:
-        tokens, last = await run(second, prompt)
-    finally:
-        second.close()
+    files[keys[30].hex()].unlink()
+    tokens, last = await answer(smollm2, store, prompt)
     assert tokens == cold_tokens
     assert last.usage is not None and last.usage.cached_tokens == 30 * BLOCK
-    assert all(files[key.hex()].exists() for key in keys[31:])  # sound: read, and kept
+    assert all(files[key.hex()].exists() for key in keys[31:])  # never read, never removed
 
 
 async def test_a_corrupted_block_file_is_ignored_and_removed_and_the_answer_is_unchanged(
     smollm2: LoadedModel, store: KVDiskStore
 ) -> None:
     prompt = long_prompt(smollm2)
-    first = engine_over(smollm2, store)
-    try:
-        cold_tokens, _ = await run(first, prompt)
-    finally:
-        first.close()
+    cold_tokens, _ = await answer(smollm2, store, prompt)
     corrupted = {}
     for path in Path(store.root).rglob("*.kvb"):  # a flipped byte in every block's payload
         data = bytearray(path.read_bytes())
         data[-1] ^= 0xFF
         path.write_bytes(bytes(data))
         corrupted[path] = bytes(data)
-    second = engine_over(smollm2, store)
-    try:
-        tokens, last = await run(second, prompt)
-    finally:
-        second.close()
+    tokens, last = await answer(smollm2, store, prompt)
     assert tokens == cold_tokens
     assert last.usage is not None and last.usage.cached_tokens == 0
     # The engine computed the blocks again and wrote them over the bad files.
@@ -150,16 +122,8 @@ async def test_another_model_never_reads_this_models_blocks(
     smollm2: LoadedModel, gemma3: LoadedModel, store: KVDiskStore
 ) -> None:
     prompt = long_prompt(smollm2, 40)
-    first = engine_over(smollm2, store)
-    try:
-        await run(first, prompt)
-    finally:
-        first.close()
-    other = engine_over(gemma3, store)
-    try:
-        _, last = await run(other, prompt)
-    finally:
-        other.close()
+    await answer(smollm2, store, prompt)
+    _, last = await answer(gemma3, store, prompt)
     assert last.usage is not None and last.usage.cached_tokens == 0
     assert {m.id for m in store.usage().models} == {smollm2.id, gemma3.id}
 
