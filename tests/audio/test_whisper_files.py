@@ -75,3 +75,15 @@ def test_other_ctranslate2_and_hugging_face_directories_are_not_whisper(tmp_path
 def test_a_directory_that_is_not_whisper_is_refused_before_loading(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not a faster-whisper model directory"):
         load_transcriber(tmp_path, "nothing")
+
+
+def test_loading_whisper_leaves_the_process_free_to_reach_the_hub(
+    whisper_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    stage = load_transcriber(whisper_dir, WHISPER_BASE, cpu_threads=1)
+    try:
+        # An in-process server pulls after loading it; pulling refuses an offline hub.
+        assert "HF_HUB_OFFLINE" not in os.environ
+    finally:
+        stage.close()

@@ -11,7 +11,6 @@ segment (or before it starts, if it was still waiting).
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable
@@ -313,7 +312,6 @@ def load_transcriber(
             f"{path} is not a faster-whisper model directory "
             "(model.bin, config.json, tokenizer.json and a vocabulary)"
         )
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tokenizer.json is local; never reach out
     import ctranslate2
     import torch
     from faster_whisper import WhisperModel
