@@ -91,6 +91,7 @@ class PrefixPersistence:
         self.block_manager = block_manager
         pool = kv.pools[0]
         self.block_bytes = len(kv.pools) * kv.block_size * pool[0].numel() * pool.element_size()
+        self._pool_bytes = pool_bytes(kv)  # the pools are the engine's for its whole life
         # The most `_queued_bytes` may reach: what the residency budget reserved for it.
         self.queue_bytes = store_queue_bytes(block_manager.num_blocks * self.block_bytes)
         self.num_restored_tokens = 0
@@ -171,7 +172,6 @@ class PrefixPersistence:
         started = time.perf_counter()
         bm = self.block_manager
         bs = bm.block_size
-        layers = pool_bytes(self.kv)
         parent: BlockKey | None = None
         kept = 0  # free blocks this prompt will take: touched or filled here, evicted last
         restored = 0
@@ -185,7 +185,7 @@ class PrefixPersistence:
                 payload = self.store.get(key, parent, tokens, self.block_bytes)
                 if payload is None or len(payload) != self.block_bytes:
                     break
-                fill_block(self.kv, bm.adopt(key, parent, tokens), payload, layers)
+                fill_block(self.kv, bm.adopt(key, parent, tokens), payload, self._pool_bytes)
                 self._known.add(key)
                 restored += 1
                 kept += 1
