@@ -139,12 +139,17 @@ def tokenizer_file(path: Path) -> Path | None:
     Face directory's, or the one converted from a GGUF file's vocabulary by an earlier load."""
     if path.suffix == ".gguf":
         cache = _cache_dir(path)
-        if read_json(cache / "meta.json").get("version") != _CACHE_VERSION:
+        if not _is_current(read_json(cache / "meta.json")):
             return None
         found = cache / "tokenizer.json"
     else:
         found = path / "tokenizer.json"
     return found if found.is_file() else None
+
+
+def _is_current(meta: dict[str, Any]) -> bool:
+    """Whether a GGUF's cached meta.json (and the tokenizer.json beside it) is this version's."""
+    return meta.get("version") == _CACHE_VERSION
 
 
 def _cache_dir(path: Path) -> Path:
@@ -170,7 +175,7 @@ def _load_gguf(
 ) -> LoadedModel:
     cache = _cache_dir(source.path)
     meta = read_json(cache / "meta.json")
-    cached = meta.get("version") == _CACHE_VERSION
+    cached = _is_current(meta)
     if not cached:
         meta = _read_gguf_metadata(source.path)
         _forget_fp32_conversion(source.path)
