@@ -1,16 +1,19 @@
-"""A long prompt's bf16 rows' attention through PyTorch's bf16 flash attention
-(models/kernels/bf16_attention.py): near the fp32 reference, within a sliding window, with
-grouped KV heads, and a token's result the same however its prompt was cut into steps."""
+"""A long prompt's bf16 rows' attention (models/kernels/bf16_attention.py), through the AMX
+kernel where this CPU has the tiles and PyTorch's flash attention elsewhere: near the fp32
+reference, within a sliding window, with grouped KV heads, and a token's result the same
+however its prompt was cut into steps."""
 
 from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
-from modelhost.models.kernels import bf16_attention
+from modelhost.models.kernels import bf16_attention, native
 
 HEADS, KV_HEADS, DIM, BLOCK = 4, 2, 64, 16
+kernels = native.kernels()
 
 
 def paged(keys: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,3 +119,16 @@ def test_runs_split_the_marked_tokens_by_sequence_and_by_gaps_in_position():
         [6],
         [7],
     ]
+
+
+@pytest.mark.skipif(kernels is None or not kernels.amx, reason="this CPU has no AMX bf16 tiles")
+def test_bf16_rows_attend_alike_through_the_amx_kernel_and_through_pytorchs_flash(monkeypatch):
+    pool, table = paged(1700)
+    positions = torch.arange(900, 1700)  # keys before their stretch: the AMX kernel's
+    queries = torch.randn(positions.numel(), HEADS, DIM)
+    through_amx = attend(queries, positions, pool, table, 0)
+    assert kernels is not None
+    monkeypatch.setattr(kernels, "amx", False)
+    through_flash = attend(queries, positions, pool, table, 0)
+    assert ((through_amx - through_flash).norm() / through_flash.norm()) < 1e-2
+    assert not torch.equal(through_amx, through_flash)  # two kernels, not one taken twice

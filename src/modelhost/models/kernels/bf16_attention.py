@@ -1,21 +1,22 @@
-"""A long prompt's bf16 rows (--prompt-activations bf16) attend through PyTorch's CPU flash
-attention in bf16, which oneDNN's brgemm runs on AMX tiles: about 3x the native tiled
-attention's rate (native_prompt_attention.h) on the same keys.
+"""A long prompt's bf16 rows (--prompt-activations bf16) attend in bf16 on AMX tiles: about 3x the
+native tiled attention's rate (native_prompt_attention.h) on the same keys through PyTorch's CPU
+flash attention (oneDNN's brgemm), and 1.3-1.8x that through the native AMX kernel
+(native_amx_attention.h), which takes the keys before a panel's stretch, unmasked.
 
 The native kernel norms and rotates the step's queries and keys and stores the keys first
-(mh_prompt_attention with these tokens marked ATTENDED_BY_CALLER); here each run of a
-sequence's consecutive bf16 tokens gathers its keys and values from the paged pool and attends
-them, a panel of queries a call: the queries of one stretch of PANEL positions (a multiple of
-PANEL to the next). A global layer's panel attends the keys before its stretch without a mask
-and its stretch's own keys with a causal one, and merges the two by their log-sum-exps; a
-sliding window's attends its window's keys, from a multiple of PANEL, under one mask. The
-flash kernel splits the keys by their count alone, so a token's result depends on its own
-position, query and keys, not on its neighbours in the step nor on how its prompt was chunked
-(a prefix-cache hit agrees with a cold prefill). Its result does not depend on how many
-queries share the call either (measured bit for bit from 2 to 2,048), except for a query
-alone, which takes another path: a call's queries are padded to a multiple of QUERY_ROWS, not
-to PANEL, so a turn's few hundred new tokens do not pay for 512, and the query heads that
-share a KV head go in one call.
+(mh_prompt_attention with these tokens marked ATTENDED_BY_CALLER); here each run of a sequence's
+consecutive bf16 tokens gathers its keys and values from the paged pool (with the AMX kernel,
+its own stretches' alone: the kernel reads the earlier ones from the pool) and attends them, a
+panel of queries a call: the queries of one stretch of PANEL positions (a multiple of PANEL to
+the next). A global layer's panel attends the keys before its stretch without a mask and its
+stretch's own keys with a causal one, and merges the two by their log-sum-exps; a sliding
+window's attends its window's keys, from a multiple of PANEL, under one mask. Both kernels split
+the keys by their count alone, so a token's result depends on its own position, query and keys,
+not on its neighbours in the step nor on how its prompt was chunked (a prefix-cache hit agrees
+with a cold prefill). Its result does not depend on how many queries share the call either
+(measured bit for bit from 2 to 2,048), except for a query alone, which takes another path: a
+call's queries are padded to a multiple of QUERY_ROWS, not to PANEL, so a turn's few hundred new
+tokens do not pay for 512, and the query heads that share a KV head go in one call.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 import torch
 
-from modelhost.models.kernels.native import ATTENDED_BY_CALLER
+from modelhost.models.kernels import native
 
 PANEL = 512  # the most queries a call, and the alignment and padding of keys
 QUERY_ROWS = 64  # a call's queries, padded to a multiple of this (never one alone)
@@ -68,9 +69,16 @@ def attend_runs(
         if shared is not None:
             shared[("runs", id(marked))] = found
     masks = shared if shared is not None else {}
+    kernels = native.kernels()
+    # The keys before each panel's stretch go to the AMX kernel straight from the pool, so only
+    # the run's own stretches are gathered.
+    amx = window == 0 and kernels is not None and kernels.amx_attention_takes(pool, head_dim)
     for run in found:
         first, last = int(positions[run[0]]), int(positions[run[-1]])
-        start = max(0, first - window + 1) // PANEL * PANEL if window > 0 else 0
+        if window > 0:
+            start = max(0, first - window + 1) // PANEL * PANEL
+        else:
+            start = first // PANEL * PANEL if amx else 0
         keys, values = _gathered(pool, tables[run[0]], block_size, start, last + 1)
         queries = qkv[run, : heads * head_dim].view(-1, heads, head_dim)
         for at, rows in _panels(first, run.numel()):
@@ -85,7 +93,7 @@ def attend_runs(
                 # its queries: no mask over them (a mask over a 32k context is 1.7x slower to
                 # read through than the keys), merged with the stretch's own masked keys.
                 bulk = at_first // PANEL * PANEL
-                tail = (bulk, bulk + PANEL)
+                tail = (bulk - start, bulk - start + PANEL)
             seen = (at_first, rows, padded, start + tail[0], tail[1] - tail[0], window, group)
             mask = masks.get(seen)
             if mask is None:
@@ -111,9 +119,10 @@ def attend_runs(
                     scale,
                 )
                 if bulk > 0:
-                    earlier, earlier_spread = _flash(
-                        folded, head_keys[:, :, :bulk], head_values[:, :, :bulk], None, scale
-                    )
+                    earlier, earlier_spread = _earlier(
+                        folded, kernels if amx else None, keys[h], values[h], pool, h,
+                        tables[run[0]], block_size, bulk, scale,
+                    )  # fmt: skip
                     merged = _merged(earlier, earlier_spread, attended, spread)
                 else:
                     merged = attended.float()
@@ -144,6 +153,29 @@ def _merged(
     return merged.add_(later.float().mul_((later_weight / total)[..., None]))
 
 
+def _earlier(
+    queries: torch.Tensor,
+    kernels: native.Kernels | None,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    pool: torch.Tensor,
+    kv_head: int,
+    table: torch.Tensor,
+    block_size: int,
+    count: int,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A panel's queries [1, 1, queries, dim] against the first `count` keys, unmasked: on AMX
+    tiles straight from the pool with `kernels`, else through PyTorch's flash attention over the
+    gathered keys and values [keys, dim] (from position 0)."""
+    if kernels is not None:
+        out, spread = kernels.amx_attention(
+            queries.view(-1, queries.shape[-1]), pool, kv_head, table, block_size, count, scale
+        )
+        return out[None, None], spread[None, None]
+    return _flash(queries, keys[None, None, :count], values[None, None, :count], None, scale)
+
+
 def _flash(
     queries: torch.Tensor,
     keys: torch.Tensor,
@@ -162,7 +194,7 @@ def marks(prompt_rows: torch.Tensor, bf16_rows: torch.Tensor) -> torch.Tensor:
     """mh_prompt_attention's marks: the bf16 rows left to attend_runs, the other prompt rows
     tiled."""
     tiled = prompt_rows.to(torch.uint8)
-    tiled[bf16_rows] = ATTENDED_BY_CALLER
+    tiled[bf16_rows] = native.ATTENDED_BY_CALLER
     return tiled
 
 

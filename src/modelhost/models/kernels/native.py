@@ -52,6 +52,7 @@ HEADERS = [
         "native_prompt_attention.h",
         "native_kv_q8.h",
         "native_lora.h",
+        "native_amx_attention.h",
     )
 ]
 FLAGS = ["-O3", "-shared", "-fPIC", "-std=c++17", "-fopenmp"]
@@ -143,6 +144,12 @@ class Kernels:
         self._choose = library.mh_choose_tokens
         self._choose.argtypes = [p, i64, i64, p, p, p, ctypes.c_int]
         self._choose.restype = None
+        self._amx_attention = library.mh_amx_attention
+        self._amx_attention.argtypes = [p, i64, p, ctypes.c_int, i64, i64, p, i64, i64, i64]
+        self._amx_attention.argtypes += [ctypes.c_float, p, p, ctypes.c_int]
+        self._amx_attention.restype = None
+        # Whether amx_attention runs here: AMX bf16 tiles, granted to this process by Linux.
+        self.amx = bool(library.mh_amx_ready())
         # Threads per call: weights stream from memory, and one core alone cannot saturate it.
         self.threads = os.cpu_count() or 1
 
@@ -229,6 +236,37 @@ class Kernels:
             self.threads,
         )  # fmt: skip
         return chosen
+
+    def amx_attention_takes(self, pool: torch.Tensor, dim: int) -> bool:
+        """Whether amx_attention runs here over this pool at this head width."""
+        readable = pool.dtype in (torch.float32, torch.float16) and cache_readable(pool)
+        return self.amx and readable and dim % 32 == 0 and dim <= 256
+
+    def amx_attention(
+        self,
+        queries: torch.Tensor,
+        pool: torch.Tensor,
+        kv_head: int,
+        table: torch.Tensor,
+        block_size: int,
+        keys: int,
+        scale: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """softmax(scale * queries . keys^T) . values [queries, dim] fp32 and its rows'
+        log-sum-exps [queries], on AMX tiles without a mask (native_amx_attention.h): bf16
+        contiguous queries [queries, dim] (a multiple of 32) against the first `keys` positions
+        (a multiple of 32) of KV head `kv_head` of a sequence's paged pool [slots, 2, kv_heads,
+        dim] (its block table `table`, int64)."""
+        count, dim = queries.shape
+        table = table.to(torch.int64).contiguous()
+        out = torch.empty((count, dim), dtype=torch.float32)
+        lse = torch.empty(count, dtype=torch.float32)
+        self._amx_attention(
+            queries.data_ptr(), count, pool.data_ptr(), pool_kind(pool), pool.shape[2], kv_head,
+            table.data_ptr(), block_size, keys, dim, scale, out.data_ptr(), lse.data_ptr(),
+            self.threads,
+        )  # fmt: skip
+        return out, lse
 
     def paged_attention(
         self,

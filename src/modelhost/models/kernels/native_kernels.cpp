@@ -10,6 +10,7 @@
 // not depend on the batch.
 
 #include <immintrin.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <atomic>
@@ -427,6 +428,18 @@ extern "C" void mh_gated_activation(const float* gate_up, int64_t rows, int64_t 
 
 #include "native_moe.h"  // a mixture of experts' MLP (mh_moe), which decode steps run too
 #include "native_lora.h"  // rows' LoRA updates of a decode step's linears (add_lora)
+
+// AMX tiles' intrinsics need GCC 11 or Clang 12; elsewhere (and in the AVX2 build) the bf16
+// prompt attention stays on PyTorch's flash attention (mh_amx_ready answers 0).
+#if !defined(MH_AVX2) && ((defined(__clang__) && __clang_major__ >= 12) || \
+                          (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
+#include "native_amx_attention.h"  // a long prompt's bf16 attention on AMX tiles
+#else
+extern "C" int mh_amx_ready() { return 0; }
+extern "C" void mh_amx_attention(const uint16_t*, int64_t, const void*, int, int64_t, int64_t,
+                                 const int64_t*, int64_t, int64_t, int64_t, float, float*, float*,
+                                 int) {}
+#endif
 
 // A whole decode step through the decoder layers, one call instead of ~15 a layer: for rows of
 // one generated token each, hidden [rows, width] is updated in place. The structs mirror

@@ -273,8 +273,8 @@ class Attention(nn.Module):
             # paged_attention's. Not over an 8-bit pool, which the tiled kernel does not read:
             # its prompts attend natively up to NATIVE_PROMPT_CONTEXT, through SDPA beyond.
             assert batch.prompt_rows is not None
-            # A long prompt's bf16 rows attend through PyTorch's bf16 flash attention (AMX
-            # tiles) once the kernel has normed, rotated and stored them.
+            # A long prompt's bf16 rows attend on AMX tiles (models/kernels/bf16_attention.py)
+            # once the kernel has normed, rotated and stored them.
             bf16_rows = batch.coarse_rows if batch.coarse_bf16 and not self.softcap else None
             tiled = batch.prompt_rows
             if bf16_rows is not None:
