@@ -8,11 +8,12 @@
 //
 // Layout: the keys are read from the paged pool once a call, rounded to bf16 and laid out as
 // the tiles' B operand of Q . K^T (pairs of dimensions a row, 16 keys a tile), the values as
-// that of P . V (pairs of keys a row, 16 dimensions a tile): no gathered copy of the context. Each thread takes a fixed share of the query blocks (32 queries) and
-// walks the keys a span at a time (what fits half a core's 2 MB cache), every block of its
-// share before the next span, so a key is read from memory once a thread, not once a block.
-// A query's result depends only on its query and the keys, taken in order of position KB at a
-// time, whatever the other queries and the thread count are.
+// that of P . V (pairs of keys a row, 16 dimensions a tile): no gathered copy of the context.
+// Each thread takes a fixed share of the query blocks (32 queries) and walks the keys a span
+// at a time (what fits half a core's 2 MB cache), every block of its share before the next
+// span, so a key is read from memory once a thread, not once a block. A query's result
+// depends only on its query and the keys, taken in order of position kAmxKeys at a time,
+// whatever the other queries and the thread count are.
 //
 // Included by native_kernels.cpp inside its AVX-512 target region (not in the AVX2 build).
 
@@ -55,26 +56,33 @@ struct AmxPagedHead {
     int64_t block_size;
 };
 
-// `count` rows of dim elements from position `first` (keys, or values with `values`), as bf16
-// rows [count, dim] (rounded to nearest even, as PyTorch's conversion rounds).
-__attribute__((target("avx512bf16"))) void amx_rows(const AmxPagedHead& head, bool values,
+// `count` rows of dim elements from position `first` of a pool of T (fp32, or fp16 bits) at
+// `offset` in each slot (a key's or a value's), as bf16 rows [count, dim] (rounded to nearest
+// even in one instruction: native_bf16.h's bf16_lanes takes five, without AVX512-BF16).
+template <typename T>
+__attribute__((target("avx512bf16"))) void amx_rows(const AmxPagedHead& head, int64_t offset,
                                                      int64_t first, int64_t count, int64_t dim,
                                                      uint16_t* out) {
-    const int64_t offset = values ? head.value_offset : head.key_offset;
+    const T* pool = static_cast<const T*>(head.pool);
     for (int64_t i = 0; i < count; ++i) {
-        const int64_t p = first + i;
-        const int64_t slot = head.table[p / head.block_size] * head.block_size + p % head.block_size;
-        const int64_t at = slot * head.slot_width + offset;
+        const T* row =
+            key_at(pool, head.slot_width, offset, head.table, head.block_size, first + i);
         for (int64_t e = 0; e < dim; e += 16) {
-            const __m512 lanes =
-                head.kind == kPoolF16
-                    ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
-                          static_cast<const uint16_t*>(head.pool) + at + e)))
-                    : _mm512_loadu_ps(static_cast<const float*>(head.pool) + at + e);
+            const __m256bh rounded = _mm512_cvtneps_pbh(load_cached(row + e));
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i * dim + e),
-                                reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(lanes)));
+                                reinterpret_cast<__m256i>(rounded));
         }
     }
+}
+
+// The keys' rows (or the values' with `values`) of positions first .. first + count - 1.
+void amx_rows(const AmxPagedHead& head, bool values, int64_t first, int64_t count, int64_t dim,
+              uint16_t* out) {
+    const int64_t offset = values ? head.value_offset : head.key_offset;
+    if (head.kind == kPoolF16)
+        amx_rows<uint16_t>(head, offset, first, count, dim, out);
+    else
+        amx_rows<float>(head, offset, first, count, dim, out);
 }
 
 // Keys 0 .. count - 1 as B tiles of Q . K^T: tile (16 keys, 32 dimensions) row r holds each
@@ -107,8 +115,10 @@ void amx_lay_out_values(const AmxPagedHead& head, int64_t count, int64_t dim, ui
         for (int64_t c = 0; c < columns; ++c)
             for (int64_t r = 0; r < 16; ++r) {
                 const uint16_t* even = rows + 2 * r * dim + c * 16;
-                const __m512i low = _mm512_cvtepu16_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(even)));
-                const __m512i high = _mm512_cvtepu16_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(even + dim)));
+                const __m512i low = _mm512_cvtepu16_epi32(
+                    _mm256_load_si256(reinterpret_cast<const __m256i*>(even)));
+                const __m512i high = _mm512_cvtepu16_epi32(
+                    _mm256_load_si256(reinterpret_cast<const __m256i*>(even + dim)));
                 _mm512_storeu_si512(out + ((chunk * columns + c) * 16 + r) * 32,
                                     _mm512_or_si512(low, _mm512_slli_epi32(high, 16)));
             }
@@ -154,8 +164,10 @@ __attribute__((target("amx-tile,amx-bf16,avx512bf16"))) void amx_block(
         __m512 sum = _mm512_setzero_ps();
         uint16_t* p = probabilities + i * kAmxKeys;
         for (int64_t j = 0; j < count; j += 32) {
-            const __m512 a = amx_exp2(_mm512_fmsub_ps(_mm512_loadu_ps(row + j), to_log2, shift));
-            const __m512 b = amx_exp2(_mm512_fmsub_ps(_mm512_loadu_ps(row + j + 16), to_log2, shift));
+            const __m512 a =
+                amx_exp2(_mm512_fmsub_ps(_mm512_loadu_ps(row + j), to_log2, shift));
+            const __m512 b =
+                amx_exp2(_mm512_fmsub_ps(_mm512_loadu_ps(row + j + 16), to_log2, shift));
             sum = _mm512_add_ps(sum, _mm512_add_ps(a, b));
             _mm512_storeu_si512(p + j, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a)));
         }
@@ -163,8 +175,8 @@ __attribute__((target("amx-tile,amx-bf16,avx512bf16"))) void amx_block(
             const float shrink = std::exp2(m[i] - peak);
             l[i] *= shrink;
             const __m512 by = _mm512_set1_ps(shrink);
-            for (int64_t e = 0; e < dim; e += 16)
-                _mm512_storeu_ps(o + i * dim + e, _mm512_mul_ps(by, _mm512_loadu_ps(o + i * dim + e)));
+            for (float* e = o + i * dim; e < o + (i + 1) * dim; e += 16)
+                _mm512_storeu_ps(e, _mm512_mul_ps(by, _mm512_loadu_ps(e)));
             m[i] = peak;
         }
         l[i] += _mm512_reduce_add_ps(sum);
